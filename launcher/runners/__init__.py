@@ -1,0 +1,1 @@
+"""Backends that start tasks: local processes or processes over SSH."""
