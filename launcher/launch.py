@@ -1,0 +1,58 @@
+"""Executing a plan: pick a runner per task, check remote hosts, then supervise."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Sequence
+
+import click
+
+from launcher.plan import TaskPlan
+
+
+def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
+    from launcher.runners.local import LocalRunner
+    from launcher.supervisor import SuperviseOptions, supervise
+
+    local_runner = LocalRunner()
+    runners = [local_runner]
+    remote = [plan for plan in plans if not plan.local]
+    ssh_runner = None
+    if remote:
+        ssh_runner = _start_ssh(remote, opts)
+        runners.append(ssh_runner)
+
+    def runner_for(plan: TaskPlan):
+        return local_runner if plan.local else ssh_runner
+
+    options = SuperviseOptions(
+        run_id=run_id,
+        log_dir=pathlib.Path(opts["log_dir"]),
+        grace_period=opts["grace_period"],
+        start_timeout=opts["start_timeout"],
+        max_restarts=opts["max_restarts"],
+        timestamps=opts["timestamps"],
+        show=opts["show"],
+    )
+    try:
+        supervise(plans, runner_for, options)
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def _start_ssh(remote: Sequence[TaskPlan], opts: dict):
+    """Warn about exposed workers, check the hosts, and return a connected SSH runner."""
+    from launcher.check import run_checks
+    from launcher.exposure import exposure_warnings
+    from launcher.runners.ssh import SshRunner
+    from launcher.runners.ssh_options import ssh_options_from
+
+    if not opts["allow_public"]:
+        for warning in exposure_warnings(remote):
+            click.echo(f"mgpu: warning: {warning}", err=True)
+    ssh_opts = ssh_options_from(opts)
+    runner = SshRunner(ssh_opts)
+    if not opts["no_check"]:
+        run_checks(remote, runner)
+    return runner

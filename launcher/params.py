@@ -1,0 +1,185 @@
+"""Parsing of host addresses and other option values.
+
+The parse_* functions are pure and raise ValueError with a message that names
+the problem; the click ParamTypes wrap them so bad input is refused at parse
+time, before anything is planned or started. No DNS, no environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+
+import click
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
+_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TASK_TYPES = ("chief", "worker", "evaluator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A host as written by the user: `[user@]host[:port]`. port None means "use the default"."""
+
+    host: str
+    port: int | None = None
+    user: str | None = None
+
+    def __str__(self) -> str:
+        return (f"{self.user}@" if self.user else "") + format_address(self.host, self.port)
+
+
+def format_address(host: str, port: int | None) -> str:
+    """host:port, with IPv6 addresses in brackets as TF_CONFIG and gRPC expect."""
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+def parse_port(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"port {text!r} is not a number")
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range (1-65535)")
+    return port
+
+
+def parse_host(text: str) -> str:
+    """A hostname, an IPv4 address or a bare IPv6 address (without brackets)."""
+    if not text:
+        raise ValueError("empty host name")
+    if ":" in text:
+        try:
+            return str(ipaddress.IPv6Address(text))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a valid IPv6 address") from None
+    if re.fullmatch(r"[0-9.]+", text):
+        try:
+            return str(ipaddress.IPv4Address(text))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a valid IPv4 address") from None
+    if not _HOSTNAME.match(text):
+        raise ValueError(f"{text!r} is not a valid host name")
+    return text
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """Parse `[user@]host[:port]`, where host may be `[IPv6]`."""
+    entry = text.strip()
+    if not entry:
+        raise ValueError("empty host entry")
+    user = None
+    if "@" in entry:
+        user, _, entry = entry.rpartition("@")
+        if not _USER.match(user):
+            raise ValueError(f"{text!r}: {user!r} is not a valid user name")
+    port_text = None
+    if entry.startswith("["):
+        host_text, sep, rest = entry[1:].partition("]")
+        if not sep:
+            raise ValueError(f"{text!r}: missing ']' after the IPv6 address")
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"{text!r}: expected ':PORT' after ']'")
+            port_text = rest[1:]
+        if ":" not in host_text:
+            raise ValueError(f"{text!r}: brackets are only for IPv6 addresses")
+    elif entry.count(":") > 1:
+        raise ValueError(f"{text!r}: write IPv6 addresses in brackets, as [{entry}]:PORT")
+    else:
+        host_text, sep, port_text = entry.partition(":")
+        if not sep:
+            port_text = None
+    try:
+        host = parse_host(host_text)
+        port = parse_port(port_text) if port_text is not None else None
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    return Endpoint(host, port, user)
+
+
+def parse_endpoint_list(text: str) -> tuple[Endpoint, ...]:
+    """A comma-separated host list, as in `--workers h1:2222,h2:2222`."""
+    parts = text.split(",")
+    if not text.strip():
+        raise ValueError("the host list is empty")
+    if any(not part.strip() for part in parts):
+        raise ValueError(f"{text!r} has an empty entry")
+    return tuple(parse_endpoint(part) for part in parts)
+
+
+def parse_env_assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"{text!r} is not NAME=VALUE")
+    return parse_env_name(name), value
+
+
+def parse_env_name(text: str) -> str:
+    if not _ENV_NAME.match(text):
+        raise ValueError(f"{text!r} is not a valid environment variable name")
+    return text
+
+
+def parse_task_selector(text: str) -> str:
+    """`worker` (every worker) or `worker:1` (one task)."""
+    task_type, sep, index = text.partition(":")
+    if task_type not in _TASK_TYPES:
+        raise ValueError(f"{text!r}: task type must be one of {', '.join(_TASK_TYPES)}")
+    if sep and not index.isdigit():
+        raise ValueError(f"{text!r}: task index must be a number")
+    return f"{task_type}:{int(index)}" if sep else task_type
+
+
+class _ParsedParam(click.ParamType):
+    """A ParamType backed by a pure parse function that raises ValueError."""
+
+    parse = staticmethod(lambda text: text)
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # already converted (a default, or a value set from Python)
+        try:
+            return self.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class EndpointType(_ParsedParam):
+    name = "[user@]host[:port]"
+    parse = staticmethod(parse_endpoint)
+
+
+class EndpointListType(_ParsedParam):
+    name = "host:port,..."
+    parse = staticmethod(parse_endpoint_list)
+
+
+class PortType(_ParsedParam):
+    name = "port"
+    parse = staticmethod(parse_port)
+
+
+class EnvAssignmentType(_ParsedParam):
+    name = "NAME=VALUE"
+    parse = staticmethod(parse_env_assignment)
+
+
+class EnvNameType(_ParsedParam):
+    name = "NAME"
+    parse = staticmethod(parse_env_name)
+
+
+class TaskSelectorListType(_ParsedParam):
+    name = "type[:index],..."
+    parse = staticmethod(lambda text: frozenset(parse_task_selector(part.strip()) for part in text.split(",")))
+
+
+ENDPOINT = EndpointType()
+ENDPOINT_LIST = EndpointListType()
+PORT = PortType()
+ENV_ASSIGNMENT = EnvAssignmentType()
+ENV_NAME = EnvNameType()
+TASK_SELECTORS = TaskSelectorListType()

@@ -1,0 +1,123 @@
+"""Host input is validated at parse time: bad input is one line on stderr and exit 2."""
+
+import pytest
+
+BAD_INPUTS = [
+    # (arguments, words the message must contain)
+    (["--workers", ""], "empty"),
+    (["--workers", "h1:2222,,h2:2222"], "empty entry"),
+    (["--workers", "h1:2222,"], "empty entry"),
+    (["--workers", "h1:abc"], "'abc' is not a number"),
+    (["--workers", "h1:0"], "port 0 is out of range"),
+    (["--workers", "h1:65536"], "port 65536 is out of range"),
+    (["--workers", "h1:99999"], "port 99999 is out of range"),
+    (["--workers", "h1:-1"], "not a number"),
+    (["--workers", "h1:"], "'' is not a number"),
+    (["--workers", ":2222"], "empty host name"),
+    (["--workers", "h_1!:2222"], "not a valid host name"),
+    (["--workers", "bad host:2222"], "not a valid host name"),
+    (["--workers", "::1:2222"], "write IPv6 addresses in brackets"),
+    (["--workers", "[::1"], "missing ']'"),
+    (["--workers", "[::1]2222"], "expected ':PORT'"),
+    (["--workers", "[h1]:2222"], "brackets are only for IPv6"),
+    (["--workers", "[::zz]:2222"], "not a valid IPv6 address"),
+    (["--workers", "300.1.1.1:2222"], "not a valid IPv4 address"),
+    (["--workers", "@h1:2222"], "not a valid user name"),
+    (["--workers", "a b@h1:2222"], "not a valid user name"),
+    (["--workers", "h1:2222,h1:2222"], "h1:2222 is listed twice"),
+    (["--workers", "h1:2222", "--chief", "h1:2222"], "h1:2222 is listed twice"),
+    (["--workers", "h1", "--port", "0"], "port 0 is out of range"),
+    (["--workers", "h1", "--port", "x"], "'x' is not a number"),
+    (["--workers", "h1:2222", "--evaluator", "h3:2222"], "evaluator is not part of the cluster"),
+    (["--workers", "h1:2222", "--chief"], "--chief needs a host"),
+    (["--workers", "127.0.0.1:2222,h2:2222"], "loopback address 127.0.0.1 is mixed with remote host h2"),
+    (["--workers", "localhost:2222", "--chief", "h0:2222"], "loopback address localhost is mixed"),
+    (["--workers", "h1:2222", "--local", "2"], "give only one of --workers and --local"),
+    ([], "no hosts"),
+    (["--local", "0"], "0 is not in the range"),
+    (["--local", "two"], "'two' is not a valid integer"),
+    (["--local", "2", "--chief", "h0:2222"], "with --local, --chief takes no value"),
+    (["--local", "2", "--evaluator", "h3"], "with --local, --evaluator takes no value"),
+    (["--workers", "h1:2222", "--env", "NOEQUALS"], "'NOEQUALS' is not NAME=VALUE"),
+    (["--workers", "h1:2222", "--env", "1BAD=x"], "'1BAD' is not a valid environment variable name"),
+    (["--workers", "h1:2222", "--forward-env", "MGPU_SURELY_UNSET_VAR"], "MGPU_SURELY_UNSET_VAR is not set"),
+    (["--workers", "h1:2222", "--show", "ps"], "task type must be one of"),
+    (["--workers", "h1:2222", "--show", "worker:x"], "task index must be a number"),
+    (["--workers", "h1:2222", "--grace-period", "-1"], "-1"),
+    (["--workers", "h1:2222", "--ssh-port", "70000"], "port 70000 is out of range"),
+    (["--workers", "h1:2222", "--threads-per-task", "0"], "0 is not in the range"),
+    (["--hostfile", "/nonexistent/hosts"], "No such file or directory"),
+    (["--spec", "/nonexistent/spec.yaml"], "No such file or directory"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) or "(none)" for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_and_exit_2(mgpu, args, message):
+    result = mgpu("launch", *args, "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+GOOD_INPUTS = [
+    ("h1:2222,h2:2222", ["h1:2222", "h2:2222"]),
+    ("h1,h2", ["h1:3333", "h2:3333"]),
+    ("alice@h1:2222,bob@h2", ["h1:2222", "h2:3333"]),
+    ("[fd00::1]:2222,[fd00::2]", ["[fd00::1]:2222", "[fd00::2]:3333"]),
+    ("10.0.0.1:1,10.0.0.1:2", ["10.0.0.1:1", "10.0.0.1:2"]),
+    ("node-1.cluster.example.com:65535", ["node-1.cluster.example.com:65535"]),
+    (" h1:2222 , h2:2222 ", ["h1:2222", "h2:2222"]),
+]
+
+
+@pytest.mark.parametrize("workers, cluster", GOOD_INPUTS)
+def test_good_host_lists(mgpu, workers, cluster):
+    result = mgpu("launch", "--workers", workers, "--port", "3333", "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    tasks = result.json()["tasks"]
+    assert [task["tf_config"]["cluster"]["worker"] for task in tasks] == [cluster] * len(cluster)
+    assert [task["tf_config"]["task"] for task in tasks] == [{"type": "worker", "index": i} for i in range(len(cluster))]
+
+
+def test_user_is_the_ssh_login_not_part_of_the_address(mgpu):
+    result = mgpu("launch", "--workers", "alice@h1:2222,h2:2222", "--ssh-user", "bob", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "worker:0  h1:2222  (ssh alice@h1)" in result.stdout
+    assert "worker:1  h2:2222  (ssh bob@h2)" in result.stdout
+
+
+def test_chief_and_evaluator(mgpu):
+    result = mgpu("launch", "--chief", "h0:2222", "--workers", "h1:2222", "--evaluator", "h9", "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    tasks = result.json()["tasks"]
+    assert [(t["type"], t["index"], t["host"], t["port"]) for t in tasks] == [
+        ("chief", 0, "h0", 2222), ("worker", 0, "h1", 2222), ("evaluator", 0, "h9", None)]
+    for task in tasks:
+        assert task["tf_config"]["cluster"] == {"chief": ["h0:2222"], "worker": ["h1:2222"]}
+    assert tasks[2]["tf_config"]["task"] == {"type": "evaluator", "index": 0}
+
+
+def test_options_from_environment(mgpu):
+    result = mgpu("launch", "--dry-run", "--json", env={"MGPU_LAUNCH_WORKERS": "h1:2222,h2:2222"})
+    assert result.exit_code == 0, result.stderr
+    assert len(result.json()["tasks"]) == 2
+
+
+def test_bad_option_from_environment_names_it(mgpu):
+    result = mgpu("launch", "--dry-run", env={"MGPU_LAUNCH_WORKERS": "h1:0"})
+    assert result.exit_code == 2
+    assert "port 0 is out of range" in result.stderr
+
+
+def test_unknown_option_is_usage_error(mgpu):
+    result = mgpu("launch", "--wokers", "h1:2222")
+    assert result.exit_code == 2
+    assert "No such option '--wokers'" in result.stderr
+
+
+def test_json_needs_dry_run(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222", "--json")
+    assert result.exit_code == 2
+    assert "--json goes with --dry-run" in result.stderr
