@@ -1,0 +1,119 @@
+"""tf-config, help texts, and the CLI as a real installed program that never imports TensorFlow."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import launcher
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_tf_config_json(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1")
+    assert result.exit_code == 0, result.stderr
+    assert result.json() == {"cluster": {"worker": ["h1:2222", "h2:2222"]}, "task": {"type": "worker", "index": 1}}
+
+
+def test_tf_config_env_format_is_shell_safe(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--task-type", "chief",
+                  "--task-index", "0", "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    out = subprocess.run(["bash", "-c", result.stdout + 'printf %s "$TF_CONFIG"'], capture_output=True, text=True)
+    assert json.loads(out.stdout) == {"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]},
+                                      "task": {"type": "chief", "index": 0}}
+
+
+def test_tf_config_evaluator(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
+                  "--task-index", "0")
+    assert result.json() == {"cluster": {"worker": ["h1:2222"]}, "task": {"type": "evaluator", "index": 0}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task-index", "2"], "task index 2 is out of range: the cluster has 2 worker task(s), 0-1"),
+    (["--task-index", "0", "--task-type", "chief"], "the cluster has no chief task"),
+    (["--task-index", "0", "--task-type", "ps"], "'ps' is not one of"),
+    (["--task-index", "-1"], "-1 is not in the range"),
+    ([], "Missing option '--task-index'"),
+    (["--task-index", "0", "--format", "yaml"], "'yaml' is not one of"),
+])
+def test_tf_config_errors(mgpu, args, message):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["launch", "tf-config"])
+def test_every_command_has_help_with_examples(mgpu, command):
+    result = mgpu(command, "--help")
+    assert result.exit_code == 0
+    assert "Examples:" in result.stdout
+
+
+def test_top_level_help_and_version(mgpu):
+    assert "Examples:" in mgpu("--help").stdout
+    result = mgpu("--version")
+    assert result.exit_code == 0 and launcher.__version__ in result.stdout
+
+
+def test_internal_errors_are_one_line_unless_debug(mgpu, tmp_path):
+    # A directory where a spec file is expected is refused by the OS read; --debug adds the traceback.
+    result = mgpu("launch", "--spec", str(tmp_path), "--dry-run")
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = mgpu("--debug", "launch", "--workers", "h1:2222", "--port", "1", "--forward-env", "NOT_SET_ANYWHERE_X")
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr and "NOT_SET_ANYWHERE_X is not set" in result.stderr
+
+
+@pytest.fixture
+def poisoned_tensorflow(tmp_path):
+    """A PYTHONPATH whose `tensorflow` and `numpy` raise on import."""
+    for name in ("tensorflow", "numpy", "keras"):
+        package = tmp_path / name
+        package.mkdir()
+        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported by the CLI')\n")
+    return str(tmp_path)
+
+
+def installed_mgpu():
+    found = pathlib.Path(sys.executable).parent / "mgpu"
+    return str(found) if found.exists() else shutil.which("mgpu")
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["launch", "--help"],
+    ["launch", "--local", "2", "--chief", "--evaluator", "--dry-run"],
+    ["launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json"],
+    ["launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run"],
+    ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1"],
+    ["train", "--help"],
+])
+def test_installed_cli_never_imports_tensorflow(poisoned_tensorflow, args):
+    env = dict(os.environ, PYTHONPATH=poisoned_tensorflow)
+    done = subprocess.run([installed_mgpu(), *args], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "must not be imported" not in done.stderr
+
+
+def test_installed_cli_bad_input_exit_2_no_traceback():
+    done = subprocess.run([installed_mgpu(), "launch", "--workers", "h1:0", "--dry-run"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("mgpu launch: error: Invalid value for '--workers': "
+                                   "'h1:0': port 0 is out of range (1-65535)")
+
+
+def test_python_dash_m_launcher():
+    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:1", "--task-index", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["task"] == {"type": "worker", "index": 0}

@@ -1,0 +1,143 @@
+"""Spec files and hostfiles: golden plans for the shipped examples, and one clear line for each mistake."""
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+EXAMPLES = sorted((ROOT / "cluster_specs").glob("*.yaml")) + sorted((ROOT / "cluster_specs").glob("*.json"))
+
+
+def normalized(plan_json: dict) -> dict:
+    """The plan with this interpreter's path replaced, so the golden files hold on any machine."""
+    text = json.dumps(plan_json).replace(json.dumps(sys.executable)[1:-1], "PYTHON")
+    return json.loads(text)
+
+
+def test_examples_exist():
+    assert {path.name for path in EXAMPLES} >= {
+        "two_workers.yaml", "chief_workers_evaluator.yaml", "local_simulation.yaml", "per_host_ssh.yaml"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_golden_plan(mgpu, example):
+    result = mgpu("launch", "--spec", str(example), "--run-id", "golden", "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = normalized(result.json())
+    golden = GOLDEN / (example.stem + ".json")
+    if os.environ.get("MGPU_UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(json.dumps(plan, indent=2) + "\n")
+    assert plan == json.loads(golden.read_text())
+
+
+def test_golden_hostfile(mgpu):
+    result = mgpu("launch", "--hostfile", str(ROOT / "cluster_specs" / "hostfile.txt"), "--run-id", "golden",
+                  "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    tasks = result.json()["tasks"]
+    assert tasks[0]["tf_config"]["cluster"] == {
+        "worker": ["node-1:2222", "node-1:2223", "node-2:3000", "node-3:2222", "node-3:2223"]}
+    assert [task["index"] for task in tasks] == [0, 1, 2, 3, 4]
+
+
+def test_per_host_ssh_settings_in_text_dry_run(mgpu):
+    result = mgpu("launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "worker:0  gpu-a.internal:2222  (ssh mlops@gpu-a.internal)" in result.stdout
+    assert "worker:1  gpu-b.internal:2222  (ssh alice@gpu-b.internal)" in result.stdout
+    assert "worker:2  gpu-c.internal:2300  (ssh mlops@gpu-c.internal:2022 via bastion.example.com)" in result.stdout
+    assert "command:   /opt/venvs/tf/bin/python -m launcher.trainer" in result.stdout
+
+
+def test_command_line_overrides_spec(mgpu):
+    spec = str(ROOT / "cluster_specs" / "chief_workers_evaluator.yaml")
+    result = mgpu("launch", "--spec", spec, "--env", "TF_CPP_MIN_LOG_LEVEL=3", "--dry-run", "--json",
+                  "--", "python3", "other.py")
+    assert result.exit_code == 0, result.stderr
+    task = result.json()["tasks"][0]
+    assert task["argv"] == ["python3", "other.py"]
+    assert task["env"]["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    assert task["env"]["OMP_NUM_THREADS"] == "8"
+
+
+BAD_SPECS = [
+    ("cluster: {worker: [h1:2222], ps: [h9:2222]}", "'ps' role is for parameter-server training"),
+    ("cluster: {worker: [h1:2222]}\nps: [h9:2222]", "'ps' role"),
+    ("cluster: {worker: [h1:2222], evaluator: [h9]}", "evaluator must not be inside 'cluster'"),
+    ("cluster: {chief: [h0:1, h00:1], worker: [h1:2222]}", "at most one chief"),
+    ("cluster: {worker: [h1:2222]}\nevaluator: [e1, e2]", "at most one evaluator"),
+    ("cluster: {worker: [h1:2222]}\nworkdri: /tmp", "unknown key 'workdri' in the spec"),
+    ("cluster: {worker: [h1:2222]}\nssh: {usr: bob}", "unknown key 'usr' in ssh"),
+    ("cluster: {worker: [h1:2222]}\nhosts: {h1: {prot: 22}}", "unknown key 'prot' in hosts.h1"),
+    ("cluster: {workers: [h1:2222]}", "unknown key 'workers' in cluster"),
+    ("cluster: {worker: []}", "the cluster is empty"),
+    ("cluster: {}", "the cluster is empty"),
+    ("worker: [h1:2222]", "go under 'cluster:'"),
+    ("port: 2222", "missing 'cluster'"),
+    ("", "the file is empty"),
+    ("cluster: [h1]", "cluster must be a mapping"),
+    ("cluster: {worker: [h1:2222, h1:2222]}", "h1:2222 is listed twice"),
+    ("cluster: {worker: [h1:70000]}", "port 70000 is out of range"),
+    ("cluster: {worker: [h1]}", "has no port"),
+    ("cluster: {worker: [h1]}\nport: 0", "port: port 0 is out of range"),
+    ("cluster: {worker: [h1:2222]}\nthreads_per_task: 0", "threads_per_task must be a whole number >= 1"),
+    ("cluster: {worker: [h1:2222]}\ncommand: []", "command is empty"),
+    ("cluster: {worker: [h1:2222]}\nenv: {1X: y}", "not a valid environment variable name"),
+    ("cluster: {worker: [127.0.0.1:2222, h2:2222]}", "is mixed with remote host h2"),
+    ("cluster: {worker: [h1:2222]\n", "line 2"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_SPECS)
+def test_bad_spec_names_file_and_problem(mgpu, tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = mgpu("launch", "--spec", str(path), "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    if "mixed" not in message:
+        assert str(path) in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_json_spec(mgpu, tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"cluster": {"worker": ["h1:2222", "h2:2222"]}, "env": {"A": "1"}}))
+    result = mgpu("launch", "--spec", str(path), "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [task["env"]["A"] for task in result.json()["tasks"]] == ["1", "1"]
+
+
+BAD_HOSTFILES = [
+    ("h1 slots=x", "hosts:1: slots must be a positive number"),
+    ("h1 slots=0", "hosts:1: slots must be a positive number"),
+    ("h1\nh2 cpus=3", "hosts:2: unknown setting 'cpus=3'"),
+    ("# only a comment\n", "no hosts in the hostfile"),
+    ("h1:99999", "hosts:1: 'h1:99999': port 99999 is out of range"),
+    ("h1 slots=2\nh1:2223", "h1:2223 is listed twice"),
+    ("h1:65535 slots=2", "runs past port 65535"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_HOSTFILES)
+def test_bad_hostfile(mgpu, tmp_path, text, message):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    result = mgpu("launch", "--hostfile", str(path), "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_hostfile_comments_and_user(mgpu, tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# cluster\n\nalice@h1:3000  # first\nh2 slots=2 max_slots=4\n")
+    result = mgpu("launch", "--hostfile", str(path), "--port", "4000", "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["tasks"][0]["tf_config"]["cluster"]["worker"] == ["h1:3000", "h2:4000", "h2:4001"]
