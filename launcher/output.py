@@ -1,0 +1,200 @@
+"""Task output: the prefixed console view and the per-task log files.
+
+Two reader threads per task drain its stdout and stderr line by line, so a task
+never blocks on a full pipe. Every line goes, unchanged, to
+<run dir>/<type>-<index>.log; after a restart the same file continues below a
+header line. The console gets each line whole, prefixed with the task's name
+("[worker:1] "), optionally with a time, and only for the tasks `show` selects.
+Console lines wait in a bounded buffer written by one thread; if the console
+cannot keep up (a paused pager, a slow terminal), lines are dropped from the
+console, never from the log, and a notice says how many.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import pathlib
+import threading
+from typing import BinaryIO, TextIO
+
+from launcher import ports, protocol
+from launcher.plan import TaskPlan
+
+CHUNK = 64 * 1024  # a longer line is shown in pieces
+TAIL_LINES = 20
+CONSOLE_BUFFER_CHARS = 8 * 1024 * 1024
+LAUNCHER_PREFIX = "[mgpu] "
+
+
+def log_name(plan: TaskPlan) -> str:
+    return f"{plan.type}-{plan.index}.log"
+
+
+def _clock() -> str:
+    return datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3] + " "
+
+
+class Console:
+    """Writes whole lines to a text stream from one thread; never blocks the caller."""
+
+    def __init__(self, stream: TextIO, max_pending_chars: int = CONSOLE_BUFFER_CHARS):
+        self._stream = stream
+        self._max_pending = max_pending_chars
+        self._cond = threading.Condition()
+        self._pending: collections.deque[str] = collections.deque()
+        self._pending_chars = 0
+        self._dropped = 0
+        self._closing = False
+        self._broken = False
+        self._thread = threading.Thread(target=self._run, name="mgpu-console", daemon=True)
+        self._thread.start()
+
+    def write_line(self, line: str, always: bool = False) -> None:
+        """Queue one line (with its newline). Dropped if the buffer is full, unless `always`."""
+        with self._cond:
+            if self._broken or self._closing:
+                return
+            if not always and self._pending_chars + len(line) > self._max_pending:
+                self._dropped += 1
+                return
+            self._pending.append(line)
+            self._pending_chars += len(line)
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (waiting at most `timeout`) and stop the writer thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                batch = list(self._pending)
+                self._pending.clear()
+                self._pending_chars = 0
+                dropped, self._dropped = self._dropped, 0
+                last = self._closing
+            if dropped:
+                batch.append(f"{LAUNCHER_PREFIX}{dropped} lines not shown here (console too slow); the log files have them\n")
+            try:
+                self._stream.writelines(batch)
+                self._stream.flush()
+            except (OSError, ValueError):  # console closed (a pipe reader went away): keep running without it
+                with self._cond:
+                    self._broken = True
+                    self._pending.clear()
+                return
+            if last:
+                return
+
+
+class TaskOutput:
+    """One attempt of one task: its log file, console view, last lines and readiness."""
+
+    def __init__(
+        self,
+        plan: TaskPlan,
+        attempt: int,
+        log_path: pathlib.Path,
+        console: Console | None,
+        timestamps: bool,
+    ):
+        self.plan = plan
+        self.log_path = log_path
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.ready = threading.Event()
+        # The port a "could not bind" message named (0: unnamed); None when there was none.
+        self.bind_failure: int | None = None
+        self._console = console
+        self._timestamps = timestamps
+        self._prefix = f"[{plan.name}] "
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._log = open(log_path, "ab")
+        if attempt > 0:
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            self._log.write(f"----- mgpu: attempt {attempt} (restart {attempt}) started {started} -----\n".encode())
+
+    def attach(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
+        """Start draining the task's two streams."""
+        for stream, is_stdout in ((stdout, True), (stderr, False)):
+            thread = threading.Thread(
+                target=self._pump,
+                args=(stream, is_stdout),
+                name=f"mgpu-read-{self.plan.name}-{'out' if is_stdout else 'err'}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def drained(self, timeout: float) -> bool:
+        """Wait until both streams reached end of file; False if they did not within `timeout`."""
+        for thread in self._threads:
+            thread.join(timeout)  # all threads end together in practice; each wait is bounded
+        return not any(t.is_alive() for t in self._threads)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._log.closed:
+                self._log.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._log.close()
+
+    def _pump(self, stream: BinaryIO, is_stdout: bool) -> None:
+        try:
+            while True:
+                chunk = stream.readline(CHUNK)
+                if not chunk:
+                    return
+                self._line(chunk, is_stdout)
+        except (OSError, ValueError):  # the stream or the log was closed under us
+            return
+
+    def _line(self, chunk: bytes, is_stdout: bool) -> None:
+        if not chunk.endswith(b"\n"):
+            chunk += b"\n"
+        text = chunk.decode("utf-8", "replace").rstrip("\r\n")
+        if is_stdout and text.strip() == protocol.READY_LINE:
+            self.ready.set()
+        if b"bind" in chunk or b"ddress" in chunk or b"gRPC server" in chunk:
+            port = ports.bind_failure(text)
+            if port is not None and not self.bind_failure:
+                self.bind_failure = port
+        with self._lock:
+            self._log.write(chunk)
+            self.tail.append(text)
+        if self._console is not None:
+            stamp = _clock() if self._timestamps else ""
+            self._console.write_line(f"{stamp}{self._prefix}{text}\n")
+
+
+class RunOutput:
+    """Output of a whole run: the console and the run directory's log files."""
+
+    def __init__(self, run_dir: pathlib.Path, console: TextIO, timestamps: bool, show: frozenset[str] | None):
+        self.run_dir = run_dir
+        self._console = Console(console)
+        self._timestamps = timestamps
+        self._show = show
+
+    def shows(self, plan: TaskPlan) -> bool:
+        return self._show is None or plan.type in self._show or plan.name in self._show
+
+    def open_task(self, plan: TaskPlan, attempt: int) -> TaskOutput:
+        console = self._console if self.shows(plan) else None
+        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), console, self._timestamps)
+
+    def notice(self, text: str) -> None:
+        """A line from the launcher itself; always shown."""
+        stamp = _clock() if self._timestamps else ""
+        self._console.write_line(f"{stamp}{LAUNCHER_PREFIX}{text}\n", always=True)
+
+    def close(self) -> None:
+        self._console.close()

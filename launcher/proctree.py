@@ -1,0 +1,93 @@
+"""Finding and stopping process trees on this machine.
+
+Every process of a run carries MGPU_RUN_ID in its environment (children inherit
+it), so a scan of the process table finds them all, even grandchildren that
+left their session or lost their parent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Iterable
+
+import psutil
+
+from launcher import protocol
+
+POLL_INTERVAL = 0.05
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (orphaned zombies may linger if pid 1 does not reap them)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live descendant of `pid`, found through parent links (a snapshot)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tagged_processes(run_id: str) -> list[psutil.Process]:
+    """Every live process on this machine whose environment carries MGPU_RUN_ID=run_id."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(protocol.ENV_RUN_ID) == run_id and is_alive(proc):
+                found.append(proc)
+        except psutil.Error:  # gone, zombie, or not ours to read
+            continue
+    return found
+
+
+def send(procs: Iterable[psutil.Process], signum: int) -> None:
+    """Signal each process that is still alive; psutil refuses a pid that was reused."""
+    for proc in procs:
+        try:
+            proc.send_signal(signum)
+        except psutil.Error:
+            pass
+
+
+def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has ended or `timeout` passed; return those still alive."""
+    alive = [p for p in procs if is_alive(p)]
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+        alive = [p for p in alive if is_alive(p)]
+    return alive
+
+
+def stop_processes(procs: Iterable[psutil.Process], grace: float) -> None:
+    """TERM, wait up to `grace` seconds, then KILL whatever is left."""
+    procs = list(procs)
+    send(procs, signal.SIGTERM)
+    survivors = wait_gone(procs, grace)
+    send(survivors, signal.SIGKILL)
+    wait_gone(survivors, 5.0)
+
+
+def stop_run(run_id: str, grace: float, rounds: int = 3) -> int:
+    """Stop every process tagged with `run_id`; return how many were found.
+
+    Rescans a few times, because a dying process may have just forked.
+    """
+    seen: set[int] = set()
+    for _ in range(rounds):
+        procs = tagged_processes(run_id)
+        if not procs:
+            break
+        seen.update(p.pid for p in procs)
+        stop_processes(procs, grace)
+    return len(seen)

@@ -1,0 +1,79 @@
+"""A watchdog that stops a run's local processes when the launcher dies.
+
+The launcher starts one reaper per run and keeps the write end of a pipe to its
+stdin. Nothing is ever written until the launcher finishes cleanly and sends
+DONE. If the launcher dies instead (even by SIGKILL), the kernel closes the pipe,
+the reaper reads end-of-file and stops every process tagged with the run id:
+TERM, a grace period, then KILL. The reaper lives in its own session, so a
+terminal's Ctrl-C or hang-up does not reach it.
+
+Run as: python -m launcher.reaper RUN_ID GRACE_SECONDS
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+DONE = b"done"
+
+
+class Reaper:
+    """The launcher's handle on its watchdog process."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self._proc = proc
+
+    @classmethod
+    def start(cls, run_id: str, grace: float, log_path: pathlib.Path) -> "Reaper":
+        package_parent = str(pathlib.Path(__file__).resolve().parent.parent)
+        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.reaper import main; main()"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, run_id, str(grace)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        return cls(proc)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def dismiss(self, timeout: float = 5.0) -> None:
+        """Tell the reaper the run ended cleanly, and wait for it to exit."""
+        try:
+            self._proc.stdin.write(DONE)
+            self._proc.stdin.close()
+        except OSError:  # it died; nothing to tell
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from launcher import proctree
+
+    run_id, grace = (argv or sys.argv[1:])[:2]
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    message = sys.stdin.buffer.read()  # returns when the launcher closes the pipe or dies
+    if message == DONE:
+        return 0
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    stopped = proctree.stop_run(run_id, float(grace))
+    print(f"{started} launcher gone (reaper pid {os.getpid()}); stopped {stopped} processes of run {run_id}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""run.json: what a run planned and what happened to every task in every attempt.
+
+The file is rewritten (write to a temporary file, then rename) after every
+event, so a reader always sees a complete JSON document.
+
+Layout:
+  run_id, status (running | succeeded | failed | interrupted | start-timeout),
+  message (the failure summary, else null), started_at, ended_at,
+  options (the supervision settings), plans (one dict per TaskPlan),
+  attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
+      host, pid, log, started_at, ready_at, ended_at, exit_code, signal}}}]
+exit_code is the task's exit status; when it died by a signal, exit_code is
+null and signal holds its name ("SIGKILL"). Times are UTC, ISO 8601.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import signal
+import threading
+from typing import Any, Sequence
+
+from launcher.plan import TaskPlan
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+START_TIMEOUT = "start-timeout"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
+    return {
+        "name": plan.name,
+        "type": plan.type,
+        "index": plan.index,
+        "host": plan.host,
+        "port": plan.port,
+        "local": plan.local,
+        "ssh": dataclasses.asdict(plan.ssh) if plan.ssh is not None else None,
+        "argv": list(plan.argv),
+        "env": dict(plan.env),
+        "workdir": plan.workdir,
+        "waits_for_ready": plan.waits_for_ready,
+    }
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class RunRecord:
+    """The run.json of one run. Thread-safe; every change is written at once."""
+
+    def __init__(self, path: pathlib.Path, run_id: str, plans: Sequence[TaskPlan], options: dict[str, Any]):
+        self.path = path
+        self._lock = threading.Lock()
+        self._data: dict[str, Any] = {
+            "run_id": run_id,
+            "status": RUNNING,
+            "message": None,
+            "started_at": now(),
+            "ended_at": None,
+            "options": options,
+            "plans": [plan_to_dict(p) for p in plans],
+            "attempts": [],
+        }
+        self._write()
+
+    @property
+    def data(self) -> dict[str, Any]:
+        with self._lock:
+            return json.loads(json.dumps(self._data))
+
+    def attempt_started(self, attempt: int) -> None:
+        with self._lock:
+            self._data["attempts"].append(
+                {"attempt": attempt, "started_at": now(), "ended_at": None, "outcome": RUNNING, "tasks": {}}
+            )
+            self._write()
+
+    def task_started(self, plan: TaskPlan, pid: int, log: str) -> None:
+        self._update_task(
+            plan,
+            host=plan.host,
+            pid=pid,
+            log=log,
+            started_at=now(),
+            ready_at=None,
+            ended_at=None,
+            exit_code=None,
+            signal=None,
+        )
+
+    def task_ready(self, plan: TaskPlan) -> None:
+        self._update_task(plan, ready_at=now())
+
+    def task_ended(self, plan: TaskPlan, returncode: int) -> None:
+        if returncode < 0:
+            self._update_task(plan, ended_at=now(), exit_code=None, signal=signal_name(-returncode))
+        else:
+            self._update_task(plan, ended_at=now(), exit_code=returncode, signal=None)
+
+    def attempt_ended(self, outcome: str) -> None:
+        with self._lock:
+            attempt = self._data["attempts"][-1]
+            attempt["ended_at"] = now()
+            attempt["outcome"] = outcome
+            self._write()
+
+    def finish(self, status: str, message: str | None = None) -> None:
+        with self._lock:
+            self._data["status"] = status
+            self._data["message"] = message
+            self._data["ended_at"] = now()
+            self._write()
+
+    def _update_task(self, plan: TaskPlan, **fields: Any) -> None:
+        with self._lock:
+            self._data["attempts"][-1]["tasks"].setdefault(plan.name, {}).update(fields)
+            self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, self.path)

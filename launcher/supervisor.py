@@ -1,0 +1,359 @@
+"""Supervision of a run: start every task, watch them, stop them all together.
+
+The rules:
+- Fail fast: the first task to exit non-zero or die by a signal stops the whole
+  cluster: TERM to every task's process tree, KILL after the grace period.
+- Readiness: a task whose plan waits for readiness is ready once it prints
+  protocol.READY_LINE on stdout; others once started. All must be ready within
+  the start timeout, else the cluster is stopped.
+- Restarts: after a failure the whole cluster restarts (a multi-worker strategy
+  needs every worker back), up to max_restarts times. A task exiting with
+  protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
+  up to max_preemption_restarts times.
+- Signals: SIGINT, SIGTERM or SIGHUP to the launcher stop every task the same
+  way (a second one skips the grace period), then raise Interrupted.
+- Nothing is left behind: every stop ends with a scan for processes carrying the
+  run's MGPU_RUN_ID, and a reaper process does the same if the launcher dies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Sequence, TextIO
+
+from launcher import ports, proctree, protocol, runrecord
+from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
+from launcher.output import RunOutput, TaskOutput, log_name
+from launcher.plan import TaskPlan
+from launcher.reaper import Reaper
+from launcher.runners.base import Runner, TaskProcess
+
+POLL_INTERVAL = 0.05
+LOG_FLUSH_INTERVAL = 0.5
+REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
+DRAIN_TIMEOUT = 5.0  # after a task is gone, how long its output may take to reach end of file
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuperviseOptions:
+    run_id: str
+    log_dir: pathlib.Path  # run files go to log_dir / run_id /
+    grace_period: float = 10.0  # TERM -> KILL
+    start_timeout: float = 120.0  # seconds for every task to become ready
+    max_restarts: int = 0
+    timestamps: bool = False
+    show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
+    max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
+
+
+def supervise(
+    plans: Sequence[TaskPlan],
+    runner_for: Callable[[TaskPlan], Runner],
+    options: SuperviseOptions,
+    console: TextIO = sys.stdout,
+) -> None:
+    """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
+
+    Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
+    """
+    if not plans:
+        raise UsageError("no tasks to run")
+    run_dir = pathlib.Path(options.log_dir) / options.run_id
+    if (run_dir / "run.json").exists():
+        raise UsageError(f"run {options.run_id} already exists in {run_dir}; choose another run id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _Supervisor(plans, runner_for, options, console, run_dir).run()
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {runrecord.signal_name(-returncode)}"
+    if returncode == protocol.EXIT_PREEMPTED:
+        return f"exited with code {returncode} (preempted)"
+    return f"exited with code {returncode}"
+
+
+@dataclasses.dataclass
+class _Task:
+    plan: TaskPlan
+    proc: TaskProcess
+    output: TaskOutput
+    returncode: int | None = None
+    ready: bool = False
+
+
+@dataclasses.dataclass
+class _Outcome:
+    status: str  # one of the runrecord statuses
+    failed: _Task | None = None  # the first task that failed
+    missing: tuple[_Task, ...] = ()  # the tasks not ready in time
+    signum: int = 0
+
+
+class _RunFailed(Exception):
+    """Carries the final status (failed or start-timeout) along with the error to raise."""
+
+    def __init__(self, status: str, error: TaskFailed):
+        super().__init__(status)
+        self.status = status
+        self.error = error
+
+
+class _Signals:
+    """Records SIGINT, SIGTERM and SIGHUP instead of dying, while installed."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.received.append(signum)  # only a list append: safe at any point of the main thread
+
+
+class _Supervisor:
+    def __init__(
+        self,
+        plans: Sequence[TaskPlan],
+        runner_for: Callable[[TaskPlan], Runner],
+        options: SuperviseOptions,
+        console: TextIO,
+        run_dir: pathlib.Path,
+    ):
+        self.plans = list(plans)
+        self.runner_for = runner_for
+        self.options = options
+        self.run_dir = run_dir
+        self.runners: dict[int, Runner] = {}
+        self.signals = _Signals()
+        self.any_local = any(p.local for p in self.plans)
+        recorded_options = {
+            "grace_period": options.grace_period,
+            "start_timeout": options.start_timeout,
+            "max_restarts": options.max_restarts,
+            "max_preemption_restarts": options.max_preemption_restarts,
+            "log_dir": str(options.log_dir),
+        }
+        self.record = runrecord.RunRecord(run_dir / "run.json", options.run_id, self.plans, recorded_options)
+        self.output = RunOutput(run_dir, console, options.timestamps, options.show)
+
+    # -- the whole run ---------------------------------------------------------
+
+    def run(self) -> None:
+        reaper = None
+        final = (runrecord.FAILED, None)
+        try:
+            with self.signals:
+                if self.any_local:
+                    reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir / "reaper.log")
+                self._check_ports()
+                final = self._attempts()
+        except Interrupted as e:
+            final = (runrecord.INTERRUPTED, str(e))
+            raise
+        except _RunFailed as e:
+            final = (e.status, str(e.error))
+            raise e.error from None
+        except MgpuError as e:
+            final = (runrecord.FAILED, str(e))
+            raise
+        finally:
+            for runner in self.runners.values():
+                try:
+                    runner.close()
+                except Exception as e:  # closing must not hide the run's own outcome
+                    self.output.notice(f"closing a runner failed: {e}")
+            self.record.finish(*final)
+            self.output.close()
+            if reaper is not None:
+                reaper.dismiss()
+
+    def _attempts(self) -> tuple[str, None]:
+        restarts = preemptions = 0
+        attempt = 0
+        while True:
+            outcome = self._attempt(attempt)
+            if outcome.status == runrecord.SUCCEEDED:
+                return runrecord.SUCCEEDED, None
+            if self.signals.received:
+                raise Interrupted(self.signals.received[0])
+            preempted = outcome.failed is not None and outcome.failed.returncode == protocol.EXIT_PREEMPTED
+            if preempted and preemptions < self.options.max_preemption_restarts:
+                preemptions += 1
+                self.output.notice(
+                    f"restarting all tasks after preemption ({preemptions} of at most "
+                    f"{self.options.max_preemption_restarts})"
+                )
+            elif restarts < self.options.max_restarts:
+                restarts += 1
+                self.output.notice(f"restarting all tasks (restart {restarts} of {self.options.max_restarts})")
+            else:
+                raise _RunFailed(outcome.status, TaskFailed(self._summary(outcome, attempt)))
+            attempt += 1
+
+    def _check_ports(self) -> None:
+        for plan in self.plans:
+            if plan.local and plan.port is not None and ports.port_in_use(plan.port, plan.host):
+                raise TaskFailed(f"port in use: {plan.host}:{plan.port} (planned for {plan.name})")
+
+    # -- one attempt -------------------------------------------------------------
+
+    def _attempt(self, attempt: int) -> _Outcome:
+        self.record.attempt_started(attempt)
+        tasks: list[_Task] = []
+        outcome = _Outcome(runrecord.FAILED)
+        try:
+            for plan in self.plans:
+                if self.signals.received:
+                    outcome = _Outcome(runrecord.INTERRUPTED, signum=self.signals.received[0])
+                    return outcome
+                tasks.append(self._start(plan, attempt))
+            outcome = self._watch(tasks)
+            return outcome
+        finally:
+            self._stop(tasks)
+            for task in tasks:
+                if task.output.drained(DRAIN_TIMEOUT):
+                    task.proc.close()
+                else:
+                    self.output.notice(f"output of {task.plan.name} still open after stop; not waiting for it")
+                task.output.close()
+            self.record.attempt_ended(outcome.status)
+
+    def _start(self, plan: TaskPlan, attempt: int) -> _Task:
+        runner = self.runner_for(plan)
+        self.runners.setdefault(id(runner), runner)
+        output = self.output.open_task(plan, attempt)
+        try:
+            proc = runner.start(plan, attempt)
+        except BaseException:
+            output.close()
+            raise
+        output.attach(proc.stdout, proc.stderr)
+        self.record.task_started(plan, proc.pid, log_name(plan))
+        if not plan.waits_for_ready:
+            self.record.task_ready(plan)
+        return _Task(plan, proc, output, ready=not plan.waits_for_ready)
+
+    def _watch(self, tasks: list[_Task]) -> _Outcome:
+        deadline = time.monotonic() + self.options.start_timeout
+        all_ready = False
+        next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
+        while True:
+            if self.signals.received:
+                signum = self.signals.received[0]
+                self.output.notice(f"received {runrecord.signal_name(signum)}; stopping all tasks")
+                return _Outcome(runrecord.INTERRUPTED, signum=signum)
+            failed = self._poll(tasks)
+            if failed is not None:
+                self.output.notice(f"{failed.plan.name} {describe_exit(failed.returncode)}; stopping all tasks")
+                return _Outcome(runrecord.FAILED, failed=failed)
+            if all(t.returncode == 0 for t in tasks):
+                return _Outcome(runrecord.SUCCEEDED)
+            if not all_ready:
+                for task in tasks:
+                    if not task.ready and (task.output.ready.is_set() or task.returncode == 0):
+                        task.ready = True
+                        self.record.task_ready(task.plan)
+                all_ready = all(t.ready for t in tasks)
+                if not all_ready and time.monotonic() > deadline:
+                    missing = tuple(t for t in tasks if not t.ready)
+                    names = ", ".join(t.plan.name for t in missing)
+                    self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
+                    return _Outcome(runrecord.START_TIMEOUT, missing=missing)
+            if time.monotonic() > next_flush:
+                for task in tasks:
+                    task.output.flush()
+                next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
+            time.sleep(POLL_INTERVAL)
+
+    def _poll(self, tasks: list[_Task]) -> _Task | None:
+        """Collect exit codes; return the first task found failed."""
+        failed = None
+        for task in tasks:
+            if task.returncode is None:
+                returncode = task.proc.poll()
+                if returncode is not None:
+                    task.returncode = returncode
+                    self.record.task_ended(task.plan, returncode)
+                    if returncode != 0 and failed is None:
+                        failed = task
+        return failed
+
+    # -- stopping ----------------------------------------------------------------
+
+    def _stop(self, tasks: list[_Task]) -> None:
+        """TERM every task's tree and every tagged process, KILL after the grace period,
+        then scan for anything of the run still alive. Also run after success."""
+        signals_seen = len(self.signals.received)
+        tagged = proctree.tagged_processes(self.options.run_id) if self.any_local else []
+        for task in tasks:
+            task.proc.signal_tree(signal.SIGTERM)
+        proctree.send(tagged, signal.SIGTERM)
+
+        deadline = time.monotonic() + self.options.grace_period
+        while True:
+            self._poll(tasks)
+            tagged = [p for p in tagged if proctree.is_alive(p)]
+            if not tagged and all(t.returncode is not None for t in tasks):
+                break
+            if len(self.signals.received) > signals_seen:
+                self.output.notice("second signal: killing all tasks now")
+                break
+            if time.monotonic() >= deadline:
+                names = ", ".join(t.plan.name for t in tasks if t.returncode is None)
+                self.output.notice(f"grace period over; killing {names or 'leftover processes'}")
+                break
+            time.sleep(POLL_INTERVAL)
+
+        if tagged or any(t.returncode is None for t in tasks):
+            for task in tasks:
+                task.proc.signal_tree(signal.SIGKILL)
+            proctree.send(tagged, signal.SIGKILL)
+            deadline = time.monotonic() + REAP_TIMEOUT
+            while any(t.returncode is None for t in tasks) and time.monotonic() < deadline:
+                time.sleep(POLL_INTERVAL)
+                self._poll(tasks)
+
+        if self.any_local:
+            leftovers = proctree.stop_run(self.options.run_id, self.options.grace_period)
+            if leftovers:
+                self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
+
+    # -- the failure summary -------------------------------------------------------
+
+    def _summary(self, outcome: _Outcome, attempt: int) -> str:
+        if outcome.status == runrecord.START_TIMEOUT:
+            names = ", ".join(t.plan.name for t in outcome.missing)
+            head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s"
+            task = outcome.missing[0]
+        else:
+            task = outcome.failed
+            head = f"{task.plan.name} on {task.plan.host} {describe_exit(task.returncode)}"
+        if task.output.bind_failure is not None:
+            head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
+        if attempt > 0:
+            head += f" (attempt {attempt + 1})"
+        lines = [head]
+        tail = list(task.output.tail)
+        if tail:
+            lines.append(f"last {len(tail)} lines of {task.output.log_path}:")
+            lines.extend("  " + line for line in tail)
+        else:
+            lines.append(f"no output (log: {task.output.log_path})")
+        return "\n".join(lines)
