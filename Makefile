@@ -1,0 +1,35 @@
+# make demo   set up .venv and run a local 2-worker training
+# make test   set up .venv and run the whole test suite
+# make bench  run the benchmarks; results go to benchmarks/results/
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MGPU := $(VENV)/bin/mgpu
+INSTALLED := $(VENV)/.installed
+DATA_DIR ?= ../shared/data/fashion-mnist
+
+.PHONY: venv demo test bench clean
+
+# Re-installs whenever the package metadata changes.
+$(INSTALLED): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train,dev,bench]'
+	touch $@
+
+venv: $(INSTALLED)
+
+demo: venv
+	$(MGPU) launch --local 2 --threads-per-task 1 -- \
+		--dataset synthetic --model cnn --train-steps 200 --eval-every 100 \
+		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
+
+test: venv
+	$(PY) -m pytest
+
+bench: venv
+	$(PY) benchmarks/run_all.py --data-dir $(DATA_DIR)
+
+clean:
+	rm -rf $(VENV) mgpu-runs .pytest_cache
