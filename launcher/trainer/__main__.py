@@ -1,0 +1,5 @@
+import sys
+
+from launcher.trainer import main
+
+sys.exit(main())

@@ -1,0 +1,219 @@
+"""Command-line options of the worker program.
+
+Parsing and validation import neither TensorFlow nor numpy, so `--help` and bad
+options answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from launcher.errors import UsageError
+
+PROG = "mgpu train"
+
+STRATEGIES = ("auto", "off", "one_device", "mirrored", "multi_worker_mirrored")
+ALL_REDUCE = ("auto", "ring", "nccl")
+ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16")
+MIXED_PRECISION = ("mixed_bfloat16", "mixed_float16")
+MODELS = ("cnn", "small")
+DATASETS = ("mnist", "fashion_mnist", "synthetic")
+OPTIMIZERS = ("adam", "sgd")
+
+DEFAULT_BATCH_SIZE_PER_REPLICA = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    # cluster and strategy
+    worker_hosts: tuple[str, ...] | None
+    task_index: int | None
+    distribution_strategy: str
+    all_reduce: str
+    collective_timeout: float | None
+    allreduce_dtype: str
+    bytes_per_pack: int
+    # devices and numerics
+    mixed_precision: str | None
+    xla: bool
+    threads: int | None
+    # model, data, optimizer
+    model: str
+    dataset: str
+    data_dir: str | None
+    batch_size_per_replica: int | None
+    global_batch_size: int | None
+    optimizer: str
+    learning_rate: float
+    seed: int
+    # loop
+    train_steps: int
+    steps_per_loop: int
+    log_every: int
+    eval_every: int | None
+    eval_steps: int | None
+    stop_at_accuracy: float | None
+    # outputs
+    model_dir: str | None
+    checkpoint_every: int | None
+    keep_checkpoints: int
+    export_dir: str | None
+    evaluator_timeout: float
+
+
+class ParserExit(Exception):
+    """--help (or --version) was answered; exit with `status`."""
+
+    def __init__(self, status: int):
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that reports errors as UsageError instead of exiting."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+    def exit(self, status=0, message=None):
+        if message:
+            self._print_message(message)
+        raise ParserExit(status)
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def _host_list(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not hosts:
+        raise argparse.ArgumentTypeError("empty host list")
+    for host in hosts:
+        name, sep, port = host.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"expected host:port, got {host!r}")
+    return hosts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Train an image classifier with tf.distribute, one process per worker. "
+        "The cluster comes from TF_CONFIG (or --worker-hosts/--task-index).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("cluster and strategy")
+    g.add_argument("--worker-hosts", type=_host_list, default=None,
+                   help="comma-separated host:port of all workers; used only when TF_CONFIG is unset")
+    g.add_argument("--task-index", type=_non_negative_int, default=None,
+                   help="this worker's position in --worker-hosts")
+    g.add_argument("--distribution-strategy", choices=STRATEGIES, default="auto",
+                   help="auto: multi-worker when the cluster has several workers, "
+                   "mirrored with several local GPUs, else the default strategy")
+    g.add_argument("--all-reduce", choices=ALL_REDUCE, default="auto",
+                   help="collective implementation (nccl needs GPUs)")
+    g.add_argument("--collective-timeout", type=_positive_float, default=None,
+                   help="seconds before a collective operation gives up")
+    g.add_argument("--allreduce-dtype", choices=ALLREDUCE_DTYPES, default="float32",
+                   help="dtype gradients travel in during the all-reduce")
+    g.add_argument("--bytes-per-pack", type=_non_negative_int, default=0,
+                   help="pack gradients into all-reduce chunks of this many bytes (0: one pack)")
+
+    g = p.add_argument_group("devices")
+    g.add_argument("--mixed-precision", choices=MIXED_PRECISION, default=None,
+                   help="Keras mixed-precision policy (default: float32)")
+    g.add_argument("--xla", action="store_true", help="compile the forward and backward pass with XLA")
+    g.add_argument("--threads", type=_positive_int, default=None,
+                   help="intra- and inter-op threads (default: TF_NUM_INTRAOP_THREADS / "
+                   "TF_NUM_INTEROP_THREADS, else TensorFlow's choice)")
+
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", choices=MODELS, default="cnn",
+                   help="cnn: 2 conv + dense 1024 + dropout (3.27M params); small: for quick tests")
+    g.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    g.add_argument("--data-dir", default=None,
+                   help="directory with the four IDX .gz files; without it they are downloaded "
+                   "once into ~/.cache/mgpu/datasets/<name>")
+    batch = g.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size-per-replica", type=_positive_int, default=None,
+                       help=f"examples per replica per step (default {DEFAULT_BATCH_SIZE_PER_REPLICA})")
+    batch.add_argument("--global-batch-size", type=_positive_int, default=None,
+                       help="examples per step over all replicas; must divide by the replica count")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="sgd has momentum 0.9")
+    g.add_argument("--learning-rate", type=_positive_float, default=1e-3)
+    g.add_argument("--seed", type=_non_negative_int, default=42,
+                   help="seed of weight initialisation and data order")
+
+    g = p.add_argument_group("training loop")
+    g.add_argument("--train-steps", type=_positive_int, default=1000)
+    g.add_argument("--steps-per-loop", type=_positive_int, default=10,
+                   help="steps run per call into TensorFlow; preemption is checked between calls")
+    g.add_argument("--log-every", type=_positive_int, default=100, help="steps between log lines")
+    g.add_argument("--eval-every", type=_positive_int, default=None,
+                   help="steps between evaluations (default: only at the end)")
+    g.add_argument("--eval-steps", type=_positive_int, default=None,
+                   help="batches per evaluation (default: the whole test set)")
+    g.add_argument("--stop-at-accuracy", type=_fraction, default=None,
+                   help="stop once an evaluation reaches this accuracy")
+
+    g = p.add_argument_group("outputs")
+    g.add_argument("--model-dir", default=None,
+                   help="checkpoints, TensorBoard summaries and metrics.json (on the chief's host)")
+    g.add_argument("--checkpoint-every", type=_positive_int, default=None,
+                   help="steps between checkpoints (default: at evaluations and at the end)")
+    g.add_argument("--keep-checkpoints", type=_positive_int, default=5)
+    g.add_argument("--export-dir", default=None,
+                   help="the chief exports a SavedModel here at the end")
+    g.add_argument("--evaluator-timeout", type=_positive_float, default=1800.0,
+                   help="an evaluator task stops after this many seconds without a new checkpoint")
+    return p
+
+
+def parse(argv: list[str]) -> TrainOptions:
+    """Parse and validate; raises UsageError with a one-line message."""
+    ns = build_parser().parse_args(argv)
+    if (ns.worker_hosts is None) != (ns.task_index is None):
+        raise UsageError("--worker-hosts and --task-index go together")
+    if ns.worker_hosts is not None and ns.task_index >= len(ns.worker_hosts):
+        raise UsageError(
+            f"--task-index {ns.task_index} is out of range for {len(ns.worker_hosts)} worker hosts"
+        )
+    if ns.checkpoint_every is not None and ns.model_dir is None:
+        raise UsageError("--checkpoint-every needs --model-dir")
+    return TrainOptions(**vars(ns))
+

@@ -1,0 +1,128 @@
+"""One training task from start to finish: strategy, state, schedule, results."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from launcher import protocol
+from launcher.errors import MgpuError, UsageError
+from launcher.trainer import evaluator, export, inputs, models, optimizers, results
+from launcher.trainer import strategy as strategy_lib
+from launcher.trainer.allreduce import AllReduceSettings
+from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
+from launcher.trainer.cluster import ClusterInfo
+from launcher.trainer.controller import Controller, Schedule
+from launcher.trainer.datasets import Arrays
+from launcher.trainer.options import DEFAULT_BATCH_SIZE_PER_REPLICA, TrainOptions
+from launcher.trainer.preemption import Preempted, PreemptionWatcher
+from launcher.trainer.reporting import Reporter, log
+from launcher.trainer.steps import EvalLoop, TrainLoop
+
+
+def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
+    try:
+        if info.is_evaluator:
+            return evaluator.run(opts, arrays)
+        return train(opts, info, arrays, started)
+    except tf.errors.OpError as exc:
+        first_line = (exc.message or str(exc)).strip().splitlines()[0]
+        raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
+
+
+def global_batch_size(opts: TrainOptions, replicas: int) -> int:
+    if opts.global_batch_size is None:
+        return (opts.batch_size_per_replica or DEFAULT_BATCH_SIZE_PER_REPLICA) * replicas
+    size = opts.global_batch_size
+    if size % replicas:
+        below = size // replicas * replicas
+        suggestions = [s for s in (below, below + replicas) if s > 0]
+        nearest = min(suggestions, key=lambda s: abs(s - size))
+        raise UsageError(f"--global-batch-size {size} does not divide among {replicas} replicas; "
+                         f"use {nearest}")
+    return size
+
+
+def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
+    gpus = strategy_lib.configure_runtime(opts)
+    strategy = strategy_lib.build(opts, info, len(gpus))
+    strategy_lib.barrier(strategy)  # every worker has joined the cluster
+    log(protocol.READY_LINE)
+    replicas = strategy.num_replicas_in_sync
+    batch = global_batch_size(opts, replicas)
+    if info.is_chief:
+        log(f"{type(strategy).__name__}: {info.num_workers} worker(s), {replicas} replica(s), "
+            f"global batch {batch}, model {opts.model}, dataset {opts.dataset}")
+
+    keras.utils.set_random_seed(opts.seed)
+    with strategy.scope():
+        model = models.build(opts.model)
+        optimizer = optimizers.build(opts.optimizer, opts.learning_rate,
+                                     loss_scaling=opts.mixed_precision == "mixed_float16")
+        optimizer.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    checkpointer = Checkpointer(checkpoint, opts.model_dir, info.is_chief, info.worker_index,
+                                opts.keep_checkpoints)
+    restored = checkpointer.restore_latest()
+    broadcast_from_first_replica(strategy, [*model.variables, *optimizer.variables, step])
+    start_step = int(step.numpy())
+    if restored and info.is_chief:
+        log(f"resumed from {restored} at step {start_step}")
+
+    train_data = strategy.distribute_datasets_from_function(
+        lambda ctx: inputs.train_dataset(arrays.train_images, arrays.train_labels, seed=opts.seed,
+                                         start_step=start_step, global_batch_size=batch,
+                                         input_context=ctx))
+    eval_steps = inputs.eval_steps(len(arrays.test_labels), batch, opts.eval_steps)
+    eval_data = strategy.distribute_datasets_from_function(
+        lambda ctx: inputs.eval_dataset(arrays.test_images, arrays.test_labels, steps=eval_steps,
+                                        global_batch_size=batch, input_context=ctx))
+    allreduce = AllReduceSettings(opts.allreduce_dtype,
+                                  strategy_lib.communication_options(opts, len(gpus)))
+    train_loop = TrainLoop(strategy, model, optimizer, step, batch, allreduce,
+                           loss_scaling=opts.mixed_precision == "mixed_float16", xla=opts.xla)
+    eval_loop = EvalLoop(strategy, model, eval_data, eval_steps)
+    reporter = Reporter(info.is_chief, opts.model_dir, opts.train_steps)
+    watcher = PreemptionWatcher(strategy)
+    controller = Controller(
+        schedule=Schedule(opts.train_steps, opts.steps_per_loop, opts.log_every, opts.eval_every,
+                          opts.checkpoint_every, opts.stop_at_accuracy),
+        global_batch_size=batch, train=train_loop, evaluate=eval_loop,
+        iterator=iter(train_data), checkpointer=checkpointer, watcher=watcher, reporter=reporter)
+    try:
+        outcome = controller.train_and_evaluate(start_step)
+    except Preempted as preempted:
+        reporter.close()
+        strategy_lib.barrier(strategy)
+        log(f"{info.name}: preempted; checkpoint saved at step {preempted.step}")
+        return protocol.EXIT_PREEMPTED
+    finally:
+        watcher.close()
+
+    fingerprints = results.gather_fingerprints(
+        strategy, results.local_fingerprints(strategy, model.weights))
+    if info.is_chief:
+        if opts.model_dir is not None:
+            results.write_json(os.path.join(opts.model_dir, "metrics.json"), {
+                "loss": outcome.final_eval["loss"],
+                "accuracy": outcome.final_eval["accuracy"],
+                "global_step": outcome.step,
+                "wall_time_s": round(time.time() - started, 3),
+                "num_replicas": replicas,
+                "examples_per_sec": round(outcome.examples_per_sec, 2),
+                "replica_fingerprints": fingerprints,
+            })
+        if opts.export_dir is not None:
+            export.export(model, opts.model, opts.export_dir)
+            log(f"exported SavedModel to {opts.export_dir}")
+        log(f"done step={outcome.step} accuracy={outcome.final_eval['accuracy']:.4f} "
+            f"examples/sec={outcome.examples_per_sec:.1f} fingerprints={','.join(fingerprints)}")
+    reporter.close()
+    strategy_lib.barrier(strategy)  # nobody exits while another still needs the cluster
+    if len(set(fingerprints)) > 1:
+        raise MgpuError(f"replicas ended with different weights: fingerprints {', '.join(fingerprints)}")
+    return 0
