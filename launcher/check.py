@@ -1,0 +1,223 @@
+"""Pre-launch host checks (`mgpu check`, and `mgpu launch` before starting remote tasks).
+
+For every host, in parallel: can we log in; does the task's program exist;
+which Python, and does it import TensorFlow (and the built-in trainer when the
+tasks run it) with the same TensorFlow version as this machine (or, without
+TensorFlow here, as the first host); are the tasks' ports free; how many GPUs
+does nvidia-smi list. One table row per host; any failure raises.
+
+This module never imports paramiko or TensorFlow: remote hosts are probed
+through a runner, local ones with a subprocess.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence, TextIO
+
+from launcher.errors import CheckFailed, ConnectError, MgpuError
+from launcher.plan import TRAINER_MODULE, TaskPlan
+from launcher.runners import remote_command
+
+# Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
+PROBE_TIMEOUT = 90.0
+_TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-macos", "intel-tensorflow")
+
+
+@dataclasses.dataclass
+class HostReport:
+    host: str
+    tasks: tuple[str, ...]
+    ssh: str = "-"  # "ok", "local", or "failed"
+    python: str = "-"
+    tensorflow: str = "-"
+    ports: str = "-"
+    gpus: str = "-"
+    problems: list[str] = dataclasses.field(default_factory=list)
+    error: MgpuError | None = None  # a connection error, kept to re-raise with its type
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.problems) if self.problems else "ok"
+
+
+def local_tensorflow_version() -> str | None:
+    """The TensorFlow version installed here, read from package metadata (TensorFlow is not imported)."""
+    for name in _TF_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probe:
+    program: str
+    python: str
+    python_required: bool
+    modules: tuple[str, ...]
+
+
+def _probe_for(plan: TaskPlan) -> _Probe:
+    argv = plan.argv
+    if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
+        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,))
+    if os.path.basename(argv[0]).startswith("python"):
+        return _Probe(argv[0], argv[0], True, ())
+    # Some other program: Python is only used for the probe itself, and may be absent.
+    return _Probe(argv[0], "python3", False, ())
+
+
+Runner = Callable[[TaskPlan, str, float], "tuple[int, bytes, bytes]"]
+
+
+def _run_local(plan: TaskPlan, command: str, timeout: float) -> tuple[int, bytes, bytes]:
+    try:
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise CheckFailed(f"{plan.host}: the check did not finish within {timeout:g} s") from e
+    return done.returncode, done.stdout, done.stderr
+
+
+def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
+    first = host_plans[0]
+    report = HostReport(first.host, tuple(p.name for p in host_plans))
+    probe = _probe_for(first)
+    ports = [p.port for p in host_plans if p.port is not None]
+    command = remote_command.check_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules)
+    try:
+        code, out, err = run(first, command, PROBE_TIMEOUT)
+    except MgpuError as e:
+        report.ssh = "failed"
+        report.problems.append(str(e))
+        report.error = e
+        return report
+    report.ssh = "local" if first.local else "ok"
+    result = _last_json(out)
+    if result is None:
+        detail = (err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {code}"])[-1]
+        report.problems.append(f"the check did not run: {detail}")
+        return report
+    if result.get("workdir_missing"):
+        report.problems.append(f"no directory {first.workdir}")
+    elif result.get("program_missing"):
+        report.problems.append(f"{probe.program} not found")
+    elif result.get("python_missing"):
+        report.problems.append(f"{probe.python} not found")
+    if "python" not in result:
+        return report
+    report.python = result["python"]
+    if "tensorflow" in result:
+        report.tensorflow = result["tensorflow"]
+    elif probe.python_required:
+        report.tensorflow = "missing"
+        report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
+    for module in result.get("missing_modules", []):
+        report.problems.append(f"cannot import {module}")
+    busy = result.get("busy_ports", [])
+    report.ports = ",".join(str(p) for p in ports) + (" busy" if busy else " free") if ports else "-"
+    if busy:
+        report.problems.append("port " + ",".join(str(p) for p in busy) + " in use")
+    gpus = result.get("gpus")
+    report.gpus = "-" if gpus is None else str(gpus)
+    return report
+
+
+def _last_json(out: bytes) -> dict | None:
+    for line in reversed(out.decode("utf-8", "replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None) -> None:
+    versions = [r.tensorflow for r in reports if r.tensorflow not in ("-", "missing")]
+    if not versions:
+        return
+    reference, where = (local_version, "this machine") if local_version else (versions[0], reports[0].host)
+    for report in reports:
+        if report.tensorflow not in ("-", "missing", reference):
+            report.problems.append(f"tensorflow {report.tensorflow} differs from {reference} on {where}")
+
+
+def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str | None = None) -> list[HostReport]:
+    """Check every host of `plans` in parallel; one report per host, in plan order.
+
+    `ssh_runner` (a runners.ssh.SshRunner) reaches remote hosts; local ones are probed directly.
+    """
+    hosts: dict[tuple[str, bool], list[TaskPlan]] = {}
+    for plan in plans:
+        hosts.setdefault((plan.host, plan.local), []).append(plan)
+
+    def run(plan: TaskPlan, command: str, timeout: float):
+        if plan.local:
+            return _run_local(plan, command, timeout)
+        if ssh_runner is None:
+            raise ConnectError(f"{plan.host}: no SSH runner to reach it")
+        return ssh_runner.run(plan, command, timeout)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        futures = [pool.submit(_check_host, group, run) for group in hosts.values()]
+        reports = [f.result() for f in futures]
+    _compare_tensorflow(reports, local_version)
+    return reports
+
+
+COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),
+           ("TENSORFLOW", "tensorflow"), ("PORTS", "ports"), ("GPUS", "gpus"), ("RESULT", "reason"))
+
+
+def render_table(reports: Sequence[HostReport]) -> str:
+    rows = [[title for title, _ in COLUMNS]]
+    for r in reports:
+        values = []
+        for _, attr in COLUMNS:
+            value = getattr(r, attr)
+            values.append(",".join(value) if isinstance(value, tuple) else str(value))
+        rows.append(values)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows
+    )
+
+
+def raise_for_failures(reports: Sequence[HostReport]) -> None:
+    failed = [r for r in reports if not r.ok]
+    if not failed:
+        return
+    for r in failed:  # a connection problem keeps its own type (ConnectError, HostKeyError)
+        if r.error is not None:
+            raise r.error
+    if len(failed) == 1:
+        raise CheckFailed(f"check failed on {failed[0].host}: {failed[0].reason}")
+    raise CheckFailed(f"check failed on {len(failed)} hosts: " + ", ".join(r.host for r in failed))
+
+
+def run_checks(plans: Sequence[TaskPlan], ssh_runner, console: TextIO | None = None) -> list[HostReport]:
+    """The pre-launch check: print the table and raise if a host fails, else one summary line."""
+    console = console or sys.stderr
+    started = time.monotonic()
+    reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+    if all(r.ok for r in reports):
+        console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
+    else:
+        console.write(render_table(reports) + "\n")
+    console.flush()
+    raise_for_failures(reports)
+    return reports

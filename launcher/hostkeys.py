@@ -1,0 +1,45 @@
+"""SSH host key names and fingerprints, written the way OpenSSH writes them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shlex
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    """The name a known_hosts line uses: `host` on port 22, else `[host]:port`."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def sha256_fingerprint(key_blob: bytes) -> str:
+    """`SHA256:...` as printed by ssh and ssh-keygen -l."""
+    digest = hashlib.sha256(key_blob).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def known_hosts_line(host: str, port: int, key_type: str, key_base64: str) -> str:
+    return f"{known_hosts_name(host, port)} {key_type} {key_base64}\n"
+
+
+def default_known_hosts() -> str:
+    return os.path.expanduser("~/.ssh/known_hosts")
+
+
+def unknown_key_message(host: str, port: int, key_type: str, fingerprint: str, known_hosts: str) -> str:
+    keyscan = f"ssh-keyscan -t {key_type}" + (f" -p {port}" if port != 22 else "") + f" {shlex.quote(host)}"
+    return (
+        f"{known_hosts_name(host, port)}: unknown host key {key_type} {fingerprint}; "
+        f"if that fingerprint is right, rerun with --accept-new-host-keys "
+        f"or add it with: {keyscan} >> {shlex.quote(known_hosts)}"
+    )
+
+
+def changed_key_message(host: str, port: int, key_type: str, fingerprint: str) -> str:
+    name = known_hosts_name(host, port)
+    return (
+        f"{name}: HOST KEY CHANGED, now {key_type} {fingerprint}; refusing to connect "
+        f"(someone may be intercepting the connection). If the host was reinstalled, "
+        f"remove the old key with: ssh-keygen -R {shlex.quote(name)}"
+    )

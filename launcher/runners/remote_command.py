@@ -1,0 +1,167 @@
+"""Shell command lines for remote tasks. Pure string building, no I/O.
+
+sshd hands the command to the user's login shell. We make that shell exec a
+POSIX sh running a small wrapper, which:
+
+- prints its pid on stderr (PGID_MARKER). sshd starts every session with
+  setsid(), and the wrapper only ever execs, so that pid is the session and
+  process group id of the whole task tree, and `kill -TERM -PGID` reaches it all;
+- starts a detached watcher that reads the channel's stdin until EOF. sshd
+  closes that pipe when the session ends for any reason: the task finished,
+  the launcher closed the channel, or the connection dropped (launcher killed,
+  network gone). The watcher then sends SIGTERM to the group, waits up to the
+  grace period for the task to go, and sends SIGKILL. So no remote process
+  outlives its SSH session;
+- changes to the workdir and execs `env K=V ... argv` with stdin from
+  /dev/null, so sshd sees the task's own exit status or signal.
+
+Every argv element and env value goes through shlex.quote, so quotes, $(),
+backticks, newlines and unicode arrive byte-exact.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+from typing import Iterable, Mapping, Sequence
+
+PGID_MARKER = "MGPU_REMOTE_PGID"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# $1 = process group, $2 = grace seconds. The watcher is in the group too, so
+# it ignores the TERM it sends; the final KILL ends it along with the rest.
+_WATCHER = (
+    "trap '' INT TERM HUP; "
+    "cat >/dev/null; "
+    'kill -TERM "-$1" 2>/dev/null; '
+    "n=0; "
+    'while [ "$n" -lt "$2" ] && kill -0 "$1" 2>/dev/null; do sleep 1; n=$((n+1)); done; '
+    'kill -KILL "-$1" 2>/dev/null'
+)
+
+
+def _sh(script: str) -> str:
+    """A command line for any POSIX-like login shell that runs `script` in /bin/sh."""
+    return "exec /bin/sh -c " + shlex.quote(script)
+
+
+def env_assignments(env: Mapping[str, str]) -> list[str]:
+    """`NAME=value` words for env(1), quoted for sh."""
+    words = []
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"not a valid environment variable name: {name!r}")
+        words.append(shlex.quote(f"{name}={value}"))
+    return words
+
+
+def task_command(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    workdir: str | None,
+    kill_grace: int,
+) -> str:
+    """The command line that starts one task over SSH (see the module docstring)."""
+    if not argv:
+        raise ValueError("empty argv")
+    lines = [
+        "exec 3<&0 </dev/null",
+        f'echo "{PGID_MARKER} $$" >&2',
+        "( ( exec /bin/sh -c "
+        + shlex.quote(_WATCHER)
+        + f' mgpu-watch "$$" {int(kill_grace)} <&3 >/dev/null 2>&1 3<&- ) & )',
+        "exec 3<&-",
+    ]
+    run = "exec env " + " ".join(env_assignments(env) + [shlex.quote(a) for a in argv])
+    if workdir:
+        run = f"cd {shlex.quote(workdir)} && {run}"
+    lines.append(run)
+    return _sh("\n".join(lines))
+
+
+def parse_pgid_line(line: bytes) -> int | None:
+    """The process group from the wrapper's first stderr line, or None if it is another line."""
+    text = line.decode("utf-8", "replace").strip()
+    prefix = PGID_MARKER + " "
+    if text.startswith(prefix) and text[len(prefix):].isdigit():
+        return int(text[len(prefix):])
+    return None
+
+
+def signal_command(pgid: int, signum: int) -> str:
+    """Signal a remote task's whole process group; quiet if it is already gone."""
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    return _sh(f"kill -{name} -{int(pgid)} 2>/dev/null; exit 0")
+
+
+def check_command(
+    program: str,
+    python: str,
+    python_required: bool,
+    ports: Iterable[int],
+    workdir: str | None,
+    modules: Sequence[str],
+) -> str:
+    """A command that probes a host and prints one JSON object on stdout.
+
+    Keys: workdir_missing, program_missing, python_missing (true when so), else
+    CHECK_PROGRAM's: python, busy_ports, missing_modules, tensorflow or
+    tensorflow_error, gpus.
+    """
+    port_list = ",".join(str(int(p)) for p in ports)
+    lines = []
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
+    lines.append(
+        f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
+    )
+    missing = '{"python_missing": true}' if python_required else "{}"
+    lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
+    lines.append(
+        "TF_CPP_MIN_LOG_LEVEL=3 exec "
+        + " ".join(shlex.quote(a) for a in (python, "-c", CHECK_PROGRAM, port_list, ",".join(modules)))
+        + " </dev/null"
+    )
+    return _sh("\n".join(lines))
+
+
+# Runs on the host being checked; argv[1] = ports to probe, argv[2] = modules that must import.
+CHECK_PROGRAM = r"""
+import json, os, shutil, socket, subprocess, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3]}
+busy = []
+for port in filter(None, sys.argv[1].split(",")):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", int(port)))  # TensorFlow's server binds every interface
+    except OSError:
+        busy.append(int(port))
+    finally:
+        s.close()
+out["busy_ports"] = busy
+missing = []
+for name in filter(None, sys.argv[2].split(",")):
+    try:
+        __import__(name)
+    except Exception as e:
+        missing.append("%s (%s)" % (name, str(e).splitlines()[0] if str(e) else type(e).__name__))
+out["missing_modules"] = missing
+try:
+    import tensorflow
+    out["tensorflow"] = tensorflow.__version__
+except Exception as e:
+    out["tensorflow_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
+gpus = None
+if shutil.which("nvidia-smi"):
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+        gpus = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+    except Exception:
+        pass
+out["gpus"] = gpus
+sys.stdout.flush()
+print(json.dumps(out))
+"""

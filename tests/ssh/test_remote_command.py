@@ -1,0 +1,170 @@
+"""The remote wrapper, run by a real /bin/sh in a new session, the way sshd runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from launcher.runners import remote_command
+
+TRICKY = [
+    "plain",
+    "with space",
+    "it's \"quoted\"",
+    "$(touch /tmp/mgpu-should-not-exist)",
+    "`id`",
+    "line1\nline2\n",
+    "tab\there; semi; && || | > <",
+    "ünïcödé ✓ 日本",
+    "$HOME ${PATH} \\ \\\\",
+    "",
+    "-dash",
+    "*",
+]
+
+ECHO_PROGRAM = (
+    "import json, os, sys\n"
+    "print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in sys.argv[1:2]},"
+    " 'cwd': os.getcwd()}))\n"
+)
+
+
+def start_like_sshd(command: str) -> subprocess.Popen:
+    """Run a command line as sshd does for a session without a pty: own session, pipes."""
+    return subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[bytes, bytes]:
+    """Wait for the task with its stdin still open (closing it ends the session, which kills the task)."""
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.wait(30)
+    proc.stdin.close()
+    return out, err
+
+
+def read_pgid(proc: subprocess.Popen) -> int:
+    line = proc.stderr.readline()
+    pgid = remote_command.parse_pgid_line(line)
+    assert pgid is not None, line
+    return pgid
+
+
+def test_arguments_and_environment_arrive_byte_exact(tmp_path):
+    env = {f"MGPU_T{i}": value for i, value in enumerate(TRICKY)}
+    env["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["h1:2222", "h'2:2222"]}, "task": {"type": "worker", "index": 0}})
+    workdir = tmp_path / "work dir 'x'"
+    workdir.mkdir()
+    for name, value in env.items():
+        argv = [sys.executable, "-c", ECHO_PROGRAM, name, *TRICKY]
+        proc = start_like_sshd(remote_command.task_command(argv, env, str(workdir), kill_grace=1))
+        assert read_pgid(proc) == proc.pid
+        out, err = finish(proc)
+        assert proc.returncode == 0, err
+        got = json.loads(out)
+        assert got["argv"] == [name, *TRICKY]
+        assert got["env"] == {name: value}
+        assert got["cwd"] == str(workdir)
+    assert not os.path.exists("/tmp/mgpu-should-not-exist")
+
+
+def test_environment_names_are_validated():
+    with pytest.raises(ValueError):
+        remote_command.task_command(["true"], {"BAD NAME": "x"}, None, 1)
+
+
+def test_exit_status_and_signal_pass_through():
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", "import sys; sys.exit(7)"], {}, None, 1))
+    read_pgid(proc)
+    finish(proc)
+    assert proc.returncode == 7
+    proc = start_like_sshd(remote_command.task_command(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"], {}, None, 1))
+    read_pgid(proc)
+    finish(proc)
+    assert proc.returncode == -signal.SIGUSR1  # the wrapper execs: no shell in between
+
+
+def test_missing_workdir_fails_without_running(tmp_path):
+    marker = tmp_path / "ran"
+    proc = start_like_sshd(remote_command.task_command(["touch", str(marker)], {}, str(tmp_path / "nope"), 1))
+    read_pgid(proc)
+    _, err = finish(proc)
+    assert proc.returncode != 0 and b"nope" in err
+    assert not marker.exists()
+
+
+TREE = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+STUBBORN_TREE = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                members.append(p)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return members
+
+
+def wait_group_gone(pgid: int, timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = group_members(pgid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("program,grace", [(TREE, 5), (STUBBORN_TREE, 1)], ids=["terms", "ignores-term"])
+def test_end_of_session_kills_the_whole_tree(program, grace):
+    """When sshd closes the session's stdin (connection gone), the watcher kills the group."""
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], {}, None, grace))
+    pgid = read_pgid(proc)
+    child = int(proc.stdout.readline())
+    assert os.getpgid(child) == pgid
+    started = time.monotonic()
+    proc.stdin.close()  # what sshd does when the session ends
+    assert wait_group_gone(pgid, grace + 10) == []
+    proc.wait(5)
+    assert time.monotonic() - started < grace + 10
+
+
+def test_signal_command_reaches_the_group():
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", TREE], {}, None, 5))
+    pgid = read_pgid(proc)
+    int(proc.stdout.readline())
+    subprocess.run(["/bin/sh", "-c", remote_command.signal_command(pgid, signal.SIGTERM)], check=True)
+    assert proc.wait(10) == -signal.SIGTERM
+    # The watcher ignores TERM and leaves once its stdin closes.
+    proc.stdin.close()
+    assert wait_group_gone(pgid, 10) == []
+    # Signalling a group that is gone is quiet and succeeds.
+    subprocess.run(["/bin/sh", "-c", remote_command.signal_command(pgid, signal.SIGKILL)], check=True)
+
+
+def test_pgid_line_parsing():
+    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
+    assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
+    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
