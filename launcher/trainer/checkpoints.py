@@ -73,8 +73,9 @@ def broadcast_from_first_replica(strategy: tf.distribute.Strategy, variables) ->
             first = tf.equal(ctx.replica_id_in_sync_group, 0)
             values = []
             for v in variables:
-                x = v.read_value()
-                x = x if x.dtype.is_floating else tf.cast(x, tf.float64)
+                # One dtype for all: the collective concatenates them. float64 holds
+                # every float32 and int64 step count exactly.
+                x = tf.cast(v.read_value(), tf.float64)
                 values.append(tf.where(first, x, tf.zeros_like(x)))
             return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
         return strategy.run(replica)

@@ -28,7 +28,8 @@ class PreemptionWatcher:
         def any_requested(flag):
             def replica(f):
                 ctx = tf.distribute.get_replica_context()
-                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, f)
+                # A fresh tensor on the replica's device (an input has no device to reduce to).
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(f))
             total = strategy.run(replica, args=(flag,))
             return strategy.experimental_local_results(total)[0] > 0
 

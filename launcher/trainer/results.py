@@ -32,7 +32,7 @@ def gather_fingerprints(strategy: tf.distribute.Strategy, local: list[int]) -> l
     @tf.function
     def gather(value):
         def replica(x):
-            return tf.distribute.get_replica_context().all_gather(x, axis=0)
+            return tf.distribute.get_replica_context().all_gather(tf.identity(x), axis=0)
         return strategy.run(replica, args=(value,))
 
     gathered = strategy.experimental_local_results(gather(values))[0].numpy()
