@@ -152,10 +152,11 @@ class _Transport(paramiko.Transport):
         start = m.packet.tell()
         try:
             if m.get_text() == "exit-signal":
+                m.get_boolean()  # want_reply
                 name = m.get_text()
                 try:
-                    chan.mgpu_exit_signal = int(signal.Signals("SIG" + name))
-                except ValueError:
+                    chan.mgpu_exit_signal = int(signal.Signals["SIG" + name])
+                except KeyError:  # a signal this system has no name for
                     chan.mgpu_exit_signal = int(signal.SIGKILL)
         except Exception:
             pass

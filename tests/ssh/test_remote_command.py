@@ -13,28 +13,7 @@ import psutil
 import pytest
 
 from launcher.runners import remote_command
-
-TRICKY = [
-    "plain",
-    "with space",
-    "it's \"quoted\"",
-    "$(touch /tmp/mgpu-should-not-exist)",
-    "`id`",
-    "line1\nline2\n",
-    "tab\there; semi; && || | > <",
-    "ünïcödé ✓ 日本",
-    "$HOME ${PATH} \\ \\\\",
-    "",
-    "-dash",
-    "*",
-]
-
-ECHO_PROGRAM = (
-    "import json, os, sys\n"
-    "print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in sys.argv[1:2]},"
-    " 'cwd': os.getcwd()}))\n"
-)
-
+from ssh_helpers import ECHO_PROGRAM, TRICKY
 
 def start_like_sshd(command: str) -> subprocess.Popen:
     """Run a command line as sshd does for a session without a pty: own session, pipes."""

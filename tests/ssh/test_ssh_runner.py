@@ -1,0 +1,316 @@
+"""SshRunner against real OpenSSH servers on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from launcher.errors import ConnectError, HostKeyError
+from launcher.plan import TaskPlan
+from launcher.runners.ssh import SshRunner
+from launcher.spec import SshSettings
+
+from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, free_port, run_processes, start_sshd, wait_until
+
+pytestmark = pytest.mark.ssh
+
+
+def plan(host: str, argv, env=None, ssh: SshSettings = SshSettings(), run_id: str = "ssh-test", workdir=None,
+         index: int = 0) -> TaskPlan:
+    full_env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": run_id, "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": str(index)}
+    full_env.update(env or {})
+    return TaskPlan("worker", index, host, 2222, False, ssh, tuple(argv), full_env, workdir, False)
+
+
+def drain(proc) -> tuple[bytes, bytes]:
+    """Read both streams concurrently, as the supervisor does."""
+    chunks = {"out": [], "err": []}
+
+    def pump(stream, key):
+        while True:
+            line = stream.readline()
+            if not line:
+                return
+            chunks[key].append(line)
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, "out")),
+               threading.Thread(target=pump, args=(proc.stderr, "err"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "stream did not end"
+    return b"".join(chunks["out"]), b"".join(chunks["err"])
+
+
+def wait_exit(proc, timeout: float = 30) -> int:
+    code = wait_until(lambda: proc.poll() is not None, timeout, 0.02)
+    assert code, "task did not end"
+    return proc.poll()
+
+
+@pytest.fixture
+def runner(ssh_lab):
+    r = SshRunner(ssh_lab.options())
+    yield r
+    r.close()
+
+
+def test_streams_exit_code_and_process_group(runner):
+    program = ("import os, sys; print('out', os.getpid(), os.getpgid(0), os.getsid(0)); "
+               "print('err line', file=sys.stderr); sys.exit(3)")
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program]), attempt=0)
+    out, err = drain(proc)
+    assert wait_exit(proc) == 3
+    proc.close()
+    pid, pgid, sid = map(int, out.split()[1:])
+    assert pid == pgid == sid == proc.pid  # its own session and group, as reported
+    assert b"err line" in err and b"MGPU_REMOTE_PGID" not in err
+
+
+def test_arguments_and_environment_arrive_byte_exact(runner):
+    env = {f"MGPU_T{i}": value for i, value in enumerate(TRICKY)}
+    for name in ("MGPU_T2", "MGPU_T3", "MGPU_T5", "MGPU_T7", "MGPU_ATTEMPT"):
+        proc = runner.start(plan("sshd-a", [PYTHON, "-c", ECHO_PROGRAM, name, *TRICKY], env), attempt=4)
+        out, err = drain(proc)
+        assert wait_exit(proc) == 0, err
+        proc.close()
+        got = json.loads(out)
+        assert got["argv"] == [name, *TRICKY]
+        assert got["env"] == {name: env.get(name, "4")}
+
+
+def test_only_the_plan_environment_is_sent(runner, monkeypatch):
+    monkeypatch.setenv("MGPU_LOCAL_SECRET", "do-not-send")
+    program = "import os, json; print(json.dumps(dict(os.environ)))"
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], {"EXTRA": "yes"}), attempt=0)
+    out, _ = drain(proc)
+    wait_exit(proc)
+    proc.close()
+    remote_env = json.loads(out)
+    assert remote_env["EXTRA"] == "yes" and remote_env["MGPU_ATTEMPT"] == "0"
+    assert "MGPU_LOCAL_SECRET" not in remote_env
+
+
+def test_large_output_on_both_streams_does_not_stall(runner):
+    program = (
+        "import sys\n"
+        "line = b'x' * 1023 + b'\\n'\n"
+        "for i in range(16 * 1024):\n"
+        "    sys.stdout.buffer.write(line); sys.stderr.buffer.write(line)\n"
+    )
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program]), attempt=0)
+    out, err = drain(proc)
+    assert wait_exit(proc) == 0
+    proc.close()
+    assert len(out) == len(err) == 16 * 1024 * 1024
+
+
+def test_signal_tree_kills_the_remote_tree_and_reports_the_signal(runner):
+    program = ("import subprocess, sys, time\n"
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+               "print('up', flush=True); time.sleep(300)\n")
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id="signal-tree"), attempt=0)
+    assert proc.stdout.readline() == b"up\n"
+    assert len(run_processes("signal-tree")) >= 2
+    proc.signal_tree(signal.SIGTERM)
+    assert wait_exit(proc) == -signal.SIGTERM
+    assert wait_until(lambda: not run_processes("signal-tree"), 10) is True
+    proc.signal_tree(signal.SIGKILL)  # gone: a no-op
+    proc.close()
+
+
+def test_lost_connection_kills_the_remote_tree(runner):
+    program = ("import signal, subprocess, sys, time\n"
+               "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # only KILL ends it
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+               "print('up', flush=True); time.sleep(300)\n")
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id="drop"), attempt=0)
+    assert proc.stdout.readline() == b"up\n"
+    conn = runner.connect(plan("sshd-a", ["true"]))
+    conn.transport.sock.shutdown(socket.SHUT_RDWR)  # the network goes away under the transport
+    assert wait_exit(proc, 15) == 255
+    _, err = drain(proc)
+    assert b"lost the SSH connection" in err
+    assert wait_until(lambda: not run_processes("drop"), 15) is True
+    proc.close()
+
+
+LAUNCHER_SCRIPT = """
+import sys, time
+from launcher.plan import TaskPlan
+from launcher.runners.ssh import SshRunner
+from launcher.runners.ssh_options import SshOptions
+from launcher.spec import SshSettings
+runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
+program = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); print('up', flush=True); time.sleep(300)"
+plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", program),
+                {"TF_CONFIG": "{}", "MGPU_RUN_ID": "sigkill"}, None, False)
+proc = runner.start(plan, 0)
+print(proc.stdout.readline().decode().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigkilled_launcher_leaves_nothing_remote(ssh_lab):
+    launcher = subprocess.Popen([PYTHON, "-c", LAUNCHER_SCRIPT, str(ssh_lab.known_hosts), str(ssh_lab.ssh_config)],
+                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert launcher.stdout.readline() == b"up\n"
+        assert len(run_processes("sigkill")) >= 2
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_until(lambda: not run_processes("sigkill"), 15) is True
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+
+
+def test_tasks_on_one_host_share_a_connection(runner):
+    procs = [runner.start(plan("sshd-a", [PYTHON, "-c", "print(1)"], index=i), attempt=0) for i in range(3)]
+    for proc in procs:
+        drain(proc)
+        wait_exit(proc)
+        proc.close()
+    assert len(runner._connections) == 1 and len(next(iter(runner._connections.values()))) == 1
+
+
+def test_missing_program_fails_the_task_with_its_message(runner):
+    proc = runner.start(plan("sshd-a", ["/nonexistent/python3", "-m", "launcher.trainer"]), attempt=0)
+    _, err = drain(proc)
+    assert wait_exit(proc) == 127
+    assert b"/nonexistent/python3" in err
+    proc.close()
+
+
+# -- host keys -------------------------------------------------------------------------------
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(ssh_lab, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    runner = SshRunner(ssh_lab.options(known_hosts=str(empty)))
+    with pytest.raises(HostKeyError) as info:
+        runner.start(plan("sshd-a", [PYTHON, "-c", "print(1)"], run_id="unknown-key"), attempt=0)
+    runner.close()
+    message = str(info.value)
+    assert f"[127.0.0.1]:{ssh_lab.a.port}" in message
+    assert ssh_lab.a.fingerprint() in message and message.count("\n") == 0
+    assert "--accept-new-host-keys" in message and "ssh-keyscan" in message
+    assert empty.read_text() == ""
+    assert not run_processes("unknown-key")
+
+
+def test_accept_new_records_the_key_then_trusts_it(ssh_lab, tmp_path, isolated_home):
+    known = tmp_path / "known_hosts"
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known), accept_new_host_keys=True))
+    assert runner.run(plan("sshd-a", ["true"]), "exit 0", 10)[0] == 0
+    runner.close()
+    assert known.read_text() == ssh_lab.a.known_hosts_line()
+    # Recorded keys are trusted without the flag; OpenSSH's own ssh-keygen can find the entry.
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known)))
+    assert runner.run(plan("sshd-a", ["true"]), "exit 0", 10)[0] == 0
+    runner.close()
+    found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_lab.a.port}", "-f", str(known)],
+                           capture_output=True, text=True)
+    assert found.returncode == 0
+    # Without --known-hosts, the key goes to ~/.ssh/known_hosts.
+    runner = SshRunner(ssh_lab.options(known_hosts=None, accept_new_host_keys=True))
+    assert runner.run(plan("sshd-b", ["true"]), "exit 0", 10)[0] == 0
+    runner.close()
+    assert (isolated_home / ".ssh" / "known_hosts").read_text() == ssh_lab.b.known_hosts_line()
+
+
+def test_changed_host_key_is_always_refused(ssh_lab, tmp_path):
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{ssh_lab.a.port} ssh-ed25519 {ssh_lab.b.public_key}\n")
+    for accept_new in (False, True):
+        runner = SshRunner(ssh_lab.options(known_hosts=str(wrong), accept_new_host_keys=accept_new))
+        with pytest.raises(HostKeyError, match="CHANGED") as info:
+            runner.run(plan("sshd-a", ["true"]), "exit 0", 10)
+        runner.close()
+        assert ssh_lab.a.fingerprint() in str(info.value) and "ssh-keygen -R" in str(info.value)
+    assert wrong.read_text().count("\n") == 1
+
+
+# -- logging in and ssh config ---------------------------------------------------------------
+
+
+def test_wrong_client_key_is_refused(ssh_lab):
+    runner = SshRunner(ssh_lab.options())
+    # The spec's identity wins over the ssh config's IdentityFile.
+    wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)), run_id="wrong-key")
+    with pytest.raises(ConnectError, match="authentication failed") as info:
+        runner.start(wrong, attempt=0)
+    runner.close()
+    assert "sshd-a" in str(info.value) and not isinstance(info.value, HostKeyError)
+    assert not run_processes("wrong-key")
+
+
+def test_unreachable_host_is_one_clear_error(ssh_lab):
+    port = free_port()
+    runner = SshRunner(ssh_lab.options(connect_timeout=3))
+    with pytest.raises(ConnectError, match="refused") as info:
+        runner.run(plan("127.0.0.1", ["true"], ssh=SshSettings(port=port)), "exit 0", 5)
+    runner.close()
+    assert f"127.0.0.1]:{port}" in str(info.value)
+
+
+def test_default_ssh_config_and_precedence(ssh_lab, isolated_home):
+    ssh_dir = isolated_home / ".ssh"
+    ssh_dir.mkdir()
+    (ssh_dir / "config").write_text(ssh_lab.ssh_config.read_text())
+    (ssh_dir / "known_hosts").write_text(ssh_lab.known_hosts.read_text())
+    runner = SshRunner(ssh_lab.options(known_hosts=None, ssh_config=None))
+    program = "import os; print(os.environ['SSH_CONNECTION'].split()[3])"
+    try:
+        # HostName, Port, User and IdentityFile come from ~/.ssh/config ...
+        proc = runner.start(plan("sshd-a", [PYTHON, "-c", program]), attempt=0)
+        assert int(drain(proc)[0]) == ssh_lab.a.port
+        proc.close()
+        # ... and a port in the spec wins over the config's.
+        proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], ssh=SshSettings(port=ssh_lab.b.port)), attempt=0)
+        assert int(drain(proc)[0]) == ssh_lab.b.port
+        proc.close()
+    finally:
+        runner.close()
+
+
+def test_missing_ssh_config_file_is_an_error(ssh_lab, tmp_path):
+    with pytest.raises(ConnectError, match="ssh config file not found"):
+        SshRunner(ssh_lab.options(ssh_config=str(tmp_path / "nope")))
+
+
+def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
+    jump = start_sshd(tmp_path, "jump", ssh_lab.authorized_keys, log_level="DEBUG")
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(ssh_lab.known_hosts.read_text() + jump.known_hosts_line())
+        config = tmp_path / "ssh_config"
+        config.write_text(
+            ssh_lab.ssh_config.read_text()
+            + f"Host jumphost\n  HostName 127.0.0.1\n  Port {jump.port}\n  IdentityFile {ssh_lab.client_key}\n"
+            + f"Host behind\n  HostName 127.0.0.1\n  Port {ssh_lab.b.port}\n  IdentityFile {ssh_lab.client_key}\n"
+            + "  ProxyJump jumphost\n"
+        )
+        runner = SshRunner(ssh_lab.options(known_hosts=str(known), ssh_config=str(config)))
+        try:
+            proc = runner.start(plan("behind", [PYTHON, "-c", "print('through')"]), attempt=0)
+            assert drain(proc)[0] == b"through\n"
+            proc.close()
+        finally:
+            runner.close()
+        # The jump server opened the forwarded connection to the target.
+        log = jump.log.read_text(errors="replace")
+        assert "direct-tcpip" in log and f"port {ssh_lab.b.port}" in log
+    finally:
+        jump.stop()
