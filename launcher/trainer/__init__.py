@@ -13,7 +13,7 @@ from launcher.errors import MgpuError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launcher.trainer import cluster, datasets, options
+    from launcher.trainer import cluster, options
 
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         info = cluster.resolve(opts.worker_hosts, opts.task_index)
         if info.is_evaluator and opts.model_dir is None:
             raise MgpuError("an evaluator task needs --model-dir")
+        from launcher.trainer import datasets  # numpy: only once the options are good
         arrays = datasets.load(opts.dataset, opts.data_dir)
         # Keep TensorFlow's C++ INFO/WARNING chatter out of the task's log.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

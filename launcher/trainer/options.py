@@ -217,3 +217,16 @@ def parse(argv: list[str]) -> TrainOptions:
         raise UsageError("--checkpoint-every needs --model-dir")
     return TrainOptions(**vars(ns))
 
+
+
+def global_batch_size(opts: TrainOptions, replicas: int) -> int:
+    """Examples per step over all replicas; a size that does not divide is a usage error."""
+    if opts.global_batch_size is None:
+        return (opts.batch_size_per_replica or DEFAULT_BATCH_SIZE_PER_REPLICA) * replicas
+    size = opts.global_batch_size
+    if size % replicas:
+        below = size // replicas * replicas
+        nearest = below if below and size - below <= below + replicas - size else below + replicas
+        raise UsageError(f"--global-batch-size {size} does not divide among {replicas} replicas; "
+                         f"use {nearest}")
+    return size

@@ -9,7 +9,7 @@ import keras
 import tensorflow as tf
 
 from launcher import protocol
-from launcher.errors import MgpuError, UsageError
+from launcher.errors import MgpuError
 from launcher.trainer import evaluator, export, inputs, models, optimizers, results
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import AllReduceSettings
@@ -17,7 +17,7 @@ from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_repl
 from launcher.trainer.cluster import ClusterInfo
 from launcher.trainer.controller import Controller, Schedule
 from launcher.trainer.datasets import Arrays
-from launcher.trainer.options import DEFAULT_BATCH_SIZE_PER_REPLICA, TrainOptions
+from launcher.trainer.options import TrainOptions, global_batch_size
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, log
 from launcher.trainer.steps import EvalLoop, TrainLoop
@@ -31,19 +31,6 @@ def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -
     except tf.errors.OpError as exc:
         first_line = (exc.message or str(exc)).strip().splitlines()[0]
         raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
-
-
-def global_batch_size(opts: TrainOptions, replicas: int) -> int:
-    if opts.global_batch_size is None:
-        return (opts.batch_size_per_replica or DEFAULT_BATCH_SIZE_PER_REPLICA) * replicas
-    size = opts.global_batch_size
-    if size % replicas:
-        below = size // replicas * replicas
-        suggestions = [s for s in (below, below + replicas) if s > 0]
-        nearest = min(suggestions, key=lambda s: abs(s - size))
-        raise UsageError(f"--global-batch-size {size} does not divide among {replicas} replicas; "
-                         f"use {nearest}")
-    return size
 
 
 def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
