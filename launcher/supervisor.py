@@ -61,6 +61,7 @@ def supervise(
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
     Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
+    Runners stay open: whoever made them closes them.
     """
     if not plans:
         raise UsageError("no tasks to run")
@@ -139,7 +140,6 @@ class _Supervisor:
         self.runner_for = runner_for
         self.options = options
         self.run_dir = run_dir
-        self.runners: dict[int, Runner] = {}
         self.signals = _Signals()
         self.any_local = any(p.local for p in self.plans)
         recorded_options = {
@@ -173,11 +173,6 @@ class _Supervisor:
             final = (runrecord.FAILED, str(e))
             raise
         finally:
-            for runner in self.runners.values():
-                try:
-                    runner.close()
-                except Exception as e:  # closing must not hide the run's own outcome
-                    self.output.notice(f"closing a runner failed: {e}")
             self.record.finish(*final)
             self.output.close()
             if reaper is not None:
@@ -237,7 +232,6 @@ class _Supervisor:
 
     def _start(self, plan: TaskPlan, attempt: int) -> _Task:
         runner = self.runner_for(plan)
-        self.runners.setdefault(id(runner), runner)
         output = self.output.open_task(plan, attempt)
         try:
             proc = runner.start(plan, attempt)

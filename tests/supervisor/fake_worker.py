@@ -1,0 +1,128 @@
+"""A stand-in for a training task, steered by flags. Task selectors are names
+like "worker:1" ("worker:1@0" = only in attempt 0) or "all"."""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+TYPE = os.environ.get("MGPU_TASK_TYPE", "?")
+INDEX = os.environ.get("MGPU_TASK_INDEX", "?")
+NAME = f"{TYPE}:{INDEX}"
+ATTEMPT = os.environ.get("MGPU_ATTEMPT", "?")
+SLEEPER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nwhile True: time.sleep(1)\n"
+
+
+def selected(selectors):
+    for sel in selectors:
+        name, _, attempt = sel.partition("@")
+        if name in ("all", NAME, TYPE) and (not attempt or attempt == ATTEMPT):
+            return True
+    return False
+
+
+def value_for(specs, default):
+    for spec in specs:
+        sel, _, value = spec.rpartition("=")
+        if selected([sel]):
+            return float(value)
+    return default
+
+
+def cluster_address(name):
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    task_type, _, index = name.partition(":")
+    host, _, port = cluster[task_type][int(index)].rpartition(":")
+    return host, int(port)
+
+
+def spawn_sleeper(pid_file, new_session):
+    subprocess.Popen([sys.executable, "-c", SLEEPER, pid_file], start_new_session=new_session)
+    for _ in range(200):  # wait (bounded) until it runs, so a test can find it
+        if os.path.exists(pid_file) and os.path.getsize(pid_file):
+            return
+        time.sleep(0.01)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--record", help="directory: write this task's env and argv to <type>-<index>.attempt<N>.json")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--sleep-on", action="append", default=[], help="SELECTOR=SECONDS")
+    ap.add_argument("--forever", action="store_true", help="run until killed (except tasks given --sleep-on)")
+    ap.add_argument("--exit", type=int, default=0)
+    ap.add_argument("--fail", action="append", default=[], help="SELECTOR=CODE")
+    ap.add_argument("--ready", action="store_true", help="print the readiness line")
+    ap.add_argument("--no-ready", action="append", default=[])
+    ap.add_argument("--ignore-term", action="append", default=[])
+    ap.add_argument("--grandchild", action="append", default=[])
+    ap.add_argument("--setsid-grandchild", action="append", default=[])
+    ap.add_argument("--print-mb", type=float, default=0.0)
+    ap.add_argument("--lines", type=int, default=0)
+    ap.add_argument("--bind", action="store_true", help="listen on this task's TF_CONFIG port, like a TF server")
+    ap.add_argument("--steal-port", action="append", default=[], help="THIEF=VICTIM: task THIEF listens on task VICTIM's port first")
+    args = ap.parse_args()
+
+    if selected(args.ignore_term):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.record:
+        with open(os.path.join(args.record, f"{TYPE}-{INDEX}.attempt{ATTEMPT}.json"), "w") as f:
+            json.dump({"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "pid": os.getpid()}, f)
+    held = []
+    for spec in args.steal_port:
+        thief, _, victim = spec.partition("=")
+        if not selected([thief]):
+            continue
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", cluster_address(victim)[1]))
+        sock.listen()
+        held.append(sock)
+    if args.bind:
+        time.sleep(0.5)  # let a port thief go first
+        port = cluster_address(NAME)[1]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            print(f"E0000 add_port.cc:83] Failed to add port to server: No address added out of total 1 "
+                  f"resolved for '0.0.0.0:{port}'", file=sys.stderr, flush=True)
+            print("tensorflow.python.framework.errors_impl.UnknownError: Could not start gRPC server",
+                  file=sys.stderr, flush=True)
+            sys.exit(1)
+        sock.listen()
+        held.append(sock)
+    pid_dir = args.record or "."
+    if selected(args.grandchild):
+        spawn_sleeper(os.path.join(pid_dir, f"{TYPE}-{INDEX}.grandchild.pid"), new_session=False)
+    if selected(args.setsid_grandchild):
+        spawn_sleeper(os.path.join(pid_dir, f"{TYPE}-{INDEX}.setsid-grandchild.pid"), new_session=True)
+    for i in range(args.lines):
+        print(f"out {NAME} {i}", flush=True)
+        print(f"err {NAME} {i}", file=sys.stderr, flush=True)
+    if args.print_mb:
+        line = (f"{NAME} " + "x" * 90 + "\n").encode()
+        chunk = line * 1000
+        for _ in range(int(args.print_mb * 1024 * 1024 / len(chunk)) + 1):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        print(f"{NAME} printed {args.print_mb} MB", file=sys.stderr, flush=True)
+    if args.ready and not selected(args.no_ready):
+        print("MGPU_TASK_READY", flush=True)
+    sleep = value_for(args.sleep_on, None)
+    forever = args.forever and sleep is None
+    deadline = time.monotonic() + (args.sleep if sleep is None else sleep)
+    while forever or time.monotonic() < deadline:
+        time.sleep(0.05)
+    code = int(value_for(args.fail, args.exit))
+    print(f"{NAME} attempt {ATTEMPT} exiting with {code}", flush=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Helpers for supervisor tests: plans built directly, fake workers, process checks."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+from launcher import proctree
+from launcher.plan import TaskPlan
+from launcher.ports import pick_free_ports
+
+HERE = pathlib.Path(__file__).resolve().parent
+FAKE_WORKER = (sys.executable, str(HERE / "fake_worker.py"))
+
+
+def make_plans(
+    run_id: str,
+    args: list[str] | tuple[str, ...],
+    workers: int = 2,
+    chief: bool = False,
+    evaluator: bool = False,
+    waits_for_ready: bool = False,
+    workdir: str | None = None,
+    env: dict[str, str] | None = None,
+) -> list[TaskPlan]:
+    """Local plans running the fake worker, with a TF_CONFIG like the planner's."""
+    members = ([("chief", 0)] if chief else []) + [("worker", i) for i in range(workers)]
+    ports = dict(zip(members, pick_free_ports(len(members))))
+    cluster: dict[str, list[str]] = {}
+    for (task_type, _), port in ports.items():
+        cluster.setdefault(task_type, []).append(f"127.0.0.1:{port}")
+    plans = []
+    for task_type, index in members + ([("evaluator", 0)] if evaluator else []):
+        task_env = {
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}),
+            "MGPU_RUN_ID": run_id,
+            "MGPU_TASK_TYPE": task_type,
+            "MGPU_TASK_INDEX": str(index),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        plans.append(
+            TaskPlan(
+                type=task_type,
+                index=index,
+                host="127.0.0.1",
+                port=ports.get((task_type, index)),
+                local=True,
+                ssh=None,
+                argv=(*FAKE_WORKER, *args),
+                env=task_env,
+                workdir=workdir,
+                waits_for_ready=waits_for_ready,
+            )
+        )
+    return plans
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        import psutil
+
+        return proctree.is_alive(psutil.Process(pid))
+    except Exception:
+        return False
+
+
+def read_pids(directory: pathlib.Path, pattern: str = "*.pid") -> list[int]:
+    return [int(p.read_text()) for p in sorted(directory.glob(pattern))]
+
+
+def records(record_dir: pathlib.Path) -> dict[str, dict]:
+    """What each fake worker recorded, by "<type>-<index>.attempt<N>"."""
+    return {p.name[: -len(".json")]: json.loads(p.read_text()) for p in record_dir.glob("*.attempt*.json")}
+
+
+class Supervised:
+    """The result of one supervise() call: console text, run files, and the error raised."""
+
+    def __init__(self, console: str, run_dir: pathlib.Path, error: BaseException | None):
+        self.console = console
+        self.run_dir = run_dir
+        self.error = error
+
+    @property
+    def run(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / f"{name.replace(':', '-')}.log").read_text()
+
+    def task(self, name: str, attempt: int = -1) -> dict:
+        return self.run["attempts"][attempt]["tasks"][name]
+
+
+def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Supervised:
+    """Run supervise() with the local runner, the console going to a file."""
+    from launcher.errors import MgpuError
+    from launcher.runners.local import LocalRunner
+    from launcher.supervisor import SuperviseOptions, supervise
+
+    options.setdefault("grace_period", 2.0)
+    options.setdefault("start_timeout", 30.0)
+    log_dir = tmp_path / "runs"
+    console_path = tmp_path / f"console-{run_id}.txt"
+    runner = LocalRunner()
+    error = None
+    with open(console_path, "w") as console:
+        try:
+            supervise(plans, lambda plan: runner, SuperviseOptions(run_id=run_id, log_dir=log_dir, **options), console)
+        except MgpuError as e:
+            error = e
+    return Supervised(console_path.read_text(), log_dir / run_id, error)
+
+
+def assert_run_gone(run_id: str) -> None:
+    left = proctree.tagged_processes(run_id)
+    assert not left, f"still running: {[(p.pid, p.cmdline()) for p in left]}"

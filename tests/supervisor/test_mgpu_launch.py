@@ -1,0 +1,124 @@
+"""The real `mgpu launch --local N -- python fake_worker.py ...` as a subprocess:
+exit codes, signals to the launcher (including SIGKILL), and nothing left behind."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records, wait_for
+from launcher import proctree
+
+pytestmark = pytest.mark.timeout(90)
+
+MGPU = pathlib.Path(sys.executable).parent / "mgpu"
+
+
+class Launch:
+    def __init__(self, run_id, tmp_path, worker_args, *launch_args, workers=2, new_session=False):
+        self.run_id = run_id
+        self.run_dir = tmp_path / "runs" / run_id
+        self.out_path = tmp_path / "mgpu.out"
+        self.err_path = tmp_path / "mgpu.err"
+        argv = [str(MGPU), "launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+                "--grace-period", "1", *launch_args, "--", *FAKE_WORKER, *worker_args]
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         start_new_session=new_session)
+
+    def wait(self, timeout=60):
+        return self.proc.wait(timeout)
+
+    @property
+    def stdout(self):
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self):
+        return self.err_path.read_text()
+
+    @property
+    def run(self):
+        return json.loads((self.run_dir / "run.json").read_text())
+
+
+@pytest.fixture
+def launches():
+    started = []
+    yield lambda *a, **kw: started.append(Launch(*a, **kw)) or started[-1]
+    for launch in started:
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+            launch.proc.wait()
+
+
+def test_success_through_the_cli(run_id, record_dir, tmp_path, launches):
+    launch = launches(run_id, tmp_path, ["--record", str(record_dir), "--lines", "2"], "--chief")
+    assert launch.wait() == 0, launch.stderr
+    recs = records(record_dir)
+    assert sorted(recs) == ["chief-0.attempt0", "worker-0.attempt0", "worker-1.attempt0"]
+    for key, rec in recs.items():
+        task_type, index = key.split(".")[0].split("-")
+        tf_config = json.loads(rec["env"]["TF_CONFIG"])
+        assert tf_config["task"] == {"type": task_type, "index": int(index)}
+        assert len(tf_config["cluster"]["worker"]) == 2 and len(tf_config["cluster"]["chief"]) == 1
+        assert rec["env"]["MGPU_RUN_ID"] == run_id
+    assert "[worker:1] out worker:1 1\n" in launch.stdout
+    assert launch.run["status"] == "succeeded"
+    assert_run_gone(run_id)
+
+
+def test_failure_through_the_cli(run_id, tmp_path, launches):
+    launch = launches(run_id, tmp_path, ["--forever", "--fail", "worker:1=7", "--sleep-on", "worker:1=0.2"])
+    assert launch.wait() == 1
+    assert "worker:1 on 127.0.0.1 exited with code 7" in launch.stderr
+    assert "Traceback" not in launch.stderr
+    assert launch.run["attempts"][0]["tasks"]["worker:0"]["signal"] == "SIGTERM"
+    assert_run_gone(run_id)
+
+
+STUBBORN = ["--forever", "--ignore-term", "worker:0", "--grandchild", "all", "--setsid-grandchild", "all"]
+
+
+def start_stubborn(run_id, record_dir, tmp_path, launches, **kw):
+    launch = launches(run_id, tmp_path, ["--record", str(record_dir), *STUBBORN], **kw)
+    # Both workers and their four grandchildren running.
+    assert wait_for(lambda: len(read_pids(record_dir)) == 4 and len(records(record_dir)) == 2, 30), launch.stderr
+    assert len(proctree.tagged_processes(run_id)) == 6
+    return launch
+
+
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)])
+def test_signal_to_the_launcher_stops_every_process(run_id, record_dir, tmp_path, launches, signum, to_group):
+    launch = start_stubborn(run_id, record_dir, tmp_path, launches, new_session=True)
+    if to_group:  # like Ctrl-C in a terminal: the launcher's whole foreground group
+        os.killpg(launch.proc.pid, signum)
+    else:
+        launch.proc.send_signal(signum)
+    assert launch.wait() == 128 + signum
+    assert f"[mgpu] received {signal.Signals(signum).name}; stopping all tasks" in launch.stdout
+    assert launch.stderr.strip() == f"mgpu: error: interrupted by signal {signum}"
+    run = launch.run
+    assert run["status"] == "interrupted"
+    tasks = run["attempts"][0]["tasks"]
+    # The tasks got TERM from the launcher (not the terminal's signal); worker:0 ignored it and was killed.
+    assert tasks["worker:0"]["signal"] == "SIGKILL"
+    assert tasks["worker:1"]["signal"] == "SIGTERM"
+    assert not any(pid_alive(pid) for pid in read_pids(record_dir))
+    assert_run_gone(run_id)
+
+
+def test_sigkilled_launcher_leaves_nothing_behind(run_id, record_dir, tmp_path, launches):
+    launch = start_stubborn(run_id, record_dir, tmp_path, launches)
+    launch.proc.kill()
+    assert launch.wait() == -signal.SIGKILL
+    # The reaper: TERM, 1 s grace (worker:0 ignores TERM), KILL.
+    assert wait_for(lambda: not proctree.tagged_processes(run_id), 20)
+    assert not any(pid_alive(pid) for pid in read_pids(record_dir))
+    reaper_log = launch.run_dir / "reaper.log"
+    assert wait_for(lambda: "processes of run" in reaper_log.read_text(), 10)
+    assert "launcher gone" in reaper_log.read_text()

@@ -1,0 +1,129 @@
+"""The console writer, port picking and bind-failure recognition, GPU detection and assignment."""
+
+import os
+import re
+import socket
+import stat
+import threading
+
+import pytest
+
+from launcher import gpus, ports
+from launcher.errors import UsageError
+from launcher.output import Console
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_console_that_nobody_reads_never_blocks_the_writers():
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    try:
+        console = Console(stream, max_pending_chars=10_000)
+        done = threading.Event()
+
+        def write_a_lot():
+            for i in range(100_000):  # about 2 MB: far more than the pipe and the buffer hold
+                console.write_line(f"line {i:08d} of many\n")
+            done.set()
+
+        threading.Thread(target=write_a_lot, daemon=True).start()
+        assert done.wait(30)
+        console.close(timeout=0.5)  # the writer thread is stuck in a write; close gives up on it
+        data = b""
+        os.set_blocking(read_end, False)
+        try:
+            while chunk := os.read(read_end, 1 << 16):
+                data += chunk
+        except BlockingIOError:
+            pass
+        assert data.startswith(b"line 00000000 of many\n")
+        assert len(data) < 1_000_000
+    finally:
+        os.close(read_end)
+
+
+def test_console_too_slow_drops_whole_lines_and_counts_them():
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    console = Console(stream, max_pending_chars=5_000)
+    lines = [f"worker line {i:06d} ".ljust(99, "x") + "\n" for i in range(5_000)]
+    for line in lines:  # the pipe (64 KiB) fills, then the buffer: most lines are dropped
+        console.write_line(line)
+    console.write_line("[mgpu] always shown\n", always=True)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(os.fdopen(read_end, "rb").read()))
+    reader.start()
+    console.close(timeout=10)
+    stream.close()
+    reader.join(10)
+    text = received[0].decode()
+    shown = [line for line in text.splitlines(keepends=True) if line.startswith("worker line")]
+    notices = re.findall(r"^\[mgpu\] (\d+) lines not shown here \(console too slow\)", text, re.M)
+    assert notices and "[mgpu] always shown\n" in text
+    assert all(line in lines for line in shown)  # every shown line whole
+    assert len(shown) + sum(map(int, notices)) == len(lines)
+    assert shown == sorted(shown)
+
+
+def test_pick_free_ports_are_distinct_and_bindable():
+    picked = ports.pick_free_ports(20)
+    assert len(set(picked)) == 20
+    for port in picked:
+        assert not ports.port_in_use(port)
+
+
+def test_port_in_use_sees_a_listener():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        assert ports.port_in_use(holder.getsockname()[1])
+
+
+def test_bind_failure_recognises_tensorflow_messages():
+    tf_line = ("E0000 00:00:1795212871.275273 4465 add_port.cc:83] Failed to add port to server: "
+               "No address added out of total 1 resolved for '0.0.0.0:37891'")
+    assert ports.bind_failure(tf_line) == 37891
+    assert ports.bind_failure("tensorflow...UnknownError: Could not start gRPC server") == 0
+    assert ports.bind_failure("OSError: [Errno 98] Address already in use") == 0
+    assert ports.bind_failure("epoch 1 loss 0.3") is None
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """Put an `nvidia-smi` script that runs `body` first on PATH."""
+    def install(body):
+        script = tmp_path / "nvidia-smi"
+        script.write_text("#!/bin/sh\n" + body + "\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return install
+
+
+def test_detect_gpus_counts_the_listing(fake_nvidia_smi):
+    fake_nvidia_smi('[ "$1" = "-L" ] || exit 9\n'
+                    'echo "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1111)"\n'
+                    'echo "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2222)"\n'
+                    'echo "  MIG 1g.5gb Device 0: (UUID: MIG-3333)"')
+    assert gpus.detect_gpus() == 2
+
+
+def test_detect_gpus_failing_or_hanging_or_missing(fake_nvidia_smi, monkeypatch, tmp_path):
+    fake_nvidia_smi('echo "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver"; exit 9')
+    assert gpus.detect_gpus() == 0
+    fake_nvidia_smi("exec sleep 30")
+    assert gpus.detect_gpus(timeout=0.5) == 0
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpus.detect_gpus() == 0
+
+
+def test_assign_visible_devices():
+    assert gpus.assign_visible_devices(4, 2, None) == ["0,1", "2,3"]
+    assert gpus.assign_visible_devices(5, 2, None) == ["0,1", "2,3"]
+    assert gpus.assign_visible_devices(8, 3, 2) == ["0,1", "2,3", "4,5"]
+    assert gpus.assign_visible_devices(0, 2, None) == [None, None]
+    assert gpus.assign_visible_devices(4, 2, 0) == ["-1", "-1"]
+    with pytest.raises(UsageError, match="2 tasks share a host with 1 GPUs"):
+        gpus.assign_visible_devices(1, 2, None)
+    with pytest.raises(UsageError, match="need 6 GPUs; the host has 4"):
+        gpus.assign_visible_devices(4, 3, 2)

@@ -1,0 +1,59 @@
+"""The per-run reaper: kills the run's processes when its launcher dies, and only then."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from launcher import proctree
+from launcher.reaper import Reaper
+from supervisor_helpers import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+SLEEPER = "import signal, sys, time\nif sys.argv[1:] == ['stubborn']: signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)\n"
+
+
+def start_tagged(run_id, *args):
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, *args], env={**os.environ, "MGPU_RUN_ID": run_id},
+                            stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
+    bystander_id = run_id + "-other"
+    tagged = [start_tagged(run_id), start_tagged(run_id, "stubborn")]
+    bystander = start_tagged(bystander_id)
+    try:
+        launcher_code = (f"import sys, time; from launcher.reaper import Reaper\n"
+                         f"r = Reaper.start({run_id!r}, 0.5, __import__('pathlib').Path({str(tmp_path / 'reaper.log')!r}))\n"
+                         f"print(r.pid, flush=True); time.sleep(600)\n")
+        launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE)
+        reaper_pid = int(launcher.stdout.readline())
+        launcher.kill()
+        launcher.wait()
+        assert wait_for(lambda: all(p.poll() is not None for p in tagged), 15)
+        assert [p.returncode for p in tagged] == [-signal.SIGTERM, -signal.SIGKILL]
+        assert bystander.poll() is None
+        assert wait_for(lambda: not os.path.exists(f"/proc/{reaper_pid}") or
+                        open(f"/proc/{reaper_pid}/stat").read().split()[2] == "Z", 10)
+        assert f"stopped 2 processes of run {run_id}" in (tmp_path / "reaper.log").read_text()
+    finally:
+        for proc in (*tagged, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def test_dismissed_reaper_leaves_processes_alone(run_id, tmp_path):
+    proc = start_tagged(run_id)
+    try:
+        reaper = Reaper.start(run_id, 0.5, tmp_path / "reaper.log")
+        reaper.dismiss()
+        assert proc.poll() is None
+        assert proctree.tagged_processes(run_id)
+    finally:
+        proc.kill()
+        proc.wait()
