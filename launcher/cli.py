@@ -345,6 +345,60 @@ def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None
 
 
 # ---------------------------------------------------------------------------
+# mgpu check
+
+CHECK_HELP = """Check every host of the cluster, in parallel, without starting anything.
+
+\b
+For each host: SSH login (host key, user, key), the task's program and Python,
+whether TensorFlow imports (and the built-in trainer, when tasks run it) with
+the same TensorFlow version as this machine, whether the tasks' ports are
+free, and how many GPUs nvidia-smi lists. One table row per host.
+`mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
+
+\b
+Examples:
+  mgpu check --workers h1:2222,h2:2222
+  mgpu check --spec cluster.yaml --known-hosts ./known_hosts
+  mgpu check --workers h1,h2 -- python train.py
+
+Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
+"""
+
+
+@cli.command("check", help=CHECK_HELP)
+@cluster_options
+@click.option("--workdir", metavar="DIR", help="Working directory of every task.")
+@click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@ssh_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def check_command(**opts) -> None:
+    import dataclasses
+
+    from launcher.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
+
+    command = opts.pop("command")
+    spec = read_spec(opts)
+    if command and not command[0].startswith("-"):
+        spec = dataclasses.replace(spec, command=command)
+    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
+    plans = make_plans(spec, run_id="check")
+    ssh_runner = None
+    if any(not plan.local for plan in plans):
+        from launcher.runners.ssh import SshRunner
+        from launcher.runners.ssh_options import ssh_options_from
+
+        ssh_runner = SshRunner(ssh_options_from(opts))
+    try:
+        reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+    finally:
+        if ssh_runner is not None:
+            ssh_runner.close()
+    click.echo(render_table(reports))
+    raise_for_failures(reports)
+
+
+# ---------------------------------------------------------------------------
 # mgpu train
 
 TRAIN_HELP = """Run the built-in trainer (what each task runs by default).
