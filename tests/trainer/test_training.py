@@ -1,0 +1,199 @@
+"""Real training runs: real TensorFlow processes, a real 2-worker cluster on 127.0.0.1.
+
+The small model on synthetic data with one thread per process is exactly reproducible,
+which the resume and equivalence checks rely on.
+"""
+
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launcher import protocol
+from trainer_helpers import FAST, REPO, Trainer, cluster_configs, read_json, wait_all, wait_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+BATCH = 64  # global batch of the reference runs
+RUN = [*FAST, "--train-steps", str(STEPS), "--log-every", "50", "--eval-every", "100"]
+# Weights after 200 Adam steps of 2 workers x 32 vs 1 worker x 64 differed by 3e-5 at
+# most (float sums in another order); weights are of order 0.5.
+EQUIVALENCE_ATOL = 1e-4
+
+
+def checkpoint_weights(path: str) -> list[np.ndarray]:
+    """The model weights in a checkpoint, read by the same code in this process."""
+    import tensorflow as tf
+    from launcher.trainer import models
+    model = models.build("small")
+    tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    return model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """One worker (global batch 64) with an evaluator sidecar and an export."""
+    tmp = tmp_path_factory.mktemp("single")
+    model_dir, export_dir = tmp / "model", tmp / "export"
+    args = [*RUN, "--batch-size-per-replica", str(BATCH), "--model-dir", str(model_dir)]
+    worker_config, evaluator_config = cluster_configs(1, evaluator=True)
+    trainer = Trainer([*args, "--export-dir", str(export_dir)], tmp / "worker.log", worker_config)
+    evaluator = Trainer([*args, "--evaluator-timeout", "120"], tmp / "evaluator.log", evaluator_config)
+    codes = wait_all([trainer, evaluator], timeout=240)
+    return {"dir": tmp, "model_dir": model_dir, "export_dir": export_dir, "codes": codes,
+            "trainer": trainer, "evaluator": evaluator}
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(tmp_path_factory):
+    """Two workers of 32 examples each: the same global batch as single_run."""
+    tmp = tmp_path_factory.mktemp("two")
+    model_dir = tmp / "model"
+    args = [*RUN, "--batch-size-per-replica", str(BATCH // 2), "--model-dir", str(model_dir)]
+    trainers = [Trainer(args, tmp / f"worker{i}.log", config)
+                for i, config in enumerate(cluster_configs(2))]
+    codes = wait_all(trainers, timeout=240)
+    return {"model_dir": model_dir, "codes": codes, "trainers": trainers}
+
+
+def test_one_process_learns_synthetic_data(single_run):
+    trainer = single_run["trainer"]
+    assert single_run["codes"][0] == 0, trainer.output()[-3000:]
+    lines = trainer.lines()
+    assert protocol.READY_LINE in lines
+    train_lines = [line for line in lines if line.startswith("train step=")]
+    assert len(train_lines) == STEPS // 50
+    assert all(k in train_lines[-1] for k in ("loss=", "accuracy=", "examples/sec="))
+    metrics = read_json(single_run["model_dir"] / "metrics.json")
+    assert set(metrics) == {"loss", "accuracy", "global_step", "wall_time_s", "num_replicas",
+                            "examples_per_sec", "replica_fingerprints"}
+    assert metrics["accuracy"] >= 0.9
+    assert metrics["global_step"] == STEPS and metrics["num_replicas"] == 1
+    assert metrics["examples_per_sec"] > 0 and len(metrics["replica_fingerprints"]) == 1
+    for kind in ("train", "eval", "evaluator"):
+        events = list((single_run["model_dir"] / kind).glob("events.out.tfevents.*"))
+        assert events and events[0].stat().st_size > 100, kind
+
+
+def test_evaluator_writes_results_for_the_final_checkpoint(single_run):
+    evaluator = single_run["evaluator"]
+    assert single_run["codes"][1] == 0, evaluator.output()[-3000:]
+    results = read_json(single_run["model_dir"] / "eval_results.json")
+    steps = [e["step"] for e in results["evaluations"]]
+    assert steps == sorted(set(steps)) and steps[-1] == STEPS
+    assert results["final"]["checkpoint"] == f"ckpt-{STEPS}"
+    assert results["final"]["accuracy"] >= 0.9
+
+
+def test_exported_model_predicts_in_a_new_process(single_run):
+    assert single_run["codes"][0] == 0
+    script = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        "from launcher.trainer.datasets import synthetic\n"
+        "data = synthetic()\n"
+        "model = tf.saved_model.load(sys.argv[1])\n"
+        "x = data.test_images[:500, :, :, None].astype('float32') / 255.0\n"
+        "logits = model.serve(tf.constant(x)).numpy()\n"
+        "print('ACCURACY', float((logits.argmax(-1) == data.test_labels[:500]).mean()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(single_run["export_dir"])],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(result.stdout.split("ACCURACY")[1])
+    assert accuracy >= 0.9
+
+
+def test_two_workers_end_with_identical_fingerprints(two_worker_run):
+    for trainer, code in zip(two_worker_run["trainers"], two_worker_run["codes"]):
+        assert code == 0, trainer.output()[-3000:]
+        assert protocol.READY_LINE in trainer.lines()
+    metrics = read_json(two_worker_run["model_dir"] / "metrics.json")
+    assert metrics["num_replicas"] == 2 and metrics["global_step"] == STEPS
+    fingerprints = metrics["replica_fingerprints"]
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    # Only the chief logs progress.
+    assert not [l for l in two_worker_run["trainers"][1].lines() if l.startswith("train step=")]
+
+
+def test_two_workers_match_one_worker_with_double_batch(single_run, two_worker_run):
+    assert single_run["codes"][0] == 0 and two_worker_run["codes"] == [0, 0]
+    one = checkpoint_weights(str(single_run["model_dir"] / f"ckpt-{STEPS}"))
+    two = checkpoint_weights(str(two_worker_run["model_dir"] / f"ckpt-{STEPS}"))
+    initial = checkpoint_weights(str(single_run["model_dir"] / "ckpt-100"))
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=0, atol=EQUIVALENCE_ATOL)
+    # The weights did move meanwhile, so the tolerance is a real constraint.
+    assert max(np.abs(a - s).max() for a, s in zip(one, initial)) > 100 * EQUIVALENCE_ATOL
+
+
+def test_preempted_workers_agree_on_a_step_and_resume(tmp_path):
+    model_dir = tmp_path / "model"
+    # Exercise the tunable all-reduce on the way: float16 on the wire, small packs.
+    args = [*FAST, "--batch-size-per-replica", "32", "--log-every", "20", "--steps-per-loop", "5",
+            "--allreduce-dtype", "float16", "--bytes-per-pack", "4096",
+            "--model-dir", str(model_dir)]
+    configs = cluster_configs(2)
+    trainers = [Trainer([*args, "--train-steps", "100000"], tmp_path / f"w{i}.log", c)
+                for i, c in enumerate(configs)]
+    try:
+        wait_for(lambda: "train step=40/" in trainers[0].output(), 180, "step 40 on the chief")
+        trainers[1].signal(signal.SIGTERM)  # one worker only: the other learns it by collective
+        codes = wait_all(trainers, timeout=120)
+    finally:
+        for t in trainers:
+            t.close()
+    assert codes == [protocol.EXIT_PREEMPTED] * 2, [t.output()[-2000:] for t in trainers]
+    saved = [l.rsplit(" ", 1)[1] for t in trainers for l in t.lines() if "preempted" in l]
+    assert len(saved) == 2 and saved[0] == saved[1]
+    step = int(saved[0])
+    assert step >= 40 and step % 5 == 0
+    assert (model_dir / f"ckpt-{step}.index").exists()
+
+    resumed = [Trainer([*args, "--train-steps", str(step + 10)], tmp_path / f"r{i}.log", c)
+               for i, c in enumerate(cluster_configs(2))]
+    codes = wait_all(resumed, timeout=180)
+    assert codes == [0, 0], [t.output()[-2000:] for t in resumed]
+    assert f"at step {step}" in resumed[0].output()
+    metrics = read_json(model_dir / "metrics.json")
+    assert metrics["global_step"] == step + 10
+    assert metrics["replica_fingerprints"][0] == metrics["replica_fingerprints"][1]
+
+
+def test_killed_run_resumes_to_the_same_weights_as_an_uninterrupted_one(tmp_path):
+    args = [*FAST, "--batch-size-per-replica", "64", "--log-every", "10", "--checkpoint-every", "10"]
+    killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
+    victim = Trainer([*args, "--train-steps", "100000", "--model-dir", str(killed_dir)],
+                     tmp_path / "victim.log")
+    try:
+        wait_for(lambda: (killed_dir / "ckpt-20.index").exists(), 180, "checkpoint 20")
+        victim.signal(signal.SIGKILL)
+        victim.wait(30)
+    finally:
+        victim.close()
+    latest = max(int(p.stem.split("-")[1]) for p in killed_dir.glob("ckpt-*.index"))
+    final = latest + 20
+
+    resumed = Trainer([*args, "--train-steps", str(final), "--model-dir", str(killed_dir)],
+                      tmp_path / "resumed.log")
+    straight = Trainer([*args, "--train-steps", str(final), "--model-dir", str(straight_dir)],
+                       tmp_path / "straight.log")
+    codes = wait_all([resumed, straight], timeout=180)
+    assert codes == [0, 0], resumed.output()[-2000:] + straight.output()[-2000:]
+    assert f"at step {latest}" in resumed.output()
+    assert read_json(killed_dir / "metrics.json")["global_step"] == final
+    # Same step, same weights, same data order: the runs end identical.
+    for a, b in zip(checkpoint_weights(str(killed_dir / f"ckpt-{final}")),
+                    checkpoint_weights(str(straight_dir / f"ckpt-{final}"))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mixed_precision_and_xla_train(tmp_path):
+    trainer = Trainer([*FAST, "--batch-size-per-replica", "64", "--train-steps", "20",
+                       "--log-every", "10", "--mixed-precision", "mixed_float16", "--xla",
+                       "--model-dir", str(tmp_path / "model")], tmp_path / "mixed.log")
+    assert trainer.wait(180) == 0, trainer.output()[-3000:]
+    metrics = read_json(tmp_path / "model" / "metrics.json")
+    assert np.isfinite(metrics["loss"]) and metrics["global_step"] == 20
