@@ -16,31 +16,19 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from launcher.ports import pick_free_ports
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "accuracy.json"
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def run_cluster(workers: int, args: list[str], model_dir: str, threads: int) -> dict:
     """Start `workers` trainer processes on this machine; return the chief's metrics.json."""
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+    addresses = [f"127.0.0.1:{p}" for p in pick_free_ports(workers)]
     procs = []
     started = time.monotonic()
     for index in range(workers):

@@ -15,7 +15,8 @@ import pytest
 
 from launcher.errors import MgpuError, UsageError
 from launcher.trainer import cluster, datasets, options
-from trainer_helpers import REPO, free_ports
+from launcher.ports import pick_free_ports
+from trainer_helpers import REPO
 
 
 @pytest.fixture
@@ -242,7 +243,7 @@ def test_download_with_wrong_checksum_keeps_nothing(tmp_path, file_server, monke
 
 
 def test_offline_and_uncached_says_use_data_dir(tmp_path, monkeypatch):
-    closed_port = free_ports(1)[0]
+    closed_port = pick_free_ports(1)[0]
     _, sums = datasets.SOURCES["fashion_mnist"]
     monkeypatch.setitem(datasets.SOURCES, "fashion_mnist", (f"http://127.0.0.1:{closed_port}/", sums))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

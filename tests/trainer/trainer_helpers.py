@@ -6,10 +6,11 @@ import json
 import os
 import re
 import pathlib
-import socket
 import subprocess
 import sys
 import time
+
+from launcher.ports import pick_free_ports
 
 _TF_LOG = re.compile(r"^[IWEF]\d{4} |^To enable the following instructions")
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -18,22 +19,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 FAST = ["--model", "small", "--dataset", "synthetic", "--threads", "1"]
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def cluster_configs(num_workers: int, evaluator: bool = False) -> list[dict]:
     """TF_CONFIG for each worker (and the evaluator last), on free loopback ports."""
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
+    addresses = [f"127.0.0.1:{p}" for p in pick_free_ports(num_workers)]
     configs = [{"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}}
                for i in range(num_workers)]
     if evaluator:
