@@ -14,7 +14,12 @@ TYPE = os.environ.get("MGPU_TASK_TYPE", "?")
 INDEX = os.environ.get("MGPU_TASK_INDEX", "?")
 NAME = f"{TYPE}:{INDEX}"
 ATTEMPT = os.environ.get("MGPU_ATTEMPT", "?")
-SLEEPER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nwhile True: time.sleep(1)\n"
+SLEEPER = (
+    "import os, sys, time\n"
+    "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "while True: time.sleep(1)\n"
+)
 
 
 def selected(selectors):
@@ -70,8 +75,10 @@ def main():
     if selected(args.ignore_term):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.record:
-        with open(os.path.join(args.record, f"{TYPE}-{INDEX}.attempt{ATTEMPT}.json"), "w") as f:
+        path = os.path.join(args.record, f"{TYPE}-{INDEX}.attempt{ATTEMPT}.json")
+        with open(path + ".tmp", "w") as f:
             json.dump({"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "pid": os.getpid()}, f)
+        os.replace(path + ".tmp", path)  # readers never see half a file
     held = []
     for spec in args.steal_port:
         thief, _, victim = spec.partition("=")

@@ -77,7 +77,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_pids(directory: pathlib.Path, pattern: str = "*.pid") -> list[int]:
-    return [int(p.read_text()) for p in sorted(directory.glob(pattern))]
+    """Pids written by fake workers' sleepers (a file still being written is skipped)."""
+    texts = (p.read_text() for p in sorted(directory.glob(pattern)))
+    return [int(text) for text in texts if text.strip()]
 
 
 def records(record_dir: pathlib.Path) -> dict[str, dict]:
