@@ -42,7 +42,8 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     batch = global_batch_size(opts, replicas)
     if info.is_chief:
         log(f"{type(strategy).__name__}: {info.num_workers} worker(s), {replicas} replica(s), "
-            f"global batch {batch}, model {opts.model}, dataset {opts.dataset}")
+            f"global batch {batch}, model {opts.model}, dataset {opts.dataset}, "
+            f"precision {keras.mixed_precision.global_policy().name}, xla {opts.xla}")
 
     keras.utils.set_random_seed(opts.seed)
     with strategy.scope():

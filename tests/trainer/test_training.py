@@ -195,5 +195,6 @@ def test_mixed_precision_and_xla_train(tmp_path):
                        "--log-every", "10", "--mixed-precision", "mixed_float16", "--xla",
                        "--model-dir", str(tmp_path / "model")], tmp_path / "mixed.log")
     assert trainer.wait(180) == 0, trainer.output()[-3000:]
+    assert "precision mixed_float16, xla True" in trainer.output()
     metrics = read_json(tmp_path / "model" / "metrics.json")
     assert np.isfinite(metrics["loss"]) and metrics["global_step"] == 20
