@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
-    sys.stdout.reconfigure(line_buffering=True)
+    if hasattr(sys.stdout, "reconfigure"):  # the launcher reads our output line by line
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         try:
             opts = options.parse(argv)
