@@ -332,7 +332,6 @@ def _login(endpoint: Endpoint, options: SshOptions, sock, via: tuple[str, ...] =
     except paramiko.SSHException as e:
         client.close()
         raise ConnectError(f"{where}: SSH error: {e}") from e
-    client.get_transport().set_keepalive(max(1, int(options.keepalive)) if options.keepalive > 0 else 0)
     return client
 
 

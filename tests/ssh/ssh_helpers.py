@@ -196,3 +196,102 @@ ECHO_PROGRAM = (
     "print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in sys.argv[1:2]},"
     " 'cwd': os.getcwd()}))\n"
 )
+
+
+# -- network namespaces ---------------------------------------------------------------------
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _namespace_pids(name: str) -> list[int]:
+    done = ip("netns", "pids", name, check=False)
+    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+
+
+def remove_namespace(name: str) -> None:
+    """Kill what runs in a namespace, delete it and its /etc/netns files."""
+    for pid in _namespace_pids(name):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while _namespace_pids(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ip("netns", "del", name, check=False)
+    shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+
+
+NETNS_PREFIX = "mgpu"
+
+
+def remove_stale_namespaces() -> None:
+    """Namespaces left by an earlier test run that was killed before its teardown."""
+    for line in ip("netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        owner = name[len(NETNS_PREFIX):].split("-", 1)[0]
+        if name.startswith(NETNS_PREFIX) and owner.isdigit() and not psutil.pid_exists(int(owner)):
+            remove_namespace(name)
+
+
+@dataclasses.dataclass
+class Netns:
+    """Hosts h1, h2 in their own network namespaces, joined by a bridge in a third namespace,
+    with a veth from this (root) namespace into the bridge. Only 10.x addresses, nothing routed out."""
+
+    prefix: str
+    subnet: str  # "10.213.N"
+    hosts: dict[str, str]  # name -> address
+    namespaces: dict[str, str]  # name -> namespace
+
+    @classmethod
+    def create(cls, names=("h1", "h2")) -> "Netns":
+        remove_stale_namespaces()
+        prefix = f"{NETNS_PREFIX}{os.getpid()}"
+        subnet = None
+        for third in range(200, 250):
+            if not ip("route", "show", f"10.213.{third}.0/24").stdout.strip() and \
+                    f"10.213.{third}." not in ip("-4", "addr").stdout:
+                subnet = f"10.213.{third}"
+                break
+        assert subnet, "no free 10.213.x.0/24 subnet"
+        lab = cls(prefix, subnet, {n: f"{subnet}.{11 + i}" for i, n in enumerate(names)},
+                  {n: f"{prefix}-{n}" for n in names})
+        bridge_ns = f"{prefix}-br"
+        root_if = f"mg{os.getpid()}r"[:15]
+        try:
+            ip("netns", "add", bridge_ns)
+            ip("-n", bridge_ns, "link", "add", "br0", "type", "bridge")
+            ip("-n", bridge_ns, "link", "set", "br0", "up")
+            ip("link", "add", root_if, "type", "veth", "peer", "name", "uplink", "netns", bridge_ns)
+            ip("-n", bridge_ns, "link", "set", "uplink", "master", "br0", "up")
+            ip("addr", "add", f"{subnet}.1/24", "dev", root_if)
+            ip("link", "set", root_if, "up")
+            hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in lab.hosts.items())
+            for name, ns in lab.namespaces.items():
+                ip("netns", "add", ns)
+                ip("-n", ns, "link", "set", "lo", "up")
+                ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port-{name}", "netns", bridge_ns)
+                ip("-n", ns, "addr", "add", f"{lab.hosts[name]}/24", "dev", "eth0")
+                ip("-n", ns, "link", "set", "eth0", "up")
+                ip("-n", bridge_ns, "link", "set", f"port-{name}", "master", "br0", "up")
+                # `ip netns exec` mounts these over /etc/hosts, so the workers resolve h1, h2 by name.
+                os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+                pathlib.Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
+        except BaseException:
+            lab.destroy()
+            raise
+        return lab
+
+    def destroy(self) -> None:
+        for ns in list(self.namespaces.values()) + [f"{self.prefix}-br"]:
+            remove_namespace(ns)  # deleting a namespace deletes its veth ends, and so their peers
+        try:
+            os.rmdir("/etc/netns")  # only if no one else keeps files there
+        except OSError:
+            pass
+
+    def net_inode(self, name: str) -> int:
+        return os.stat(f"/run/netns/{self.namespaces[name]}").st_ino

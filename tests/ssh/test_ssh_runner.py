@@ -314,3 +314,39 @@ def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
         assert "direct-tcpip" in log and f"port {ssh_lab.b.port}" in log
     finally:
         jump.stop()
+
+
+def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
+    """A server that stops answering (a network partition) is given up after 3 keepalives;
+    once it can see the connection is gone, its sshd ends the session and the watcher kills the task."""
+    server = start_sshd(tmp_path, "frozen", ssh_lab.authorized_keys)
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known), keepalive=0.5))
+    frozen = []
+    try:
+        settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
+        task = plan("127.0.0.1", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                    ssh=settings, run_id="partition")
+        proc = runner.start(task, attempt=0)
+        assert proc.stdout.readline() == b"up\n"
+        time.sleep(2)  # keepalives are answered: still connected
+        assert proc.poll() is None
+        frozen = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name() == "sshd"]
+        for p in frozen:
+            p.suspend()
+        assert wait_exit(proc, 10) == 255
+        assert b"lost the SSH connection" in drain(proc)[1]
+        assert run_processes("partition")  # unreachable, so still running over there ...
+        for p in frozen:
+            p.resume()
+        assert wait_until(lambda: not run_processes("partition"), 15) is True  # ... until sshd notices
+        proc.close()
+    finally:
+        for p in frozen:
+            try:
+                p.resume()
+            except psutil.Error:
+                pass
+        runner.close()
+        server.stop()

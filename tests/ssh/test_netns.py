@@ -1,0 +1,94 @@
+"""Two hosts in network namespaces of our own, each with its own sshd; the launcher stays in the
+root namespace and reaches them over a veth and a bridge. Nothing leaves these namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from launcher.plan import TaskPlan
+from launcher.runners.ssh import SshRunner
+from launcher.spec import SshSettings
+from ssh_helpers import PYTHON, REPO, REQUIRE, Netns, SshLab, require_tools, run_processes, start_sshd
+
+pytestmark = [pytest.mark.ssh, pytest.mark.netns]
+
+
+@pytest.fixture(scope="module")
+def netns(ssh_lab: SshLab, tmp_path_factory):
+    require_tools("ip")
+    if os.geteuid() != 0:
+        reason = "network namespaces need root"
+        if REQUIRE:
+            pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp("netns")
+    lab = Netns.create()
+    servers = []
+    try:
+        for name, address in lab.hosts.items():
+            servers.append(start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
+                                      netns=lab.namespaces[name]))
+        # A host only h1 can reach: an sshd on the loopback of h1's namespace.
+        inner = start_sshd(directory, "inner", ssh_lab.authorized_keys, address="127.0.0.1", port=22,
+                           netns=lab.namespaces["h1"])
+        servers.append(inner)
+        known = directory / "known_hosts"
+        known.write_text("".join(s.known_hosts_line() for s in servers))
+        config = directory / "ssh_config"
+        config.write_text(
+            "".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n" for n, a in lab.hosts.items())
+            + f"Host inner\n  HostName 127.0.0.1\n  ProxyJump h1\n  IdentityFile {ssh_lab.client_key}\n"
+            + f"Host *\n  User {ssh_lab.user}\n"
+        )
+        yield lab, known, config, directory
+    finally:
+        for server in servers:
+            server.stop()
+        lab.destroy()
+        assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+                       for ns in lab.namespaces.values())
+
+
+def test_proxy_jump_reaches_a_host_only_the_jump_host_sees(netns):
+    lab, known, config, _ = netns
+    from launcher.runners.ssh_options import SshOptions
+
+    runner = SshRunner(SshOptions(known_hosts=str(known), ssh_config=str(config), connect_timeout=5))
+    plan = TaskPlan("worker", 0, "inner", 2222, False, SshSettings(), ("true",), {"TF_CONFIG": "{}"}, None, False)
+    try:
+        code, out, _ = runner.run(plan, "readlink /proc/self/ns/net", 10)
+    finally:
+        runner.close()
+    assert code == 0 and out.decode().strip() == f"net:[{lab.net_inode('h1')}]"
+
+
+@pytest.mark.slow
+def test_two_hosts_run_the_trainer_on_the_same_port(netns, tmp_path):
+    lab, known, config, _ = netns
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    done = subprocess.run(
+        [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
+         "--known-hosts", str(known), "--python", PYTHON, "--workdir", str(tmp_path), "--run-id", "netns",
+         "--env", f"PYTHONPATH={REPO}", "--start-timeout", "120",
+         "--", "--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "5", "--log-every", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "checked 2 host(s)" in done.stderr and "warning" not in done.stderr
+    record = json.loads((tmp_path / "mgpu-runs" / "netns" / "run.json").read_text())
+    assert record["status"] == "succeeded"
+    assert [(p["name"], p["host"], p["port"]) for p in record["plans"]] == [("worker:0", "h1", 2222),
+                                                                             ("worker:1", "h2", 2222)]
+    # Two TensorFlow servers on one port only work on two hosts; the workers trained the same weights.
+    done_line = next(line for line in (tmp_path / "mgpu-runs" / "netns" / "worker-0.log").read_text().splitlines()
+                     if line.startswith("done step=5"))
+    fingerprints = done_line.split("fingerprints=")[1].split(",")
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    for index in (0, 1):
+        assert "MGPU_TASK_READY" in (tmp_path / "mgpu-runs" / "netns" / f"worker-{index}.log").read_text()
+    assert not run_processes("netns")
