@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from launcher.errors import MgpuError
+from launcher.errors import MgpuError, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
             return done.status
         info = cluster.resolve(opts.worker_hosts, opts.task_index)
         if info.is_evaluator and opts.model_dir is None:
-            raise MgpuError("an evaluator task needs --model-dir")
+            raise UsageError("an evaluator task needs --model-dir")
         from launcher.trainer import datasets  # numpy: only once the options are good
         arrays = datasets.load(opts.dataset, opts.data_dir)
-        # Keep TensorFlow's C++ INFO/WARNING chatter out of the task's log.
+        # Keep TensorFlow's C++ INFO/WARNING logs (after its start-up banner) out of the log.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from launcher.trainer import run
         return run.run(opts, info, arrays, started)

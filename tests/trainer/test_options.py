@@ -258,3 +258,10 @@ def test_synthetic_data_is_the_same_everywhere_and_class_dependent():
     # Class means differ far more than the noise of a mean over ~200 images.
     means = np.stack([a.train_images[a.train_labels == c].mean(axis=0) for c in range(10)])
     assert np.abs(means[0] - means[1]).mean() > 5
+
+
+def test_evaluator_without_model_dir_is_a_usage_error(poisoned_tensorflow):
+    config = {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "evaluator", "index": 0}}
+    result = run_module([], {"PYTHONPATH": poisoned_tensorflow, "TF_CONFIG": json.dumps(config)})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "mgpu train: error: an evaluator task needs --model-dir"
