@@ -19,13 +19,13 @@ MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 
 
 class Launch:
-    def __init__(self, run_id, tmp_path, worker_args, *launch_args, workers=2, new_session=False):
+    def __init__(self, run_id, tmp_path, worker_args, *launch_args, workers=2, new_session=False, grace=1.0):
         self.run_id = run_id
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "mgpu.out"
         self.err_path = tmp_path / "mgpu.err"
         argv = [str(MGPU), "launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
-                "--grace-period", "1", *launch_args, "--", *FAKE_WORKER, *worker_args]
+                "--grace-period", str(grace), *launch_args, "--", *FAKE_WORKER, *worker_args]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          start_new_session=new_session)
@@ -122,3 +122,14 @@ def test_sigkilled_launcher_leaves_nothing_behind(run_id, record_dir, tmp_path, 
     reaper_log = launch.run_dir / "reaper.log"
     assert wait_for(lambda: "processes of run" in reaper_log.read_text(), 10)
     assert "launcher gone" in reaper_log.read_text()
+
+
+def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, launches):
+    launch = start_stubborn(run_id, record_dir, tmp_path, launches, new_session=True, grace=60)
+    launch.proc.send_signal(signal.SIGINT)
+    assert wait_for(lambda: "[mgpu] received SIGINT" in launch.stdout, 20)
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.wait() == 130
+    assert "[mgpu] second signal: killing all tasks now" in launch.stdout
+    assert launch.run["attempts"][0]["tasks"]["worker:0"]["signal"] == "SIGKILL"
+    assert_run_gone(run_id)

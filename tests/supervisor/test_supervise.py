@@ -216,3 +216,14 @@ def test_a_run_id_cannot_be_reused(run_id, tmp_path):
     assert supervise_plans(plans, run_id, tmp_path).error is None
     again = supervise_plans(plans, run_id, tmp_path)
     assert isinstance(again.error, UsageError) and "already exists" in str(again.error)
+
+
+def test_a_task_that_cannot_start_stops_the_ones_already_started(run_id, tmp_path):
+    plans = make_plans(run_id, ["--forever"])
+    plans[1] = type(plans[1])(**{**plans[1].__dict__, "argv": ("/nonexistent/mgpu-test-program",)})
+    result = supervise_plans(plans, run_id, tmp_path, grace_period=0.5)
+    assert isinstance(result.error, TaskFailed)
+    assert str(result.error).startswith("worker:1: cannot start '/nonexistent/mgpu-test-program'")
+    assert result.run["status"] == "failed"
+    assert result.task("worker:0")["signal"] == "SIGTERM"
+    assert_run_gone(run_id)
