@@ -1,9 +1,10 @@
 """Task output: the prefixed console view and the per-task log files.
 
 Two reader threads per task drain its stdout and stderr line by line, so a task
-never blocks on a full pipe. Every line goes, unchanged, to
-<run dir>/<type>-<index>.log; after a restart the same file continues below a
-header line. The console gets each line whole, prefixed with the task's name
+never blocks on a full pipe. Every line goes, unprefixed, to
+<run dir>/<type>-<index>.log (a line longer than 64 KiB is cut into pieces, so
+lines from the two streams never mix); after a restart the same file continues
+below a "----- mgpu: attempt N started <time> -----" line. The console gets each line whole, prefixed with the task's name
 ("[worker:1] "), optionally with a time, and only for the tasks `show` selects.
 Console lines wait in a bounded buffer written by one thread; if the console
 cannot keep up (a paused pager, a slow terminal), lines are dropped from the
@@ -16,6 +17,7 @@ import collections
 import datetime
 import pathlib
 import threading
+import time
 from typing import BinaryIO, TextIO
 
 from launcher import ports, protocol
@@ -118,7 +120,7 @@ class TaskOutput:
         self._log = open(log_path, "ab")
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            self._log.write(f"----- mgpu: attempt {attempt} (restart {attempt}) started {started} -----\n".encode())
+            self._log.write(f"----- mgpu: attempt {attempt} started {started} -----\n".encode())
 
     def attach(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
         """Start draining the task's two streams."""
@@ -134,8 +136,9 @@ class TaskOutput:
 
     def drained(self, timeout: float) -> bool:
         """Wait until both streams reached end of file; False if they did not within `timeout`."""
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)  # all threads end together in practice; each wait is bounded
+            thread.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
     def flush(self) -> None:

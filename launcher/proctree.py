@@ -27,10 +27,10 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def descendants(pid: int) -> list[psutil.Process]:
-    """Every live descendant of `pid`, found through parent links (a snapshot)."""
+def descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """Every descendant of `proc`, found through parent links (a snapshot)."""
     try:
-        return psutil.Process(pid).children(recursive=True)
+        return proc.children(recursive=True)
     except psutil.Error:
         return []
 

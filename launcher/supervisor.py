@@ -342,7 +342,7 @@ class _Supervisor:
         if task.output.bind_failure is not None:
             head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
         if attempt > 0:
-            head += f" (attempt {attempt + 1})"
+            head += f", after {attempt} restart{'s' if attempt > 1 else ''}"
         lines = [head]
         tail = list(task.output.tail)
         if tail:

@@ -35,7 +35,7 @@ class LocalTaskProcess(TaskProcess):
         # still hold; it catches children that started their own session or group.
         members = []
         if self._popen.returncode is None and self._root is not None and proctree.is_alive(self._root):
-            members = [self._root, *proctree.descendants(self._root.pid)]
+            members = [self._root, *proctree.descendants(self._root)]
         try:
             os.killpg(self.pid, signum)  # the session's process group (pgid == pid)
         except (ProcessLookupError, PermissionError):
