@@ -249,6 +249,8 @@ class _Connection:
             return status, bytes(out), bytes(err)
         except socket.timeout as e:
             raise ConnectError(f"{self.endpoint.label}: command did not finish within {timeout:g} s") from e
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise ConnectError(f"{self.endpoint.label}: {e or type(e).__name__}") from e
         finally:
             chan.close()
 
@@ -341,30 +343,54 @@ def _login(endpoint: Endpoint, options: SshOptions, sock, via: tuple[str, ...] =
 class _ChannelStream(io.RawIOBase):
     """A channel's stdout or stderr as a binary stream with readline().
 
-    Lines read before the task started (the wrapper's own output) are served
-    first; at end of stream, a lost connection is reported as one last line.
+    Reads in large chunks and splits lines itself (paramiko's file objects go
+    byte-wise through Python and are several times slower). At end of stream,
+    a lost connection is reported as one last line.
     """
 
-    def __init__(self, file, pending: list[bytes], on_eof=None):
+    _CHUNK = 65536
+
+    def __init__(self, recv, on_eof=None):
         super().__init__()
-        self._file = file
-        self._pending = pending
-        self._on_eof = on_eof
+        self._recv = recv
+        self._buffer = bytearray()
+        self._eof = False
+        self.on_eof = on_eof
 
     def readable(self) -> bool:
         return True
 
+    def unread(self, data: bytes) -> None:
+        self._buffer[:0] = data
+
     def readline(self, size: int = -1) -> bytes:
-        if self._pending:
-            return self._pending.pop(0)
-        try:
-            line = self._file.readline()
-        except (OSError, EOFError, paramiko.SSHException):
-            line = b""
-        if not line and self._on_eof is not None:
-            note, self._on_eof = self._on_eof(), None
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end >= 0:
+                line = bytes(self._buffer[: end + 1])
+                del self._buffer[: end + 1]
+                return line
+            if self._eof:
+                break
+            start = len(self._buffer)
+            try:
+                chunk = self._recv(self._CHUNK)
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                if isinstance(e, socket.timeout):
+                    raise
+                chunk = b""
+            if not chunk:
+                self._eof = True
+            self._buffer += chunk
+        if self._buffer:
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            return line
+        if self.on_eof is not None:
+            note, self.on_eof = self.on_eof(), None
             return note
-        return line
+        return b""
 
     def readinto(self, buffer) -> int:
         line = self.readline()
@@ -373,14 +399,15 @@ class _ChannelStream(io.RawIOBase):
 
 
 class SshTaskProcess(TaskProcess):
-    def __init__(self, conn: _Connection, chan: paramiko.Channel, stdout, stderr, pgid: int, stderr_pending: list[bytes], options: SshOptions):
+    def __init__(self, conn: _Connection, chan: paramiko.Channel, stderr: _ChannelStream, pgid: int, options: SshOptions):
         self._conn = conn
         self._chan = chan
         self._options = options
         self.pid = pgid
         self._closed = False
-        self.stdout = _ChannelStream(stdout, [])
-        self.stderr = _ChannelStream(stderr, stderr_pending, self._eof_note)
+        self.stdout = _ChannelStream(chan.recv)
+        self.stderr = stderr
+        stderr.on_eof = self._eof_note
 
     def _eof_note(self) -> bytes:
         if self._conn.active or self.poll() != EXIT_CONNECTION_LOST:
@@ -487,20 +514,23 @@ class SshRunner(Runner):
         try:
             chan = conn.open_session(self.options.connect_timeout)
             try:
-                chan.exec_command(command)
-                stdout, stderr = chan.makefile("rb"), chan.makefile_stderr("rb")
-                pgid, pending = self._read_pgid(chan, stderr, conn)
+                try:
+                    chan.exec_command(command)
+                except (paramiko.SSHException, EOFError, OSError) as e:
+                    raise ConnectError(f"{conn.endpoint.label}: cannot start the task: {e or type(e).__name__}") from e
+                stderr = _ChannelStream(chan.recv_stderr)
+                pgid = self._read_pgid(chan, stderr, conn)
             except BaseException:
                 chan.close()
                 raise
         except BaseException:
             self._release(conn)
             raise
-        return SshTaskProcess(conn, chan, stdout, stderr, pgid, pending, self.options)
+        return SshTaskProcess(conn, chan, stderr, pgid, self.options)
 
-    def _read_pgid(self, chan: paramiko.Channel, stderr, conn: _Connection) -> tuple[int, list[bytes]]:
-        """Consume the wrapper's process-group line; lines the login shell printed before it are kept."""
-        pending: list[bytes] = []
+    def _read_pgid(self, chan: paramiko.Channel, stderr: _ChannelStream, conn: _Connection) -> int:
+        """Consume the wrapper's process-group line; lines the login shell printed before it stay in the stream."""
+        before: list[bytes] = []
         chan.settimeout(self.options.connect_timeout)
         try:
             while True:
@@ -509,13 +539,14 @@ class SshRunner(Runner):
                     break
                 pgid = remote_command.parse_pgid_line(line)
                 if pgid is not None:
-                    return pgid, pending
-                pending.append(line)
+                    stderr.unread(b"".join(before))
+                    return pgid
+                before.append(line)
         except socket.timeout:
-            pending.append(f"no answer within {self.options.connect_timeout:g} s".encode())
+            before.append(f"no answer within {self.options.connect_timeout:g} s".encode())
         finally:
             chan.settimeout(None)
-        detail = b"".join(pending).decode("utf-8", "replace").strip().splitlines()
+        detail = b"".join(before).decode("utf-8", "replace").strip().splitlines()
         reason = detail[-1] if detail else ("the connection was lost" if not conn.active else "it exited")
         raise ConnectError(f"{conn.endpoint.label}: the remote shell did not start the task: {reason}")
 
