@@ -86,7 +86,7 @@ def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
             assert line, proc.stderr.read().decode()
             hanging += b"hanging" in line
         assert hanging == 2
-        assert len(run_processes("sigint")) >= 4  # two tasks, each with a child
+        assert wait_until(lambda: len(run_processes("sigint")) >= 4, 10)  # two tasks, each with a child
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode == 130

@@ -121,7 +121,7 @@ def test_signal_tree_kills_the_remote_tree_and_reports_the_signal(runner):
                "print('up', flush=True); time.sleep(300)\n")
     proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id="signal-tree"), attempt=0)
     assert proc.stdout.readline() == b"up\n"
-    assert len(run_processes("signal-tree")) >= 2
+    assert wait_until(lambda: len(run_processes("signal-tree")) >= 2, 10)
     proc.signal_tree(signal.SIGTERM)
     assert wait_exit(proc) == -signal.SIGTERM
     assert wait_until(lambda: not run_processes("signal-tree"), 10) is True
@@ -166,7 +166,7 @@ def test_sigkilled_launcher_leaves_nothing_remote(ssh_lab):
                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         assert launcher.stdout.readline() == b"up\n"
-        assert len(run_processes("sigkill")) >= 2
+        assert wait_until(lambda: len(run_processes("sigkill")) >= 2, 10)
         launcher.kill()
         launcher.wait(10)
         assert wait_until(lambda: not run_processes("sigkill"), 15) is True
