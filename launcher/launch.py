@@ -48,11 +48,15 @@ def _start_ssh(remote: Sequence[TaskPlan], opts: dict):
     from launcher.runners.ssh import SshRunner
     from launcher.runners.ssh_options import ssh_options_from
 
-    if not opts["allow_public"]:
-        for warning in exposure_warnings(remote):
-            click.echo(f"mgpu: warning: {warning}", err=True)
-    ssh_opts = ssh_options_from(opts)
-    runner = SshRunner(ssh_opts)
-    if not opts["no_check"]:
-        run_checks(remote, runner)
+    runner = SshRunner(ssh_options_from(opts))
+    try:
+        if not opts["allow_public"]:
+            # Judge ssh-config aliases by the address they really reach.
+            for warning in exposure_warnings(remote, runner.resolved_address):
+                click.echo(f"mgpu: warning: {warning}", err=True)
+        if not opts["no_check"]:
+            run_checks(remote, runner)
+    except BaseException:
+        runner.close()
+        raise
     return runner

@@ -12,6 +12,7 @@ import shlex
 from typing import Mapping, Sequence
 
 from launcher.errors import SpecError
+from launcher.gpus import assign_visible_devices
 from launcher.params import format_address
 from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
 from launcher.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
@@ -80,20 +81,6 @@ def task_names(tasks: Sequence[TaskSpec]) -> list[tuple[str, int]]:
     return names
 
 
-def visible_devices(gpu_count: int, gpus_per_task: int | None, slot: int, tasks_on_host: int) -> str:
-    """CUDA_VISIBLE_DEVICES for the `slot`-th task on a host, so tasks do not all grab every GPU.
-
-    gpus_per_task None splits the host's GPUs evenly (tasks share round-robin when there are fewer
-    GPUs than tasks); an empty value hides every GPU.
-    """
-    if gpus_per_task is None:
-        if gpu_count == 0:
-            return ""
-        share = max(gpu_count // tasks_on_host, 1)
-        return ",".join(str((slot * share + i) % gpu_count) for i in range(share))
-    return ",".join(str(slot * gpus_per_task + i) for i in range(gpus_per_task))
-
-
 def plan_tasks(
     spec: ClusterSpec,
     *,
@@ -116,20 +103,17 @@ def plan_tasks(
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
 
-    local_count = sum(is_local)
-    if spec.gpus_per_task and local_count * spec.gpus_per_task > local_gpu_count:
-        raise SpecError(
-            f"{local_count} local tasks x --gpus-per-task {spec.gpus_per_task} needs "
-            f"{local_count * spec.gpus_per_task} GPUs; this machine has {local_gpu_count}"
-        )
+    # Tasks on one machine split its GPUs; every local task shares this machine's.
+    machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
+    devices_of = {
+        machine: iter(assign_visible_devices(local_gpu_count if machine == "" else None,
+                                             machine_of.count(machine), spec.gpus_per_task))
+        for machine in dict.fromkeys(machine_of)
+    }
 
     cluster = cluster_addresses(spec.tasks)
-    slots_used: dict[str, int] = {}
     plans = []
-    for task, (task_type, index), local in zip(spec.tasks, task_names(spec.tasks), is_local):
-        host_key = "" if local else task.host  # every local task shares this machine's GPUs
-        slot = slots_used.get(host_key, 0)
-        slots_used[host_key] = slot + 1
+    for task, (task_type, index), local, machine in zip(spec.tasks, task_names(spec.tasks), is_local, machine_of):
 
         env = {
             "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
@@ -141,10 +125,9 @@ def plan_tasks(
         if spec.threads_per_task:
             threads = str(spec.threads_per_task)
             env.update(OMP_NUM_THREADS=threads, TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
-        if local:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(local_gpu_count, spec.gpus_per_task, slot, local_count)
-        elif spec.gpus_per_task is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(0, spec.gpus_per_task, slot, 0)
+        devices = next(devices_of[machine])
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
         env.update(spec.env)
 
         if spec.command is None:

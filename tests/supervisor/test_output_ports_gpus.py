@@ -121,9 +121,11 @@ def test_assign_visible_devices():
     assert gpus.assign_visible_devices(4, 2, None) == ["0,1", "2,3"]
     assert gpus.assign_visible_devices(5, 2, None) == ["0,1", "2,3"]
     assert gpus.assign_visible_devices(8, 3, 2) == ["0,1", "2,3", "4,5"]
-    assert gpus.assign_visible_devices(0, 2, None) == [None, None]
-    assert gpus.assign_visible_devices(4, 2, 0) == ["-1", "-1"]
-    with pytest.raises(UsageError, match="2 tasks share a host with 1 GPUs"):
-        gpus.assign_visible_devices(1, 2, None)
+    assert gpus.assign_visible_devices(0, 2, None) == ["", ""]
+    assert gpus.assign_visible_devices(None, 2, None) == [None, None]
+    assert gpus.assign_visible_devices(None, 2, 1) == ["0", "1"]
+    assert gpus.assign_visible_devices(4, 2, 0) == ["", ""]
+    assert gpus.assign_visible_devices(1, 2, None) == ["0", "0"]
+    assert gpus.assign_visible_devices(3, 4, None) == ["0", "1", "2", "0"]
     with pytest.raises(UsageError, match="need 6 GPUs; the host has 4"):
         gpus.assign_visible_devices(4, 3, 2)

@@ -1,0 +1,53 @@
+"""GPU split: every task gets its own CUDA_VISIBLE_DEVICES, from nvidia-smi's count, without TensorFlow."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture
+def gpus_on_path(tmp_path):
+    """A PATH whose nvidia-smi lists `count` GPUs, as `nvidia-smi -L` does."""
+
+    def make(count):
+        bin_dir = tmp_path / f"bin{count}"
+        bin_dir.mkdir()
+        listing = "".join(f"echo 'GPU {i}: NVIDIA A100 (UUID: GPU-{i:04d})'\n" for i in range(count))
+        script = bin_dir / "nvidia-smi"
+        script.write_text("#!/bin/sh\n" + listing)
+        script.chmod(0o755)
+        return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    return make
+
+
+def devices(result):
+    assert result.exit_code == 0, result.stderr
+    return [task["env"].get("CUDA_VISIBLE_DEVICES") for task in result.json()["tasks"]]
+
+
+def test_local_tasks_split_the_gpus(mgpu, gpus_on_path):
+    env = gpus_on_path(4)
+    assert devices(mgpu("launch", "--local", "2", "--dry-run", "--json", env=env)) == ["0,1", "2,3"]
+    assert devices(mgpu("launch", "--local", "2", "--evaluator", "--dry-run", "--json", env=env)) == ["0", "1", "2"]
+    assert devices(mgpu("launch", "--local", "3", "--gpus-per-task", "1", "--dry-run", "--json", env=env)) == [
+        "0", "1", "2"]
+
+
+def test_no_gpus_sets_an_empty_value(mgpu, gpus_on_path):
+    env = gpus_on_path(0)
+    assert devices(mgpu("launch", "--local", "2", "--dry-run", "--json", env=env)) == ["", ""]
+
+
+def test_too_few_gpus_is_refused(mgpu, gpus_on_path):
+    result = mgpu("launch", "--local", "2", "--gpus-per-task", "3", "--dry-run", env=gpus_on_path(4))
+    assert result.exit_code == 2
+    assert "2 tasks x 3 GPUs each need 6 GPUs; the host has 4" in result.stderr
+
+
+def test_remote_hosts_number_their_own_tasks(mgpu, gpus_on_path):
+    env = gpus_on_path(0)
+    result = mgpu("launch", "--workers", "h1:1,h1:2,h2:1", "--gpus-per-task", "2", "--dry-run", "--json", env=env)
+    assert devices(result) == ["0,1", "2,3", "0,1"]
+    # Without --gpus-per-task a remote host's GPUs are not known at planning time: leave them alone.
+    assert devices(mgpu("launch", "--workers", "h1:1,h2:1", "--dry-run", "--json", env=env)) == [None, None]
