@@ -164,7 +164,8 @@ class TaskOutput:
         if not chunk.endswith(b"\n"):
             chunk += b"\n"
         text = chunk.decode("utf-8", "replace").rstrip("\r\n")
-        if is_stdout and text.strip() == protocol.READY_LINE:
+        is_ready_line = is_stdout and text.strip() == protocol.READY_LINE
+        if is_ready_line:
             self.ready.set()
         if b"bind" in chunk or b"ddress" in chunk or b"gRPC server" in chunk:
             port = ports.bind_failure(text)
@@ -173,7 +174,7 @@ class TaskOutput:
         with self._lock:
             self._log.write(chunk)
             self.tail.append(text)
-        if self._console is not None:
+        if self._console is not None and not is_ready_line:  # the supervisor announces readiness once for all
             stamp = _clock() if self._timestamps else ""
             self._console.write_line(f"{stamp}{self._prefix}{text}\n")
 

@@ -265,6 +265,9 @@ class _Supervisor:
                         task.ready = True
                         self.record.task_ready(task.plan)
                 all_ready = all(t.ready for t in tasks)
+                if all_ready and any(t.plan.waits_for_ready for t in tasks):
+                    started = deadline - self.options.start_timeout
+                    self.output.notice(f"all {len(tasks)} tasks ready after {time.monotonic() - started:.1f} s")
                 if not all_ready and time.monotonic() > deadline:
                     missing = tuple(t for t in tasks if not t.ready)
                     names = ", ".join(t.plan.name for t in missing)

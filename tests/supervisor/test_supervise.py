@@ -153,7 +153,9 @@ def test_ready_tasks_pass_the_start_deadline(run_id, tmp_path):
     result = supervise_plans(plans, run_id, tmp_path, start_timeout=1.0)
     assert result.error is None
     assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
-    assert f"[worker:0] {protocol.READY_LINE}\n" in result.console
+    assert "all 2 tasks ready after" in result.console
+    assert protocol.READY_LINE not in result.console  # announced once by the launcher instead
+    assert protocol.READY_LINE in (result.run_dir / "worker-0.log").read_text()
 
 
 def test_fifty_megabytes_of_output_do_not_block(run_id, tmp_path):
