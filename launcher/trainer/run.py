@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import keras
 import tensorflow as tf
 
 from launcher import protocol
-from launcher.errors import MgpuError
+from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
 from launcher.trainer import evaluator, export, inputs, models, optimizers, results
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import AllReduceSettings
@@ -17,20 +18,27 @@ from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_repl
 from launcher.trainer.cluster import ClusterInfo
 from launcher.trainer.controller import Controller, Schedule
 from launcher.trainer.datasets import Arrays
-from launcher.trainer.options import TrainOptions, global_batch_size
+from launcher.trainer.options import PROG, TrainOptions, global_batch_size
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, log
 from launcher.trainer.steps import EvalLoop, TrainLoop
 
 
 def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
+    """Returns an exit code; a training task that ends cleanly ends the process itself."""
     try:
         if info.is_evaluator:
             return evaluator.run(opts, arrays)
-        return train(opts, info, arrays, started)
+        code = train(opts, info, arrays, started)
     except tf.errors.OpError as exc:
         first_line = (exc.message or str(exc)).strip().splitlines()[0]
         raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
+    # All workers have passed the final barrier. Leave now, together: tearing TensorFlow
+    # down takes seconds and ends at different times on each worker, and the chief's
+    # coordination service then reports the workers that left first as crashed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
@@ -112,5 +120,7 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     reporter.close()
     strategy_lib.barrier(strategy)  # nobody exits while another still needs the cluster
     if len(set(fingerprints)) > 1:
-        raise MgpuError(f"replicas ended with different weights: fingerprints {', '.join(fingerprints)}")
-    return 0
+        print(f"{PROG}: error: replicas ended with different weights: fingerprints "
+              f"{', '.join(fingerprints)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
