@@ -4,6 +4,7 @@ The small model on synthetic data with one thread per process is exactly reprodu
 which the resume and equivalence checks rely on.
 """
 
+import re
 import signal
 import subprocess
 import sys
@@ -173,7 +174,10 @@ def test_killed_run_resumes_to_the_same_weights_as_an_uninterrupted_one(tmp_path
         victim.wait(30)
     finally:
         victim.close()
-    latest = max(int(p.stem.split("-")[1]) for p in killed_dir.glob("ckpt-*.index"))
+    # The newest complete checkpoint is the one the state file names: a kill may land
+    # between writing a checkpoint's files and recording it.
+    state = (killed_dir / "checkpoint").read_text()
+    latest = int(re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state, re.M).group(1))
     final = latest + 20
 
     resumed = Trainer([*args, "--train-steps", str(final), "--model-dir", str(killed_dir)],
