@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         info = cluster.resolve(opts.worker_hosts, opts.task_index)
         if info.is_evaluator and opts.model_dir is None:
             raise UsageError("an evaluator task needs --model-dir")
+        if not info.is_evaluator:  # contradictions with the cluster, before the slow import
+            cluster.choose_strategy(opts.distribution_strategy, info.num_workers, num_gpus=0)
         from launcher.trainer import datasets  # numpy: only once the options are good
         arrays = datasets.load(opts.dataset, opts.data_dir)
         # Keep TensorFlow's C++ INFO/WARNING logs (after its start-up banner) out of the log.

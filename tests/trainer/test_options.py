@@ -265,3 +265,14 @@ def test_evaluator_without_model_dir_is_a_usage_error(poisoned_tensorflow):
     result = run_module([], {"PYTHONPATH": poisoned_tensorflow, "TF_CONFIG": json.dumps(config)})
     assert result.returncode == 2
     assert result.stderr.strip() == "mgpu train: error: an evaluator task needs --model-dir"
+
+
+def test_single_worker_strategy_in_a_cluster_fails_before_tensorflow(poisoned_tensorflow):
+    config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+              "task": {"type": "worker", "index": 1}}
+    result = run_module(["--distribution-strategy", "off"],
+                        {"PYTHONPATH": poisoned_tensorflow, "TF_CONFIG": json.dumps(config)})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "mgpu train: error: --distribution-strategy off cannot train the 2 workers in TF_CONFIG; "
+        "use multi_worker_mirrored or auto")
