@@ -35,6 +35,14 @@ class ClusterInfo:
     def name(self) -> str:
         return f"{self.task_type}:{self.task_index}"
 
+    def peer_addresses(self) -> list[str]:
+        """host:port of every other training task."""
+        if self.tf_config is None or self.is_evaluator:
+            return []
+        mine = self.tf_config["cluster"][self.task_type][self.task_index]
+        return [address for role in TRAINING_TYPES for address in self.tf_config["cluster"].get(role, [])
+                if address != mine]
+
 
 def resolve(worker_hosts: tuple[str, ...] | None, task_index: int | None,
             environ=os.environ) -> ClusterInfo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -33,12 +34,36 @@ def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -
     except tf.errors.OpError as exc:
         first_line = (exc.message or str(exc)).strip().splitlines()[0]
         raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
-    # All workers have passed the final barrier. Leave now, together: tearing TensorFlow
-    # down takes seconds and ends at different times on each worker, and the chief's
-    # coordination service then reports the workers that left first as crashed.
+    # All workers have passed the final barrier. Leave now: tearing TensorFlow down takes
+    # seconds and ends at different times on each worker. The chief hosts the coordination
+    # service, so it leaves last: a worker whose heartbeat finds it gone logs errors.
+    if info.is_chief:
+        wait_until_closed(info.peer_addresses(), timeout=PEER_EXIT_TIMEOUT)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+PEER_EXIT_TIMEOUT = 10.0
+
+
+def wait_until_closed(addresses: list[str], timeout: float) -> None:
+    """Return once no peer accepts connections on its server port any more (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    pending = list(addresses)
+    while pending and time.monotonic() < deadline:
+        pending = [address for address in pending if _accepts_connections(address)]
+        if pending:
+            time.sleep(0.05)
+
+
+def _accepts_connections(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:

@@ -1,0 +1,83 @@
+"""The trainer under the real `mgpu launch`: identical replicas, an evaluator, preemption and resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from trainer_helpers import FAST, REPO
+
+pytestmark = pytest.mark.slow
+
+MGPU = [sys.executable, "-m", "launcher"]
+# What a worker logs when the coordination service it talks to has gone away first.
+UNCLEAN_EXIT = ("CoordinationService", "have crashed", "Heartbeat")
+
+
+def launch(args, cwd, timeout=240):
+    return subprocess.Popen([*MGPU, "launch", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def finish(proc, timeout=240):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"mgpu launch did not finish in {timeout} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def run_record(log_dir, run_id):
+    return json.loads((log_dir / run_id / "run.json").read_text())
+
+
+def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
+    model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
+    code, out = finish(launch([
+        "--local", "2", "--evaluator", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "r1",
+        "--", *FAST, "--train-steps", "60", "--eval-every", "30", "--batch-size-per-replica", "32",
+        "--model-dir", str(model_dir), "--evaluator-timeout", "120"], tmp_path))
+    assert code == 0, out[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 2 and metrics["global_step"] == 60
+    assert len(set(metrics["replica_fingerprints"])) == 1 and len(metrics["replica_fingerprints"]) == 2
+    assert json.loads((model_dir / "eval_results.json").read_text())["final"]["checkpoint"] == "ckpt-60"
+    assert "[mgpu] all 3 tasks ready" in out
+    assert run_record(log_dir, "r1")["status"] == "succeeded"
+    for name in ("worker-0", "worker-1", "evaluator-0"):
+        log = (log_dir / "r1" / f"{name}.log").read_text()
+        assert not [word for word in UNCLEAN_EXIT if word in log], log[-3000:]
+
+
+def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
+    model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
+    proc = launch([
+        "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "r2", "--grace-period", "30",
+        "--", *FAST, "--train-steps", "400", "--log-every", "20", "--steps-per-loop", "5",
+        "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir)], tmp_path)
+    try:
+        # Preempt worker:1 once training is under way.
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not list(model_dir.glob("train/events.out.tfevents.*")):
+            time.sleep(0.2)
+        time.sleep(3)
+        assert proc.poll() is None, "the run ended before it could be preempted"
+        pid = run_record(log_dir, "r2")["attempts"][0]["tasks"]["worker:1"]["pid"]
+        psutil.Process(pid).send_signal(signal.SIGTERM)
+    finally:
+        code, out = finish(proc)
+    assert code == 0, out[-3000:]
+    attempts = run_record(log_dir, "r2")["attempts"]
+    assert len(attempts) == 2
+    assert {t["exit_code"] for t in attempts[0]["tasks"].values()} == {42}
+    saved = int(out.split("preempted; checkpoint saved at step ")[1].split()[0])
+    assert 0 < saved < 400
+    assert f"resumed from" in out and f"at step {saved}" in out
+    assert json.loads((model_dir / "metrics.json").read_text())["global_step"] == 400
