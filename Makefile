@@ -22,7 +22,7 @@ venv: $(INSTALLED)
 
 demo: venv
 	$(MGPU) launch --local 2 --threads-per-task 1 -- \
-		--dataset synthetic --model cnn --train-steps 200 --eval-every 100 \
+		--dataset synthetic --train-steps 200 --log-every 25 --eval-every 100 \
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
 
 test: venv
