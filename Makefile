@@ -21,6 +21,7 @@ $(INSTALLED): setup.cfg pyproject.toml
 venv: $(INSTALLED)
 
 demo: venv
+	rm -rf mgpu-runs/demo-model mgpu-runs/demo-export  # a fresh run, not a resume of the last one
 	$(MGPU) launch --local 2 --threads-per-task 1 -- \
 		--dataset synthetic --train-steps 200 --log-every 25 --eval-every 100 \
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
