@@ -34,9 +34,7 @@ class MgpuGroup(click.Group):
         except click.exceptions.Exit as exc:
             code = exc.exit_code
         except click.ClickException as exc:
-            ctx = getattr(exc, "ctx", None)
-            name = f"mgpu {ctx.info_name}" if ctx is not None and ctx.parent is not None else "mgpu"
-            click.echo(f"{name}: error: {exc.format_message()}", err=True)
+            click.echo(f"mgpu: error: {exc.format_message()}", err=True)
             code = exc.exit_code
         except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("mgpu: interrupted", err=True)
@@ -100,8 +98,9 @@ def ssh_options(func):
     options = [
         click.option("--ssh-user", help="SSH user for hosts that name none."),
         click.option("--ssh-port", type=params.PORT, help="SSH port for hosts that name none."),
-        click.option("--identity", type=click.Path(dir_okay=False), metavar="FILE", help="SSH private key file."),
-        click.option("--ssh-config", type=click.Path(dir_okay=False), metavar="FILE",
+        click.option("--identity", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+                     help="SSH private key file."),
+        click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
                      help="An OpenSSH config file to use instead of ~/.ssh/config."),
         click.option("--known-hosts", type=click.Path(dir_okay=False), metavar="FILE",
                      help="A known_hosts file to trust besides ~/.ssh/known_hosts."),
@@ -118,7 +117,7 @@ def ssh_options(func):
 
 def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     """The ClusterSpec that the options describe. Exactly one source of hosts must be given."""
-    from launcher.spec import build_tasks, expand_slots, load_spec_text, parse_hostfile
+    from launcher.spec import build_tasks, expand_slots, load_spec_text, local_tasks, parse_hostfile
 
     sources = [name for name, given in (("--workers", opts.get("workers")), ("--hostfile", opts.get("hostfile")),
                                         ("--spec", opts.get("spec_file")), ("--local", local is not None)) if given]
@@ -139,30 +138,13 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
         if chief or evaluator:
             raise UsageError("--chief and --evaluator cannot be combined with --spec: put them in the spec file")
         path = opts["spec_file"]
-        spec_file = load_spec_text(_read_text(path, "--spec"), path)
-        return ClusterSpec(
-            tasks=spec_file.tasks,
-            command=spec_file.command,
-            trainer_args=spec_file.trainer_args,
-            env=spec_file.env,
-            workdir=spec_file.workdir,
-            ssh_defaults=ssh_defaults.merged_over(spec_file.ssh),
-            python=spec_file.python,
-            threads_per_task=spec_file.threads_per_task,
-            gpus_per_task=spec_file.gpus_per_task,
-        )
+        return load_spec_text(_read_text(path, "--spec"), path).cluster_spec(ssh_defaults)
     if local is not None:
         from launcher.ports import pick_free_ports
 
         with_chief = chief is _THIS_MACHINE
-        ports = pick_free_ports(local + with_chief)
-        endpoints = [params.Endpoint("127.0.0.1", port) for port in ports]
-        return ClusterSpec(tasks=build_tasks(
-            endpoints[0] if with_chief else None,
-            endpoints[with_chief:],
-            params.Endpoint("127.0.0.1") if evaluator is _THIS_MACHINE else None,
-            None,
-        ))
+        return ClusterSpec(tasks=local_tasks(pick_free_ports(local + with_chief), with_chief,
+                                             with_evaluator=evaluator is _THIS_MACHINE))
     if opts.get("hostfile"):
         path = opts["hostfile"]
         workers = expand_slots(parse_hostfile(_read_text(path, "--hostfile"), path), opts["port"])
@@ -181,18 +163,18 @@ def _read_text(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: not a text file") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str):
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
     from launcher.gpus import detect_gpus
     from launcher.localhost import local_host_names
     from launcher.plan import plan_tasks
 
-    local_hosts = local_host_names()
     return plan_tasks(
         spec,
         run_id=run_id,
-        local_hosts=local_hosts,
+        local_hosts=local_host_names(),
         launcher_python=sys.executable,
-        local_gpu_count=detect_gpus(),
+        local_gpu_count=detect_gpus() if count_gpus else 0,
     )
 
 
@@ -220,7 +202,7 @@ Examples:
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
   mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
 
-Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted.
+Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 """
 
 
@@ -230,7 +212,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted.
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
-@click.option("--run-id", help="Name of this run (default: time and a random suffix); tags every task.")
+@click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
 @click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
@@ -248,7 +230,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted.
               help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
 @click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable in every task (repeatable).")
-@click.option("--env-file", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--env-file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="Set environment variables from a file of NAME=VALUE lines.")
 @click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
               help="Pass this variable of the launcher's environment on to every task (repeatable).")
@@ -261,14 +243,13 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted.
 def launch_command(**opts) -> None:
     import dataclasses
 
+    from launcher.spec import parse_env_file
+
     if opts["as_json"] and not opts["dry_run"]:
         raise UsageError("--json goes with --dry-run")
     command = opts.pop("command")
     spec = read_spec(opts, opts["local"])
-    if command and command[0].startswith("-"):
-        spec = dataclasses.replace(spec, command=None, trainer_args=command)
-    elif command:
-        spec = dataclasses.replace(spec, command=command)
+    spec = with_command_line(spec, command)
     env = dict(spec.env)
     if opts["env_file"]:
         env.update(parse_env_file(_read_text(opts["env_file"], "--env-file"), opts["env_file"]))
@@ -304,18 +285,18 @@ def launch_command(**opts) -> None:
     launch(plans, run_id, opts)
 
 
-def parse_env_file(text: str, source: str) -> dict[str, str]:
-    env = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            name, value = params.parse_env_assignment(line.removeprefix("export "))
-        except ValueError as exc:
-            raise UsageError(f"{source}:{number}: {exc}") from None
-        env[name] = value
-    return env
+def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpec:
+    """Apply what follows `--`: arguments starting with a dash extend the program the spec runs
+    (the built-in trainer, or the spec file's command); anything else replaces the program."""
+    import dataclasses
+
+    if not command:
+        return spec
+    if not command[0].startswith("-"):
+        return dataclasses.replace(spec, command=command)
+    if spec.command is not None:
+        return dataclasses.replace(spec, command=spec.command + command)
+    return dataclasses.replace(spec, trainer_args=spec.trainer_args + command)
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +321,7 @@ Examples:
 def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None:
     from launcher.plan import render_tf_config, select_task
 
-    plans = make_plans(read_spec(opts), run_id="tf-config")
+    plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
 
 

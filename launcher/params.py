@@ -123,6 +123,16 @@ def parse_env_name(text: str) -> str:
     return text
 
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def parse_run_id(text: str) -> str:
+    """A run id names a folder and tags every process of the run: letters, digits, '.', '_', '-'."""
+    if not _RUN_ID.match(text):
+        raise ValueError(f"{text!r} is not a valid run id (letters, digits, '.', '_' and '-', at most 128)")
+    return text
+
+
 def parse_task_selector(text: str) -> str:
     """`worker` (every worker) or `worker:1` (one task)."""
     task_type, sep, index = text.partition(":")
@@ -172,6 +182,11 @@ class EnvNameType(_ParsedParam):
     parse = staticmethod(parse_env_name)
 
 
+class RunIdType(_ParsedParam):
+    name = "run-id"
+    parse = staticmethod(parse_run_id)
+
+
 class TaskSelectorListType(_ParsedParam):
     name = "type[:index],..."
     parse = staticmethod(lambda text: frozenset(parse_task_selector(part.strip()) for part in text.split(",")))
@@ -183,3 +198,4 @@ PORT = PortType()
 ENV_ASSIGNMENT = EnvAssignmentType()
 ENV_NAME = EnvNameType()
 TASK_SELECTORS = TaskSelectorListType()
+RUN_ID = RunIdType()

@@ -94,6 +94,9 @@ def plan_tasks(
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
     `local_gpu_count` is the number of GPUs on this machine.
     """
+    for name in spec.env:
+        if name == "TF_CONFIG" or name.startswith("MGPU_"):
+            raise SpecError(f"environment variable {name} is set by mgpu for each task and cannot be given")
     is_local = [task.host in local_hosts or is_loopback(task.host) for task in spec.tasks]
     loopback = [task.host for task in spec.tasks if is_loopback(task.host)]
     remote = [task.host for task, local in zip(spec.tasks, is_local) if not local]

@@ -6,10 +6,11 @@ import dataclasses
 import shlex
 from typing import Iterable, Mapping, NoReturn, Sequence
 
-import yaml
 
 from launcher.errors import SpecError
-from launcher.params import Endpoint, format_address, parse_endpoint, parse_env_name, parse_host, parse_port
+from launcher.params import (
+    Endpoint, format_address, parse_endpoint, parse_env_assignment, parse_env_name, parse_host, parse_port,
+)
 
 CHIEF = "chief"
 WORKER = "worker"
@@ -125,6 +126,13 @@ def _reject_duplicates(tasks: Sequence[TaskSpec]) -> None:
         seen[key] = name
 
 
+def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool) -> tuple[TaskSpec, ...]:
+    """A cluster simulated on this machine: a chief (if asked) and workers on `ports`, on 127.0.0.1."""
+    endpoints = [Endpoint("127.0.0.1", port) for port in ports]
+    return build_tasks(endpoints[0] if with_chief else None, endpoints[with_chief:],
+                       Endpoint("127.0.0.1") if with_evaluator else None, None)
+
+
 def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | None) -> tuple[Endpoint, ...]:
     """One endpoint per slot: `host slots=3` on port P becomes ports P, P+1, P+2."""
     endpoints = []
@@ -187,6 +195,20 @@ class SpecFile:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+
+    def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
+        """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
+        return ClusterSpec(
+            tasks=self.tasks,
+            command=self.command,
+            trainer_args=self.trainer_args,
+            env=self.env,
+            workdir=self.workdir,
+            ssh_defaults=ssh_defaults.merged_over(self.ssh),
+            python=self.python,
+            threads_per_task=self.threads_per_task,
+            gpus_per_task=self.gpus_per_task,
+        )
 
 
 _TOP_KEYS = {
@@ -329,6 +351,8 @@ def parse_spec(data: object, source: str) -> SpecFile:
 
 def load_spec_text(text: str, source: str) -> SpecFile:
     """Parse YAML or JSON (JSON is YAML) text."""
+    import yaml  # only spec files need it; it is a third of the CLI's import time
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -337,3 +361,21 @@ def load_spec_text(text: str, source: str) -> SpecFile:
         problem = getattr(exc, "problem", None) or "not valid YAML or JSON"
         raise SpecError(f"{source}: {problem}{at}") from None
     return parse_spec(data, source)
+
+
+def parse_env_file(text: str, source: str) -> dict[str, str]:
+    """NAME=VALUE lines, with blank lines and # comments; an `export ` prefix and one pair of
+    quotes around the value are allowed, as in shell and dotenv files."""
+    env = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            name, value = parse_env_assignment(line.removeprefix("export "))
+        except ValueError as exc:
+            raise SpecError(f"{source}:{number}: {exc}") from None
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name] = value
+    return env

@@ -50,7 +50,7 @@ def test_tf_config_errors(mgpu, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["launch", "tf-config"])
+@pytest.mark.parametrize("command", ["launch", "tf-config", "check"])
 def test_every_command_has_help_with_examples(mgpu, command):
     result = mgpu(command, "--help")
     assert result.exit_code == 0
@@ -63,8 +63,7 @@ def test_top_level_help_and_version(mgpu):
     assert result.exit_code == 0 and launcher.__version__ in result.stdout
 
 
-def test_internal_errors_are_one_line_unless_debug(mgpu, tmp_path):
-    # A directory where a spec file is expected is refused by the OS read; --debug adds the traceback.
+def test_errors_are_one_line_and_debug_adds_the_traceback(mgpu, tmp_path):
     result = mgpu("launch", "--spec", str(tmp_path), "--dry-run")
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1
@@ -108,7 +107,7 @@ def test_installed_cli_bad_input_exit_2_no_traceback():
     done = subprocess.run([installed_mgpu(), "launch", "--workers", "h1:0", "--dry-run"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == ("mgpu launch: error: Invalid value for '--workers': "
+    assert done.stderr.strip() == ("mgpu: error: Invalid value for '--workers': "
                                    "'h1:0': port 0 is out of range (1-65535)")
 
 

@@ -47,6 +47,13 @@ BAD_INPUTS = [
     (["--workers", "h1:2222", "--ssh-port", "70000"], "port 70000 is out of range"),
     (["--workers", "h1:2222", "--threads-per-task", "0"], "0 is not in the range"),
     (["--hostfile", "/nonexistent/hosts"], "No such file or directory"),
+    (["--workers", "h1:2222", "--env", "TF_CONFIG={}"], "TF_CONFIG is set by mgpu for each task"),
+    (["--workers", "h1:2222", "--env", "MGPU_RUN_ID=x"], "MGPU_RUN_ID is set by mgpu for each task"),
+    (["--workers", "h1:2222", "--run-id", "a/b"], "'a/b' is not a valid run id"),
+    (["--workers", "h1:2222", "--run-id", "../up"], "'../up' is not a valid run id"),
+    (["--workers", "h1:2222", "--ssh-config", "/nonexistent/ssh_config"], "does not exist"),
+    (["--workers", "h1:2222", "--identity", "/nonexistent/id_ed25519"], "does not exist"),
+    (["--workers", "h1:2222", "--env-file", "/nonexistent/env"], "does not exist"),
     (["--spec", "/nonexistent/spec.yaml"], "No such file or directory"),
 ]
 
@@ -121,3 +128,28 @@ def test_json_needs_dry_run(mgpu):
     result = mgpu("launch", "--workers", "h1:2222", "--json")
     assert result.exit_code == 2
     assert "--json goes with --dry-run" in result.stderr
+
+
+def test_env_file(mgpu, tmp_path):
+    path = tmp_path / "env"
+    path.write_text("# settings\nA=1\nexport B='two words'\n\nC=x=y\n")
+    result = mgpu("launch", "--workers", "h1:2222", "--env-file", str(path), "--env", "A=override",
+                  "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    env = result.json()["tasks"][0]["env"]
+    assert (env["A"], env["B"], env["C"]) == ("override", "two words", "x=y")
+
+
+def test_bad_env_file_names_the_line(mgpu, tmp_path):
+    path = tmp_path / "env"
+    path.write_text("A=1\nNOT AN ASSIGNMENT\n")
+    result = mgpu("launch", "--workers", "h1:2222", "--env-file", str(path), "--dry-run")
+    assert result.exit_code == 2
+    assert f"{path}:2: 'NOT AN ASSIGNMENT' is not NAME=VALUE" in result.stderr
+
+
+def test_forwarded_variables(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "MY_TOKEN", "--dry-run", "--json",
+                  env={"MY_TOKEN": "s3cret", "OTHER": "x"})
+    env = result.json()["tasks"][0]["env"]
+    assert env["MY_TOKEN"] == "s3cret" and "OTHER" not in env

@@ -141,3 +141,13 @@ def test_hostfile_comments_and_user(mgpu, tmp_path):
     result = mgpu("launch", "--hostfile", str(path), "--port", "4000", "--dry-run", "--json")
     assert result.exit_code == 0, result.stderr
     assert result.json()["tasks"][0]["tf_config"]["cluster"]["worker"] == ["h1:3000", "h2:4000", "h2:4001"]
+
+
+def test_trainer_style_arguments_extend_the_spec_command(mgpu, tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("cluster: {worker: [h1:2222]}\ncommand: [python3, train.py]\n")
+    result = mgpu("launch", "--spec", str(path), "--dry-run", "--json", "--", "--epochs", "3")
+    assert result.json()["tasks"][0]["argv"] == ["python3", "train.py", "--epochs", "3"]
+    path.write_text("cluster: {worker: [h1:2222]}\ntrainer_args: [--model, small]\n")
+    result = mgpu("launch", "--spec", str(path), "--dry-run", "--json", "--", "--train-steps", "9")
+    assert result.json()["tasks"][0]["argv"][-4:] == ["--model", "small", "--train-steps", "9"]
