@@ -13,10 +13,11 @@ import re
 
 import click
 
+from launcher.protocol import TASK_TYPES
+
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
 _USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TASK_TYPES = ("chief", "worker", "evaluator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,8 @@ def parse_run_id(text: str) -> str:
 def parse_task_selector(text: str) -> str:
     """`worker` (every worker) or `worker:1` (one task)."""
     task_type, sep, index = text.partition(":")
-    if task_type not in _TASK_TYPES:
-        raise ValueError(f"{text!r}: task type must be one of {', '.join(_TASK_TYPES)}")
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"{text!r}: task type must be one of {', '.join(TASK_TYPES)}")
     if sep and not index.isdigit():
         raise ValueError(f"{text!r}: task index must be a number")
     return f"{task_type}:{int(index)}" if sep else task_type

@@ -3,6 +3,10 @@
 Both sides import this module, so it must stay free of heavy imports.
 """
 
+# TF_CONFIG task types mgpu plans, in planning order. The evaluator is not part of the cluster.
+TASK_TYPES = ("chief", "worker", "evaluator")
+TRAINING_TASK_TYPES = ("chief", "worker")
+
 # A task that prints this line (alone, on stdout) tells the launcher it is ready:
 # its strategy is built and it has joined the cluster.
 READY_LINE = "MGPU_TASK_READY"

@@ -8,6 +8,7 @@ from typing import Iterable, Mapping, NoReturn, Sequence
 
 
 from launcher.errors import SpecError
+from launcher.protocol import TASK_TYPES
 from launcher.params import (
     Endpoint, format_address, parse_endpoint, parse_env_assignment, parse_env_name, parse_host, parse_port,
 )
@@ -15,7 +16,7 @@ from launcher.params import (
 CHIEF = "chief"
 WORKER = "worker"
 EVALUATOR = "evaluator"
-ROLES = (CHIEF, WORKER, EVALUATOR)  # also the order tasks are planned and shown in
+ROLES = TASK_TYPES  # also the order tasks are planned and shown in
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import json
 import os
 
 from launcher.errors import UsageError
+from launcher.protocol import TASK_TYPES, TRAINING_TASK_TYPES
 
-TRAINING_TYPES = ("chief", "worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ClusterInfo:
         if self.tf_config is None or self.is_evaluator:
             return []
         mine = self.tf_config["cluster"][self.task_type][self.task_index]
-        return [address for role in TRAINING_TYPES for address in self.tf_config["cluster"].get(role, [])
+        return [address for role in TRAINING_TASK_TYPES for address in self.tf_config["cluster"].get(role, [])
                 if address != mine]
 
 
@@ -73,7 +73,7 @@ def from_tf_config(tf_config) -> ClusterInfo:
         raise UsageError('TF_CONFIG needs "cluster" and "task" objects')
     task_type = task.get("type")
     task_index = task.get("index", 0)
-    if task_type not in ("chief", "worker", "evaluator"):
+    if task_type not in TASK_TYPES:
         raise UsageError(f"TF_CONFIG task type must be chief, worker or evaluator, not {task_type!r}")
     if not isinstance(task_index, int) or task_index < 0:
         raise UsageError(f"TF_CONFIG task index must be a non-negative integer, not {task_index!r}")
