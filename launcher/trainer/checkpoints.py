@@ -24,7 +24,6 @@ class Checkpointer:
         self._model_dir = model_dir
         self._is_chief = is_chief
         self._worker_index = worker_index
-        self._keep = keep
         self._manager = None
         if model_dir is not None and is_chief:
             self._manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=keep)

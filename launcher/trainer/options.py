@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 
 from launcher.errors import UsageError
+from launcher.params import format_address, parse_endpoint_list
 
 PROG = "mgpu train"
 
@@ -120,14 +121,24 @@ def _fraction(text: str) -> float:
 
 
 def _host_list(text: str) -> tuple[str, ...]:
-    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
-    if not hosts:
-        raise argparse.ArgumentTypeError("empty host list")
-    for host in hosts:
-        name, sep, port = host.rpartition(":")
-        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise argparse.ArgumentTypeError(f"expected host:port, got {host!r}")
-    return hosts
+    try:
+        endpoints = parse_endpoint_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    for endpoint in endpoints:
+        if endpoint.port is None or endpoint.user:
+            raise argparse.ArgumentTypeError(f"expected host:port, got {str(endpoint)!r}")
+    return tuple(format_address(endpoint.host, endpoint.port) for endpoint in endpoints)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one and the help text does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Train an image classifier with tf.distribute, one process per worker. "
         "The cluster comes from TF_CONFIG (or --worker-hosts/--task-index).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     g = p.add_argument_group("cluster and strategy")
     g.add_argument("--worker-hosts", type=_host_list, default=None,
@@ -165,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and data")
     g.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn: 2 conv + dense 1024 + dropout (3.27M params); small: for quick tests")
-    g.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    g.add_argument("--dataset", choices=DATASETS, default="fashion_mnist", help="what to train on")
     g.add_argument("--data-dir", default=None,
                    help="directory with the four IDX .gz files; without it they are downloaded "
                    "once into ~/.cache/mgpu/datasets/<name>")
@@ -175,12 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--global-batch-size", type=_positive_int, default=None,
                        help="examples per step over all replicas; must divide by the replica count")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="sgd has momentum 0.9")
-    g.add_argument("--learning-rate", type=_positive_float, default=1e-3)
+    g.add_argument("--learning-rate", type=_positive_float, default=1e-3, help="optimizer step size")
     g.add_argument("--seed", type=_non_negative_int, default=42,
                    help="seed of weight initialisation and data order")
 
     g = p.add_argument_group("training loop")
-    g.add_argument("--train-steps", type=_positive_int, default=1000)
+    g.add_argument("--train-steps", type=_positive_int, default=1000, help="training steps in all")
     g.add_argument("--steps-per-loop", type=_positive_int, default=10,
                    help="steps run per call into TensorFlow; preemption is checked between calls")
     g.add_argument("--log-every", type=_positive_int, default=100, help="steps between log lines")
@@ -196,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoints, TensorBoard summaries and metrics.json (on the chief's host)")
     g.add_argument("--checkpoint-every", type=_positive_int, default=None,
                    help="steps between checkpoints (default: at evaluations and at the end)")
-    g.add_argument("--keep-checkpoints", type=_positive_int, default=5)
+    g.add_argument("--keep-checkpoints", type=_positive_int, default=5, help="how many recent checkpoints to keep")
     g.add_argument("--export-dir", default=None,
                    help="the chief exports a SavedModel here at the end")
     g.add_argument("--evaluator-timeout", type=_positive_float, default=1800.0,
