@@ -35,17 +35,20 @@ def descendants(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def tagged_processes(run_id: str) -> list[psutil.Process]:
-    """Every live process on this machine whose environment carries MGPU_RUN_ID=run_id."""
+def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Process]:
+    """Every live process on this machine whose environment carries MGPU_RUN_ID=run_id
+    (and that is in process group `pgid`, if given)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
+            if pgid is not None and os.getpgid(proc.pid) != pgid:
+                continue
             if proc.environ().get(protocol.ENV_RUN_ID) == run_id and is_alive(proc):
                 found.append(proc)
-        except psutil.Error:  # gone, zombie, or not ours to read
+        except (psutil.Error, ProcessLookupError):  # gone, zombie, or not ours to read
             continue
     return found
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import select
 import subprocess
 
 import psutil
@@ -12,15 +14,63 @@ from launcher.errors import TaskFailed
 from launcher.plan import TaskPlan
 from launcher.runners.base import Runner, TaskProcess
 
+READ_BUFFER = 64 * 1024
+STOP_CHECK_MS = 200  # how often a waiting read looks whether the stream is being closed
+
+
+class _PipeReadEnd(io.RawIOBase):
+    """The launcher's end of a task's stdout or stderr pipe.
+
+    A read waits in short polls, so that close() from another thread can end it:
+    a process that left the run (and so escaped every stop) may hold the other
+    end open forever, and closing the pipe must still release it.
+    """
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+        self._stopping = False
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        self._checkClosed()
+        return self._fd
+
+    def stop(self) -> None:
+        """Make a waiting read, and every later one, return end of file."""
+        self._stopping = True
+
+    def readinto(self, buffer) -> int:
+        while not self._stopping:
+            if self._poller.poll(STOP_CHECK_MS):  # data, end of file or an error: read says which
+                return os.readv(self._fd, [buffer])
+        return 0
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                os.close(self._fd)
+            finally:
+                super().close()
+
+
+def _stream(fd: int) -> io.BufferedReader:
+    return io.BufferedReader(_PipeReadEnd(fd), READ_BUFFER)
+
 
 class LocalTaskProcess(TaskProcess):
     """A task process in its own session (so a terminal's Ctrl-C reaches only the launcher)."""
 
-    def __init__(self, popen: subprocess.Popen):
+    def __init__(self, popen: subprocess.Popen, run_id: str | None, stdout: io.BufferedReader, stderr: io.BufferedReader):
         self._popen = popen
+        self._run_id = run_id
         self.pid = popen.pid
-        self.stdout = popen.stdout
-        self.stderr = popen.stderr
+        self.stdout = stdout
+        self.stderr = stderr
         try:
             # Kept from the start: psutil refuses to signal it once the pid is reused.
             self._root: psutil.Process | None = psutil.Process(popen.pid)
@@ -34,18 +84,25 @@ class LocalTaskProcess(TaskProcess):
         # The snapshot of descendants is taken before signalling, while parent links
         # still hold; it catches children that started their own session or group.
         members = []
-        if self._popen.returncode is None and self._root is not None and proctree.is_alive(self._root):
-            members = [self._root, *proctree.descendants(self._root)]
-        try:
-            os.killpg(self.pid, signum)  # the session's process group (pgid == pid)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self._popen.returncode is None:  # poll() runs on this thread only
+            if self._root is not None and proctree.is_alive(self._root):
+                members = [self._root, *proctree.descendants(self._root)]
+            # The session's process group (pgid == pid): the id is ours while the leader is unreaped.
+            try:
+                os.killpg(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif self._run_id is not None:
+            # Once the leader is reaped, the id may name another program's group:
+            # only the members that carry the run id are the task's.
+            members = proctree.tagged_processes(self._run_id, pgid=self.pid)
         proctree.send(members, signum)
 
     def close(self) -> None:
-        # Only once both streams reached end of file: closing a stream that
-        # another thread is reading would wait for that read.
-        for stream in (self._popen.stdout, self._popen.stderr):
+        # A reader thread may still wait on a stream; stop() ends that wait, and
+        # close() then gets the stream's lock and releases the pipe.
+        for stream in (self.stdout, self.stderr):
+            stream.raw.stop()
             try:
                 stream.close()
             except OSError:
@@ -63,17 +120,25 @@ class LocalRunner(Runner):
         env = dict(os.environ)
         env.update(task.env)
         env[protocol.ENV_ATTEMPT] = str(attempt)
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
         try:
             popen = subprocess.Popen(
                 list(task.argv),
                 cwd=task.workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=out_write,
+                stderr=err_write,
                 start_new_session=True,
             )
-        except OSError as e:
-            raise TaskFailed(f"{task.name}: cannot start {task.argv[0]!r}: {e.strerror or e}") from e
-        return LocalTaskProcess(popen)
-
+        except BaseException as e:
+            os.close(out_read)
+            os.close(err_read)
+            if isinstance(e, OSError):
+                raise TaskFailed(f"{task.name}: cannot start {task.argv[0]!r}: {e.strerror or e}") from e
+            raise
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        return LocalTaskProcess(popen, task.env.get(protocol.ENV_RUN_ID), _stream(out_read), _stream(err_read))

@@ -20,6 +20,16 @@ SLEEPER = (
     "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
     "while True: time.sleep(1)\n"
 )
+# A process that left the run: its own session, no MGPU_RUN_ID, its parent gone.
+# It keeps the task's stdout and stderr open for a minute.
+ESCAPED_HOLDER = (
+    "import os, sys, time\n"
+    "if os.fork(): os._exit(0)\n"
+    "os.setsid()\n"
+    "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "time.sleep(60)\n"
+)
 
 
 def selected(selectors):
@@ -45,12 +55,21 @@ def cluster_address(name):
     return host, int(port)
 
 
-def spawn_sleeper(pid_file, new_session):
-    subprocess.Popen([sys.executable, "-c", SLEEPER, pid_file], start_new_session=new_session)
+def wait_for_pid_file(pid_file):
     for _ in range(200):  # wait (bounded) until it runs, so a test can find it
         if os.path.exists(pid_file) and os.path.getsize(pid_file):
             return
         time.sleep(0.01)
+
+
+def spawn_sleeper(pid_file, new_session):
+    subprocess.Popen([sys.executable, "-c", SLEEPER, pid_file], start_new_session=new_session)
+    wait_for_pid_file(pid_file)
+
+
+def spawn_escaped_holder(pid_file):
+    subprocess.run([sys.executable, "-c", ESCAPED_HOLDER, pid_file], env={}, check=True)
+    wait_for_pid_file(pid_file)
 
 
 def main():
@@ -66,6 +85,8 @@ def main():
     ap.add_argument("--ignore-term", action="append", default=[])
     ap.add_argument("--grandchild", action="append", default=[])
     ap.add_argument("--setsid-grandchild", action="append", default=[])
+    ap.add_argument("--escaped-holder", action="append", default=[],
+                    help="leave a process outside the run holding this task's output open")
     ap.add_argument("--print-mb", type=float, default=0.0)
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--bind", action="store_true", help="listen on this task's TF_CONFIG port, like a TF server")
@@ -109,6 +130,8 @@ def main():
         spawn_sleeper(os.path.join(pid_dir, f"{TYPE}-{INDEX}.grandchild.pid"), new_session=False)
     if selected(args.setsid_grandchild):
         spawn_sleeper(os.path.join(pid_dir, f"{TYPE}-{INDEX}.setsid-grandchild.pid"), new_session=True)
+    if selected(args.escaped_holder):
+        spawn_escaped_holder(os.path.join(pid_dir, f"{TYPE}-{INDEX}.escaped.pid"))
     for i in range(args.lines):
         print(f"out {NAME} {i}", flush=True)
         print(f"err {NAME} {i}", file=sys.stderr, flush=True)

@@ -1,6 +1,9 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -53,6 +56,79 @@ def test_signal_tree_after_exit_is_harmless(run_id):
     proc = LocalRunner().start(plan, attempt=0)
     assert finish(proc) == 0
     proc.signal_tree(signal.SIGTERM)
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+# Answers each line on stdin, so that a signal sent to it before is known to have
+# arrived: pending signals are delivered before it can read and answer.
+BYSTANDER = "import sys\nfor line in sys.stdin:\n    print('alive', flush=True)\n"
+
+
+def start_with_pid(pid):
+    """A process in a new session (pgid == pid) that got `pid` again, or None if another one took it."""
+    for _ in range(20):
+        try:
+            with open(NS_LAST_PID, "w") as f:
+                f.write(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen([sys.executable, "-c", BYSTANDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
+    plan = make_plans(run_id, [], workers=1)[0]
+    proc = LocalRunner().start(plan, attempt=0)
+    assert finish(proc) == 0  # reaped, and its process group is empty
+    bystander = start_with_pid(proc.pid)
+    if bystander is None:
+        pytest.skip(f"cannot choose the next pid through {NS_LAST_PID}")
+    try:
+        assert os.getpgid(bystander.pid) == proc.pid
+        proc.signal_tree(signal.SIGTERM)
+        bystander.stdin.write(b"still there?\n")
+        bystander.stdin.flush()
+        assert bystander.stdout.readline() == b"alive\n"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_signal_tree_after_reaping_still_reaches_the_group_left_behind(run_id, record_dir):
+    plan = make_plans(run_id, ["--record", str(record_dir), "--grandchild", "all"], workers=1)[0]
+    proc = LocalRunner().start(plan, attempt=0)
+    assert wait_for(lambda: proc.poll() is not None, 10)  # the leader is reaped; its child stays in the group
+    [grandchild] = read_pids(record_dir)
+    assert os.getpgid(grandchild) == proc.pid
+    proc.signal_tree(signal.SIGKILL)
+    assert wait_for(lambda: not pid_alive(grandchild), 5)
+    assert finish(proc) == 0
+
+
+def test_close_ends_a_read_that_waits_on_a_pipe_held_by_another_process(run_id, record_dir):
+    plan = make_plans(run_id, ["--record", str(record_dir), "--escaped-holder", "all"], workers=1)[0]
+    proc = LocalRunner().start(plan, attempt=0)
+    try:
+        assert wait_for(lambda: proc.poll() is not None, 10)
+        [holder] = read_pids(record_dir, "*.escaped.pid")
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive()  # the holder keeps the pipe open: no end of file
+        proc.close()
+        reader.join(5)
+        assert not reader.is_alive()
+        assert lines == [b"worker:0 attempt 0 exiting with 0\n"]
+        assert proc.stdout.closed and proc.stderr.closed
+    finally:
+        for pid in read_pids(record_dir, "*.escaped.pid"):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_missing_program_is_a_task_failure(run_id):
