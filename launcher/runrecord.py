@@ -8,9 +8,12 @@ Layout:
   message (the failure summary, else null), started_at, ended_at,
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
-      host, pid, log, started_at, ready_at, ended_at, exit_code, signal}}}]
+      host, pid, log, started_at, ready_at, ended_at, exit_code, signal,
+      failure_ignored}}}]
 exit_code is the task's exit status; when it died by a signal, exit_code is
-null and signal holds its name ("SIGKILL"). Times are UTC, ISO 8601.
+null and signal holds its name ("SIGKILL"). failure_ignored is true for a
+sidecar (the evaluator) that failed while training went on without it.
+Times are UTC, ISO 8601.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ class RunRecord:
             ended_at=None,
             exit_code=None,
             signal=None,
+            failure_ignored=False,
         )
 
     def task_ready(self, plan: TaskPlan) -> None:
@@ -111,6 +115,9 @@ class RunRecord:
             self._update_task(plan, ended_at=now(), exit_code=None, signal=signal_name(-returncode))
         else:
             self._update_task(plan, ended_at=now(), exit_code=returncode, signal=None)
+
+    def task_failure_ignored(self, plan: TaskPlan) -> None:
+        self._update_task(plan, failure_ignored=True)
 
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:

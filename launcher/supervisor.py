@@ -1,11 +1,16 @@
 """Supervision of a run: start every task, watch them, stop them all together.
 
 The rules:
-- Fail fast: the first task to exit non-zero or die by a signal stops the whole
-  cluster: TERM to every task's process tree, KILL after the grace period.
+- Fail fast: the first training task (chief or worker) to exit non-zero or die
+  by a signal stops the whole cluster: TERM to every task's process tree, KILL
+  after the grace period.
+- Sidecars: the evaluator is not part of the cluster. When it fails, training
+  goes on without it (a notice, and failure_ignored in run.json); when training
+  is done, the run waits for it to finish by itself. The run's outcome is the
+  training tasks'.
 - Readiness: a task whose plan waits for readiness is ready once it prints
-  protocol.READY_LINE on stdout; others once started. All must be ready within
-  the start timeout, else the cluster is stopped.
+  protocol.READY_LINE on stdout; others once started. Every training task must
+  be ready within the start timeout, else the cluster is stopped.
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
@@ -14,11 +19,13 @@ The rules:
   way (a second one skips the grace period), then raise Interrupted.
 - Nothing is left behind: every stop ends with a scan for processes carrying the
   run's MGPU_RUN_ID, and a reaper process does the same if the launcher dies.
+  Hence a run id must not be in use by live processes when a run starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import signal
 import sys
@@ -36,8 +43,9 @@ from launcher.runners.base import Runner, TaskProcess
 POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
-DRAIN_TIMEOUT = 5.0  # after a task is gone, how long its output may take to reach end of file
+DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RUN_DIR_MODE = 0o700
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +73,33 @@ def supervise(
     """
     if not plans:
         raise UsageError("no tasks to run")
+    run_dir = prepare_run_dir(options)
+    _Supervisor(plans, runner_for, options, console, run_dir).run()
+
+
+def prepare_run_dir(options: SuperviseOptions) -> pathlib.Path:
+    """Check that a run can start under this run id, and make its run directory.
+
+    Raises UsageError, before anything starts, for a run that already exists in
+    the log dir, for a run id that live processes on this machine carry (every
+    stop of this run would stop them too), and for a log dir that cannot be made.
+    The run directory is private: run.json and the logs may hold secrets.
+    """
     run_dir = pathlib.Path(options.log_dir) / options.run_id
     if (run_dir / "run.json").exists():
         raise UsageError(f"run {options.run_id} already exists in {run_dir}; choose another run id")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _Supervisor(plans, runner_for, options, console, run_dir).run()
+    holders = proctree.tagged_processes(options.run_id)
+    if holders:
+        pids = ", ".join(str(p.pid) for p in holders[:5]) + (", ..." if len(holders) > 5 else "")
+        raise UsageError(
+            f"run id {options.run_id} is in use by running processes (pid {pids}); choose another run id"
+        )
+    try:
+        run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask, and the dir may exist
+    except OSError as e:
+        raise UsageError(f"--log-dir {options.log_dir}: {e.strerror or e}") from None
+    return run_dir
 
 
 def describe_exit(returncode: int) -> str:
@@ -85,6 +115,7 @@ class _Task:
     plan: TaskPlan
     proc: TaskProcess
     output: TaskOutput
+    sidecar: bool  # its failure does not stop training
     returncode: int | None = None
     ready: bool = False
 
@@ -142,6 +173,12 @@ class _Supervisor:
         self.run_dir = run_dir
         self.signals = _Signals()
         self.any_local = any(p.local for p in self.plans)
+        # Without training tasks, nothing is a sidecar: every task counts.
+        self.sidecar_types = (
+            frozenset(p.type for p in self.plans) - frozenset(protocol.TRAINING_TASK_TYPES)
+            if any(p.type in protocol.TRAINING_TASK_TYPES for p in self.plans)
+            else frozenset()
+        )
         recorded_options = {
             "grace_period": options.grace_period,
             "start_timeout": options.start_timeout,
@@ -222,12 +259,7 @@ class _Supervisor:
             return outcome
         finally:
             self._stop(tasks)
-            for task in tasks:
-                if task.output.drained(DRAIN_TIMEOUT):
-                    task.proc.close()
-                else:
-                    self.output.notice(f"output of {task.plan.name} still open after stop; not waiting for it")
-                task.output.close()
+            self._release(tasks)
             self.record.attempt_ended(outcome.status)
 
     def _start(self, plan: TaskPlan, attempt: int) -> _Task:
@@ -242,7 +274,7 @@ class _Supervisor:
         self.record.task_started(plan, proc.pid, log_name(plan))
         if not plan.waits_for_ready:
             self.record.task_ready(plan)
-        return _Task(plan, proc, output, ready=not plan.waits_for_ready)
+        return _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, ready=not plan.waits_for_ready)
 
     def _watch(self, tasks: list[_Task]) -> _Outcome:
         deadline = time.monotonic() + self.options.start_timeout
@@ -253,23 +285,33 @@ class _Supervisor:
                 signum = self.signals.received[0]
                 self.output.notice(f"received {runrecord.signal_name(signum)}; stopping all tasks")
                 return _Outcome(runrecord.INTERRUPTED, signum=signum)
-            failed = self._poll(tasks)
+            failed = None
+            for task in self._poll(tasks):
+                if task.returncode == 0:
+                    continue
+                if task.sidecar:
+                    self.output.notice(f"{task.plan.name} {describe_exit(task.returncode)}; training goes on without it")
+                    self.record.task_failure_ignored(task.plan)
+                elif failed is None:
+                    failed = task
             if failed is not None:
                 self.output.notice(f"{failed.plan.name} {describe_exit(failed.returncode)}; stopping all tasks")
                 return _Outcome(runrecord.FAILED, failed=failed)
-            if all(t.returncode == 0 for t in tasks):
+            if all(t.returncode is not None if t.sidecar else t.returncode == 0 for t in tasks):
                 return _Outcome(runrecord.SUCCEEDED)
             if not all_ready:
                 for task in tasks:
-                    if not task.ready and (task.output.ready.is_set() or task.returncode == 0):
+                    # A sidecar that ended, even failed, counts as ready: it cannot get ready any more.
+                    ended = task.returncode is not None if task.sidecar else task.returncode == 0
+                    if not task.ready and (task.output.ready.is_set() or ended):
                         task.ready = True
                         self.record.task_ready(task.plan)
                 all_ready = all(t.ready for t in tasks)
                 if all_ready and any(t.plan.waits_for_ready for t in tasks):
                     started = deadline - self.options.start_timeout
                     self.output.notice(f"all {len(tasks)} tasks ready after {time.monotonic() - started:.1f} s")
-                if not all_ready and time.monotonic() > deadline:
-                    missing = tuple(t for t in tasks if not t.ready)
+                missing = tuple(t for t in tasks if not t.ready and not t.sidecar)
+                if missing and time.monotonic() > deadline:
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
@@ -279,18 +321,17 @@ class _Supervisor:
                 next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
             time.sleep(POLL_INTERVAL)
 
-    def _poll(self, tasks: list[_Task]) -> _Task | None:
-        """Collect exit codes; return the first task found failed."""
-        failed = None
+    def _poll(self, tasks: list[_Task]) -> list[_Task]:
+        """Collect exit codes; return the tasks found ended by this call."""
+        ended = []
         for task in tasks:
             if task.returncode is None:
                 returncode = task.proc.poll()
                 if returncode is not None:
                     task.returncode = returncode
                     self.record.task_ended(task.plan, returncode)
-                    if returncode != 0 and failed is None:
-                        failed = task
-        return failed
+                    ended.append(task)
+        return ended
 
     # -- stopping ----------------------------------------------------------------
 
@@ -331,6 +372,17 @@ class _Supervisor:
             leftovers = proctree.stop_run(self.options.run_id, self.options.grace_period)
             if leftovers:
                 self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
+
+    def _release(self, tasks: list[_Task]) -> None:
+        """Let every task's output reach end of file (one deadline for all), then close the
+        streams and logs, also where a leftover process outside the run still holds a pipe."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        still_open = [t.plan.name for t in tasks if not t.output.drained(max(0.0, deadline - time.monotonic()))]
+        if still_open:
+            self.output.notice(f"output of {', '.join(still_open)} still open after stop; not waiting for it")
+        for task in tasks:
+            task.proc.close()
+            task.output.close()
 
     # -- the failure summary -------------------------------------------------------
 

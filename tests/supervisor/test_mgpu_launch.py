@@ -133,3 +133,28 @@ def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, laun
     assert "[mgpu] second signal: killing all tasks now" in launch.stdout
     assert launch.run["attempts"][0]["tasks"]["worker:0"]["signal"] == "SIGKILL"
     assert_run_gone(run_id)
+
+
+def test_a_run_id_in_use_elsewhere_is_refused_and_its_tasks_are_left_alone(run_id, record_dir, tmp_path, launches):
+    first = launches(run_id, tmp_path, ["--record", str(record_dir), "--forever"])
+    assert wait_for(lambda: len(records(record_dir)) == 2, 30), first.stderr
+    task_pids = sorted(rec["pid"] for rec in records(record_dir).values())
+    (tmp_path / "second").mkdir()
+    second = launches(run_id, tmp_path / "second", [], workers=1)  # same run id, another log dir
+    assert second.wait() == 2
+    assert f"run id {run_id} is in use by running processes" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert not second.run_dir.exists()
+    assert first.proc.poll() is None and all(pid_alive(pid) for pid in task_pids)
+    assert sorted(p.pid for p in proctree.tagged_processes(run_id)) == task_pids
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait() == 128 + signal.SIGTERM
+    assert_run_gone(run_id)
+
+
+def test_a_log_dir_that_cannot_be_created_is_a_usage_error(tmp_path):
+    result = subprocess.run([str(MGPU), "launch", "--local", "1", "--log-dir", "/proc/mgpu-no-such-dir", "--",
+                             "true"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--log-dir /proc/mgpu-no-such-dir: No such file or directory" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "internal error" not in result.stderr

@@ -1,14 +1,21 @@
 """supervise() driven directly with plans, the local runner and fake workers."""
 
 import json
+import os
 import re
+import signal
 import socket
+import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
-from launcher import protocol
+from launcher import proctree, protocol
 from launcher.errors import TaskFailed, UsageError
-from supervisor_helpers import assert_run_gone, make_plans, pid_alive, read_pids, records, supervise_plans
+from supervisor_helpers import (assert_run_gone, make_plans, pid_alive, read_pids, records, supervise_plans,
+                                wait_for)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,10 +143,11 @@ def test_preemption_restarts_without_using_max_restarts_but_is_bounded(run_id, t
 
 
 def test_start_timeout_names_the_missing_task(run_id, tmp_path):
+    # worker:1 never prints the ready line; the timeout leaves worker:0 ample time to.
     plans = make_plans(run_id, ["--ready", "--no-ready", "worker:1", "--forever"], waits_for_ready=True)
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=1.0, grace_period=0.5)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0, grace_period=0.5)
     assert isinstance(result.error, TaskFailed)
-    assert str(result.error).startswith("start timeout: worker:1 not ready after 1 s\n")
+    assert str(result.error).startswith("start timeout: worker:1 not ready after 10 s\n")
     run = result.run
     assert run["status"] == "start-timeout"
     assert run["attempts"][0]["outcome"] == "start-timeout"
@@ -149,8 +157,8 @@ def test_start_timeout_names_the_missing_task(run_id, tmp_path):
 
 
 def test_ready_tasks_pass_the_start_deadline(run_id, tmp_path):
-    plans = make_plans(run_id, ["--ready", "--sleep", "1.5"], waits_for_ready=True)
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=1.0)
+    plans = make_plans(run_id, ["--ready", "--sleep", "11"], waits_for_ready=True)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0)
     assert result.error is None
     assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
     assert "all 2 tasks ready after" in result.console
@@ -218,6 +226,138 @@ def test_a_run_id_cannot_be_reused(run_id, tmp_path):
     assert supervise_plans(plans, run_id, tmp_path).error is None
     again = supervise_plans(plans, run_id, tmp_path)
     assert isinstance(again.error, UsageError) and "already exists" in str(again.error)
+
+
+def test_a_run_id_carried_by_live_processes_is_refused_before_anything_starts(run_id, record_dir, tmp_path):
+    # Another run's task with this run id, in another log dir: stopping this run would stop it too.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "MGPU_RUN_ID": run_id}, start_new_session=True)
+    try:
+        assert wait_for(lambda: [p.pid for p in proctree.tagged_processes(run_id)] == [other.pid], 10)
+        plans = make_plans(run_id, ["--record", str(record_dir)], workers=1)
+        result = supervise_plans(plans, run_id, tmp_path)
+        assert isinstance(result.error, UsageError) and result.error.exit_code == 2
+        assert str(result.error) == (f"run id {run_id} is in use by running processes (pid {other.pid}); "
+                                     f"choose another run id")
+        assert not result.run_dir.exists()
+        assert records(record_dir) == {}
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_run_dir_is_private_whatever_the_umask(run_id, tmp_path):
+    previous = os.umask(0)
+    try:
+        result = supervise_plans(make_plans(run_id, ["--lines", "1"], workers=1), run_id, tmp_path)
+    finally:
+        os.umask(previous)
+    assert result.error is None
+    assert stat.S_IMODE(result.run_dir.stat().st_mode) == 0o700
+    assert {p.name for p in result.run_dir.iterdir()} >= {"run.json", "worker-0.log", "reaper.log"}
+
+    existing = tmp_path / "runs" / (run_id + "b")
+    existing.mkdir(mode=0o755)
+    result = supervise_plans(make_plans(run_id + "b", [], workers=1), run_id + "b", tmp_path)
+    assert result.error is None
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o700
+
+
+def test_a_log_dir_that_cannot_be_made_is_a_usage_error(run_id, tmp_path):
+    from launcher.runners.local import LocalRunner
+    from launcher.supervisor import SuperviseOptions, supervise
+
+    (tmp_path / "file").write_text("")
+    options = SuperviseOptions(run_id=run_id, log_dir=tmp_path / "file" / "runs")
+    with pytest.raises(UsageError, match=f"^--log-dir {tmp_path / 'file' / 'runs'}: Not a directory$"):
+        supervise(make_plans(run_id, [], workers=1), lambda plan: LocalRunner(), options)
+
+
+def test_output_held_open_by_a_process_outside_the_run_is_closed_after_one_deadline(run_id, record_dir, tmp_path):
+    plans = make_plans(run_id, ["--record", str(record_dir), "--escaped-holder", "all", "--lines", "1"])
+    try:
+        result = supervise_plans(plans, run_id, tmp_path)
+        holders = read_pids(record_dir, "*.escaped.pid")
+        assert len(holders) == 2 and all(pid_alive(pid) for pid in holders)  # they escaped the stop
+        assert result.error is None
+        assert "[mgpu] output of worker:0, worker:1 still open after stop; not waiting for it\n" in result.console
+        assert "out worker:1 0" in result.log("worker:1")
+        # The launcher let go of the pipes, and no reader thread is left waiting on them.
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for pid in holders for fd in (1, 2)}
+        assert len(held) == 4 and all(link.startswith("pipe:") for link in held)
+        assert not held & open_files_of_this_process()
+        assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("mgpu-read-worker:")], 5)
+    finally:
+        for pid in read_pids(record_dir, "*.escaped.pid"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def open_files_of_this_process() -> set[str]:
+    links = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own fd, already closed
+            pass
+    return links
+
+
+def test_a_failed_evaluator_does_not_stop_or_restart_training(run_id, tmp_path):
+    plans = make_plans(run_id, ["--sleep", "1", "--fail", "evaluator=3", "--sleep-on", "evaluator=0"],
+                       chief=True, evaluator=True)
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=2)
+    assert result.error is None
+    assert "[mgpu] evaluator:0 exited with code 3; training goes on without it\n" in result.console
+    assert "stopping all tasks" not in result.console and "restarting" not in result.console
+    run = result.run
+    assert run["status"] == "succeeded" and len(run["attempts"]) == 1
+    assert run["attempts"][0]["outcome"] == "succeeded"
+    evaluator = result.task("evaluator:0")
+    assert evaluator["exit_code"] == 3 and evaluator["failure_ignored"] is True
+    for name in ("chief:0", "worker:0", "worker:1"):
+        assert result.task(name)["exit_code"] == 0 and result.task(name)["failure_ignored"] is False
+
+
+def test_an_evaluator_killed_by_a_signal_does_not_stop_training(run_id, tmp_path):
+    plans = make_plans(run_id, ["--sleep", "1"], evaluator=True)
+    plans[-1] = type(plans[-1])(**{**plans[-1].__dict__, "argv": ("sh", "-c", "kill -9 $$")})
+    result = supervise_plans(plans, run_id, tmp_path)
+    assert result.error is None
+    assert "[mgpu] evaluator:0 was killed by SIGKILL; training goes on without it\n" in result.console
+    assert result.task("evaluator:0")["signal"] == "SIGKILL" and result.task("evaluator:0")["failure_ignored"]
+    assert result.run["status"] == "succeeded"
+
+
+def test_the_run_waits_for_the_evaluator_once_training_is_done(run_id, tmp_path):
+    plans = make_plans(run_id, ["--sleep-on", "evaluator=2"], evaluator=True)
+    result = supervise_plans(plans, run_id, tmp_path, grace_period=30)
+    assert result.error is None
+    assert result.task("evaluator:0")["exit_code"] == 0  # it finished by itself, was not stopped
+    assert result.task("evaluator:0")["ended_at"] > max(result.task(f"worker:{i}")["ended_at"] for i in (0, 1))
+    assert "evaluator:0 attempt 0 exiting with 0" in result.log("evaluator:0")
+
+
+def test_a_training_failure_still_stops_the_evaluator(run_id, tmp_path):
+    plans = make_plans(run_id, ["--forever", "--fail", "worker:1=4", "--sleep-on", "worker:1=0.3"], evaluator=True)
+    result = supervise_plans(plans, run_id, tmp_path, grace_period=1)
+    assert str(result.error).startswith("worker:1 on 127.0.0.1 exited with code 4\n")
+    assert result.task("evaluator:0")["signal"] == "SIGTERM"
+    assert result.task("evaluator:0")["failure_ignored"] is False
+    assert "training goes on" not in result.console
+    assert_run_gone(run_id)
+
+
+def test_an_evaluator_that_never_gets_ready_does_not_time_out_the_start(run_id, tmp_path):
+    plans = make_plans(run_id, ["--ready", "--no-ready", "evaluator", "--sleep", "11"], evaluator=True,
+                       waits_for_ready=True)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0)
+    assert result.error is None
+    assert result.run["status"] == "succeeded"
+    assert result.task("evaluator:0")["ready_at"] is None and result.task("evaluator:0")["exit_code"] == 0
 
 
 def test_a_task_that_cannot_start_stops_the_ones_already_started(run_id, tmp_path):
