@@ -12,22 +12,24 @@ through a runner, local ones with a subprocess.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from typing import Callable, Sequence, TextIO
+from typing import Callable, Sequence, TextIO, TypeVar
 
-from launcher.errors import CheckFailed, ConnectError, MgpuError
+from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
 from launcher.plan import TRAINER_MODULE, TaskPlan
 from launcher.runners import remote_command
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
 PROBE_TIMEOUT = 90.0
+# Hosts probed at once.
+_PARALLEL_PROBES = 32
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-macos", "intel-tensorflow")
 
 
@@ -172,11 +174,46 @@ def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str |
             raise ConnectError(f"{plan.host}: no SSH runner to reach it")
         return ssh_runner.run(plan, command, timeout)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        futures = [pool.submit(_check_host, group, run) for group in hosts.values()]
-        reports = [f.result() for f in futures]
+    reports = _in_parallel([lambda group=group: _check_host(group, run) for group in hosts.values()], _PARALLEL_PROBES)
     _compare_tensorflow(reports, local_version)
     return reports
+
+
+T = TypeVar("T")
+
+
+def _in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
+    """Run `jobs`, up to `limit` at once; their results in order, or the first job's error.
+
+    The threads are daemons: an interrupt (Ctrl-C) returns at once instead of
+    waiting out every probe's timeout, as leaving a ThreadPoolExecutor would,
+    and interpreter exit does not wait for them either.
+    """
+    results: list = [None] * len(jobs)
+    errors: list[BaseException | None] = [None] * len(jobs)
+    pending = iter(range(len(jobs)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
+            try:
+                results[i] = jobs[i]()
+            except BaseException as e:  # re-raised in the caller's thread
+                errors[i] = e
+
+    threads = [threading.Thread(target=work, daemon=True, name="mgpu-check") for _ in range(min(limit, len(jobs)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
 
 
 COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),
@@ -201,9 +238,10 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
     failed = [r for r in reports if not r.ok]
     if not failed:
         return
-    for r in failed:  # a connection problem keeps its own type (ConnectError, HostKeyError)
-        if r.error is not None:
-            raise r.error
+    # A connection problem keeps its own type (ConnectError, HostKeyError); bad input (exit 2) comes first.
+    errors = sorted((r.error for r in failed if r.error is not None), key=lambda e: not isinstance(e, UsageError))
+    if errors:
+        raise errors[0]
     if len(failed) == 1:
         raise CheckFailed(f"check failed on {failed[0].host}: {failed[0].reason}")
     raise CheckFailed(f"check failed on {len(failed)} hosts: " + ", ".join(r.host for r in failed))
@@ -214,9 +252,10 @@ def run_checks(plans: Sequence[TaskPlan], ssh_runner, console: TextIO | None = N
     console = console or sys.stderr
     started = time.monotonic()
     reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
-    if all(r.ok for r in reports):
+    failed = sum(not r.ok for r in reports)
+    if not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
-    else:
+    elif failed > 1:  # the error line names one failure only; the table shows them all
         console.write(render_table(reports) + "\n")
     console.flush()
     raise_for_failures(reports)

@@ -21,14 +21,13 @@ backticks, newlines and unicode arrive byte-exact.
 
 from __future__ import annotations
 
-import re
 import shlex
 import signal
 from typing import Iterable, Mapping, Sequence
 
-PGID_MARKER = "MGPU_REMOTE_PGID"
+from launcher.params import parse_env_name
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PGID_MARKER = "MGPU_REMOTE_PGID"
 
 # $1 = process group, $2 = grace seconds. The watcher is in the group too, so
 # it ignores the TERM it sends; the final KILL ends it along with the rest.
@@ -48,13 +47,8 @@ def _sh(script: str) -> str:
 
 
 def env_assignments(env: Mapping[str, str]) -> list[str]:
-    """`NAME=value` words for env(1), quoted for sh."""
-    words = []
-    for name, value in env.items():
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"not a valid environment variable name: {name!r}")
-        words.append(shlex.quote(f"{name}={value}"))
-    return words
+    """`NAME=value` words for env(1), quoted for sh. Raises ValueError for a bad name."""
+    return [shlex.quote(f"{parse_env_name(name)}={value}") for name, value in env.items()]
 
 
 def task_command(
@@ -90,10 +84,11 @@ def parse_pgid_line(line: bytes) -> int | None:
     return None
 
 
-def signal_command(pgid: int, signum: int) -> str:
-    """Signal a remote task's whole process group; quiet if it is already gone."""
+def signal_command(pgids: Iterable[int], signum: int) -> str:
+    """Signal remote tasks' whole process groups; quiet for groups already gone."""
     name = signal.Signals(signum).name.removeprefix("SIG")
-    return _sh(f"kill -{name} -{int(pgid)} 2>/dev/null; exit 0")
+    groups = " ".join(f"-{int(pgid)}" for pgid in pgids)
+    return _sh(f"kill -{name} {groups} 2>/dev/null; exit 0")
 
 
 def check_command(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import io
+import logging
 import os
 import signal
 import socket
@@ -24,7 +25,8 @@ import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
 from launcher import hostkeys
-from launcher.errors import ConnectError, HostKeyError, MgpuError
+from launcher.errors import ConnectError, HostKeyError, MgpuError, UsageError
+from launcher.params import Endpoint, parse_endpoint
 from launcher.plan import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
 from launcher.runners import remote_command
@@ -43,12 +45,26 @@ _WINDOW_SIZE = 8 * 1024 * 1024
 
 _known_hosts_lock = threading.Lock()
 
+# paramiko logs every failed handshake with a traceback; errors reach the user as one ConnectError line instead.
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
+
+
+def enable_debug_logging() -> None:
+    """Let paramiko's own log (handshakes, tracebacks) through to stderr, for --debug."""
+    if not any(isinstance(h, logging.StreamHandler) for h in _paramiko_log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("paramiko: %(levelname)s %(message)s"))
+        _paramiko_log.addHandler(handler)
+    _paramiko_log.setLevel(logging.DEBUG)
+
 
 # ---------------------------------------------------------------- settings
 
 
 @dataclasses.dataclass(frozen=True)
-class Endpoint:
+class SshTarget:
     """A host as OpenSSH would reach it: spec settings over ssh config over defaults."""
 
     alias: str  # the name in the spec
@@ -56,7 +72,7 @@ class Endpoint:
     port: int
     user: str
     identity_files: tuple[str, ...]
-    proxy_jump: tuple[str, ...]  # jump hosts, outermost first, each "[user@]host[:port]"
+    proxy_jump: tuple[Endpoint, ...]  # jump hosts, outermost first
 
     @property
     def label(self) -> str:
@@ -76,36 +92,33 @@ def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
         raise ConnectError(f"cannot read ssh config {path}: {e}") from e
 
 
-def _split_jump(jump: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` -> (user, host, port)."""
-    user = None
-    if "@" in jump:
-        user, jump = jump.rsplit("@", 1)
-    port = None
-    if jump.startswith("["):  # [v6addr]:port
-        host, _, rest = jump[1:].partition("]")
-        if rest.startswith(":"):
-            port = int(rest[1:])
-    elif jump.count(":") == 1:
-        host, port_text = jump.split(":")
-        port = int(port_text)
-    else:
-        host = jump
-    return user, host, port
-
-
-def resolve_endpoint(alias: str, settings: SshSettings | None, config: paramiko.SSHConfig) -> Endpoint:
+def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SSHConfig) -> SshTarget:
+    """Raises UsageError for a ProxyJump that is not `[user@]host[:port],...`, and ConnectError
+    for an identity file given in the spec or on the command line that does not exist."""
     settings = settings or SshSettings()
     found = config.lookup(alias)
     port = settings.port if settings.port is not None else int(found.get("port", 22))
     user = settings.user or found.get("user") or getpass.getuser()
     if settings.identity_file:
-        identities = (os.path.expanduser(settings.identity_file),)
+        identity = os.path.expanduser(settings.identity_file)
+        if not os.path.isfile(identity):
+            raise ConnectError(f"{alias}: identity file {identity} not found")
+        identities: tuple[str, ...] = (identity,)
     else:
-        identities = tuple(os.path.expanduser(p) for p in found.get("identityfile", []))
+        # Like ssh, skip IdentityFile entries that do not exist (config files often list several).
+        identities = tuple(
+            path for path in (os.path.expanduser(p) for p in found.get("identityfile", [])) if os.path.isfile(path)
+        )
     jump = settings.proxy_jump if settings.proxy_jump is not None else found.get("proxyjump")
-    jumps = () if not jump or jump.lower() == "none" else tuple(j.strip() for j in jump.split(",") if j.strip())
-    return Endpoint(alias, found.get("hostname", alias), port, user, identities, jumps)
+    jumps = []
+    if jump and jump.lower() != "none":
+        for hop in (j.strip() for j in jump.split(",")):
+            try:
+                jumps.append(parse_endpoint(hop))
+            except ValueError as e:  # e names the hop; name the whole list when there are several
+                shown = f"{jump!r}: {e}" if "," in jump else str(e)
+                raise UsageError(f"{alias}: bad ProxyJump {shown}") from None
+    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps))
 
 
 # ---------------------------------------------------------------- host keys
@@ -183,16 +196,49 @@ def _describe_os_error(e: BaseException) -> str:
 class _Connection:
     """One authenticated SSH connection, with a keepalive watch that closes it when the peer is gone."""
 
-    def __init__(self, endpoint: Endpoint, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient], keepalive: float):
-        self.endpoint = endpoint
+    def __init__(self, target: SshTarget, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient], keepalive: float):
+        self.target = target
         self.client = client
         self.jumps = jumps  # jump host connections this one tunnels through
         self.sessions = 0
         self.lock = threading.Lock()
         self.transport = client.get_transport()
         self._closed = threading.Event()
+        self._signals: list[tuple[int, int]] = []  # (process group, signal) not sent yet
+        self._signalling = False
         if keepalive > 0:
-            threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {endpoint.alias}").start()
+            threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
+
+    def release(self) -> None:
+        """Give back the session slot SshRunner.connect took."""
+        with self.lock:
+            self.sessions -= 1
+
+    def signal_group(self, pgid: int, signum: int, timeout: float) -> None:
+        """Signal a remote process group without waiting for it. Signals asked for while a
+        command is under way go out together in the next one, so stopping many tasks takes
+        one round trip and one extra session, however slow the host."""
+        with self.lock:
+            self._signals.append((pgid, signum))
+            if self._signalling:
+                return
+            self._signalling = True
+        threading.Thread(target=self._send_signals, args=(timeout,), daemon=True,
+                         name=f"ssh-signal {self.target.alias}").start()
+
+    def _send_signals(self, timeout: float) -> None:
+        while True:
+            with self.lock:
+                batch, self._signals = self._signals, []
+                if not batch:
+                    self._signalling = False
+                    return
+            for signum in dict.fromkeys(sig for _, sig in batch):  # in the order asked, TERM before KILL
+                groups = list(dict.fromkeys(pgid for pgid, sig in batch if sig == signum))
+                try:
+                    self.run(remote_command.signal_command(groups, signum), timeout)
+                except MgpuError:
+                    pass  # unreachable: when sshd ends the session, the remote watcher kills the group
 
     def _watch(self, interval: float) -> None:
         while not self._closed.wait(interval):
@@ -220,7 +266,7 @@ class _Connection:
         try:
             return self.transport.open_session(window_size=_WINDOW_SIZE, timeout=timeout)
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise ConnectError(f"{self.endpoint.label}: cannot open an SSH session: {e}") from e
+            raise ConnectError(f"{self.target.label}: cannot open an SSH session: {e}") from e
 
     def run(self, command: str, timeout: float) -> tuple[int, bytes, bytes]:
         """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout."""
@@ -233,7 +279,7 @@ class _Connection:
             deadline = time.monotonic() + timeout
             while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready() and chan.eof_received):
                 if time.monotonic() > deadline:
-                    raise ConnectError(f"{self.endpoint.label}: command did not finish within {timeout:g} s")
+                    raise ConnectError(f"{self.target.label}: command did not finish within {timeout:g} s")
                 got = False
                 if chan.recv_ready():
                     out += chan.recv(65536)
@@ -248,9 +294,9 @@ class _Connection:
             status = chan.exit_status if chan.exit_status_ready() else EXIT_CONNECTION_LOST
             return status, bytes(out), bytes(err)
         except socket.timeout as e:
-            raise ConnectError(f"{self.endpoint.label}: command did not finish within {timeout:g} s") from e
+            raise ConnectError(f"{self.target.label}: command did not finish within {timeout:g} s") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
-            raise ConnectError(f"{self.endpoint.label}: {e or type(e).__name__}") from e
+            raise ConnectError(f"{self.target.label}: {e or type(e).__name__}") from e
         finally:
             chan.close()
 
@@ -261,16 +307,13 @@ class _Connection:
             jump.close()
 
 
-def _connect(endpoint: Endpoint, options: SshOptions, config: paramiko.SSHConfig) -> _Connection:
-    """Connect and log in, through the endpoint's jump hosts if any. Raises ConnectError/HostKeyError."""
-    hops = []
-    for jump in endpoint.proxy_jump:
-        user, host, port = _split_jump(jump)
-        hops.append(resolve_endpoint(host, SshSettings(user=user, port=port), config))
+def _connect(target: SshTarget, options: SshOptions, config: paramiko.SSHConfig) -> _Connection:
+    """Connect and log in, through the target's jump hosts if any. Raises ConnectError/HostKeyError."""
+    hops = [resolve_target(jump.host, SshSettings(user=jump.user, port=jump.port), config) for jump in target.proxy_jump]
     clients: list[paramiko.SSHClient] = []
     try:
         sock = None
-        for hop, following in zip(hops, hops[1:] + [endpoint]):
+        for hop, following in zip(hops, hops[1:] + [target]):
             clients.append(_login(hop, options, sock))
             try:
                 # The next hop is reached through a direct-tcpip channel of this one, like ssh -J.
@@ -279,17 +322,39 @@ def _connect(endpoint: Endpoint, options: SshOptions, config: paramiko.SSHConfig
                 )
             except (paramiko.SSHException, OSError, EOFError) as e:
                 raise ConnectError(
-                    f"{endpoint.label}: jump host {hop.label} cannot reach {following.hostname}:{following.port}: {e}"
+                    f"{target.label}: jump host {hop.label} cannot reach {following.hostname}:{following.port}: {e}"
                 ) from e
-        client = _login(endpoint, options, sock, via=endpoint.proxy_jump)
+        client = _login(target, options, sock, via=target.proxy_jump)
     except BaseException:
         for jump in reversed(clients):
             jump.close()
         raise
-    return _Connection(endpoint, client, clients, options.keepalive)
+    return _Connection(target, client, clients, options.keepalive)
 
 
-def _login(endpoint: Endpoint, options: SshOptions, sock, via: tuple[str, ...] = ()) -> paramiko.SSHClient:
+def _handshake_problem(client: paramiko.SSHClient, timeout: float) -> str | None:
+    """Why the SSH handshake did not complete; None if it did (or never began).
+
+    paramiko's connect() stops waiting for the handshake after `timeout` without
+    saying so, and its next step then fails with an unrelated error ("No existing
+    session"); the transport knows the real cause.
+    """
+    transport = client.get_transport()
+    if transport is None or transport.initial_kex_done:
+        return None
+    saved = transport.get_exception()
+    if not transport.remote_version:
+        cause = saved.__context__ if isinstance(saved, paramiko.SSHException) else saved
+        if saved is None or isinstance(cause, socket.timeout):
+            return f"no SSH banner within {timeout:g} s"
+        if isinstance(cause, EOFError):
+            return "the server closed the connection before sending an SSH banner"
+    if saved is not None:
+        return str(saved) or type(saved).__name__
+    return f"the SSH handshake did not finish within {timeout:g} s"
+
+
+def _login(target: SshTarget, options: SshOptions, sock, via: tuple[Endpoint, ...] = ()) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.load_system_host_keys()
     record_in = hostkeys.default_known_hosts()
@@ -298,13 +363,13 @@ def _login(endpoint: Endpoint, options: SshOptions, sock, via: tuple[str, ...] =
         if os.path.exists(record_in):
             client.load_host_keys(record_in)
     client.set_missing_host_key_policy(_HostKeyPolicy(options.accept_new_host_keys, record_in))
-    where = endpoint.label + (f" via {','.join(via)}" if via else "")
+    where = target.label + (f" via {','.join(map(str, via))}" if via else "")
     try:
         client.connect(
-            endpoint.hostname,
-            port=endpoint.port,
-            username=endpoint.user,
-            key_filename=list(endpoint.identity_files) or None,
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.identity_files) or None,
             timeout=options.connect_timeout,
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,
@@ -321,19 +386,26 @@ def _login(endpoint: Endpoint, options: SshOptions, sock, via: tuple[str, ...] =
         client.close()
         raise HostKeyError(
             hostkeys.changed_key_message(
-                endpoint.hostname, endpoint.port, e.key.get_name(), hostkeys.sha256_fingerprint(e.key.asbytes())
+                target.hostname, target.port, e.key.get_name(), hostkeys.sha256_fingerprint(e.key.asbytes())
             )
         ) from e
     except paramiko.AuthenticationException as e:
         client.close()
-        tried = "ssh-agent, " + (", ".join(endpoint.identity_files) if endpoint.identity_files else "default keys in ~/.ssh")
-        raise ConnectError(f"{where}: authentication failed for user {endpoint.user} (tried {tried})") from e
-    except (OSError, EOFError) as e:
+        tried = "ssh-agent, " + (", ".join(target.identity_files) if target.identity_files else "default keys in ~/.ssh")
+        raise ConnectError(f"{where}: authentication failed for user {target.user} (tried {tried})") from e
+    except (OSError, EOFError, paramiko.SSHException) as e:
+        problem = _handshake_problem(client, options.connect_timeout)
         client.close()
+        if problem is not None:
+            raise ConnectError(f"{where}: {problem}") from e
+        if str(e) == "No authentication methods available":  # paramiko found no key to offer
+            raise ConnectError(
+                f"{where}: authentication failed for user {target.user} (no key to try: none in ssh-agent, "
+                f"no IdentityFile, no default keys in ~/.ssh)"
+            ) from e
+        if isinstance(e, paramiko.SSHException):
+            raise ConnectError(f"{where}: SSH error: {e}") from e
         raise ConnectError(f"{where}: cannot connect: {_describe_os_error(e)}") from e
-    except paramiko.SSHException as e:
-        client.close()
-        raise ConnectError(f"{where}: SSH error: {e}") from e
     return client
 
 
@@ -413,7 +485,7 @@ class SshTaskProcess(TaskProcess):
         if self._conn.active or self.poll() != EXIT_CONNECTION_LOST:
             return b""
         return (
-            f"mgpu: lost the SSH connection to {self._conn.endpoint.label}; "
+            f"mgpu: lost the SSH connection to {self._conn.target.label}; "
             f"the remote task is killed when sshd notices\n"
         ).encode()
 
@@ -433,13 +505,11 @@ class SshTaskProcess(TaskProcess):
         return None
 
     def signal_tree(self, signum: int) -> None:
+        """Returns at once; the signal is sent from a background thread."""
         if self.poll() is not None or not self._conn.active:
             # Gone, or unreachable: then sshd closes the session and the remote watcher kills the group.
             return
-        try:
-            self._conn.run(remote_command.signal_command(self.pid, signum), self._options.connect_timeout)
-        except MgpuError:
-            pass
+        self._conn.signal_group(self.pid, signum, self._options.connect_timeout)
 
     def close(self) -> None:
         if self._closed:
@@ -447,8 +517,7 @@ class SshTaskProcess(TaskProcess):
         self._closed = True
         # Closing the channel ends the session; the remote watcher then kills anything left in the group.
         self._chan.close()
-        with self._conn.lock:
-            self._conn.sessions -= 1
+        self._conn.release()
 
 
 class SshRunner(Runner):
@@ -458,11 +527,11 @@ class SshRunner(Runner):
         self.options = options
         self._config = _load_ssh_config(options.ssh_config)
         self._lock = threading.Lock()
-        self._host_locks: dict[Endpoint, threading.Lock] = {}
-        self._connections: dict[Endpoint, list[_Connection]] = {}
+        self._host_locks: dict[SshTarget, threading.Lock] = {}
+        self._connections: dict[SshTarget, list[_Connection]] = {}
 
-    def endpoint(self, task: TaskPlan) -> Endpoint:
-        return resolve_endpoint(task.host, task.ssh, self._config)
+    def target(self, task: TaskPlan) -> SshTarget:
+        return resolve_target(task.host, task.ssh, self._config)
 
     def resolved_address(self, host: str) -> str | None:
         """The IP address `host` means here, after ssh config's HostName; None if it does not resolve."""
@@ -474,25 +543,21 @@ class SshRunner(Runner):
 
     def connect(self, task: TaskPlan) -> _Connection:
         """A connection to the task's host with a free session slot (opens one if needed)."""
-        endpoint = self.endpoint(task)
+        target = self.target(task)
         with self._lock:
-            host_lock = self._host_locks.setdefault(endpoint, threading.Lock())
+            host_lock = self._host_locks.setdefault(target, threading.Lock())
         with host_lock:
-            pool = self._connections.setdefault(endpoint, [])
+            pool = self._connections.setdefault(target, [])
             pool[:] = [c for c in pool if c.active or c.sessions > 0]
             for conn in pool:
                 with conn.lock:
                     if conn.active and conn.sessions < _SESSIONS_PER_CONNECTION:
                         conn.sessions += 1
                         return conn
-            conn = _connect(endpoint, self.options, self._config)
+            conn = _connect(target, self.options, self._config)
             conn.sessions = 1
             pool.append(conn)
             return conn
-
-    def _release(self, conn: _Connection) -> None:
-        with conn.lock:
-            conn.sessions -= 1
 
     def run(self, task: TaskPlan, command: str, timeout: float) -> tuple[int, bytes, bytes]:
         """Run a short command on the task's host: (exit code, stdout, stderr)."""
@@ -500,7 +565,7 @@ class SshRunner(Runner):
         try:
             return conn.run(command, timeout)
         finally:
-            self._release(conn)
+            conn.release()
 
     def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
         # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
@@ -517,14 +582,14 @@ class SshRunner(Runner):
                 try:
                     chan.exec_command(command)
                 except (paramiko.SSHException, EOFError, OSError) as e:
-                    raise ConnectError(f"{conn.endpoint.label}: cannot start the task: {e or type(e).__name__}") from e
+                    raise ConnectError(f"{conn.target.label}: cannot start the task: {e or type(e).__name__}") from e
                 stderr = _ChannelStream(chan.recv_stderr)
                 pgid = self._read_pgid(chan, stderr, conn)
             except BaseException:
                 chan.close()
                 raise
         except BaseException:
-            self._release(conn)
+            conn.release()
             raise
         return SshTaskProcess(conn, chan, stderr, pgid, self.options)
 
@@ -548,7 +613,7 @@ class SshRunner(Runner):
             chan.settimeout(None)
         detail = b"".join(before).decode("utf-8", "replace").strip().splitlines()
         reason = detail[-1] if detail else ("the connection was lost" if not conn.active else "it exited")
-        raise ConnectError(f"{conn.endpoint.label}: the remote shell did not start the task: {reason}")
+        raise ConnectError(f"{conn.target.label}: the remote shell did not start the task: {reason}")
 
     def close(self) -> None:
         with self._lock:

@@ -5,6 +5,7 @@ Without /usr/sbin/sshd (or ip, for namespaces) these tests skip; with MGPU_REQUI
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -12,7 +13,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from typing import Iterator
 
 import psutil
 import pytest
@@ -66,6 +70,21 @@ class Sshd:
         out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(self.host_key) + ".pub"],
                              capture_output=True, text=True, check=True).stdout
         return out.split()[1]
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Suspend the server's connection processes: a network partition, or a host too busy to answer."""
+        procs = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.name() == "sshd"]
+        for p in procs:
+            p.suspend()
+        try:
+            yield
+        finally:
+            for p in procs:
+                try:
+                    p.resume()
+                except psutil.Error:
+                    pass
 
     def stop(self) -> None:
         try:
@@ -151,6 +170,49 @@ class SshLab:
                         kill_grace=2)
         settings.update(overrides)
         return SshOptions(**settings)
+
+
+def unique_run_id(name: str) -> str:
+    """A run id no other test run uses: the run id is also the tag that finds (and kills) a run's processes."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclasses.dataclass
+class SilentListener:
+    port: int
+    accepted: list  # sockets of the connections it took
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[SilentListener]:
+    """A loopback TCP server that accepts connections and never sends a byte (a hung sshd)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.1)
+    listener = SilentListener(server.getsockname()[1], [])
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            listener.accepted.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in listener.accepted:
+            conn.close()
+        server.close()
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from ssh_helpers import PYTHON, REPO, run_processes, wait_until
+from launcher.ports import pick_free_ports
+from ssh_helpers import PYTHON, REPO, run_processes, silent_listener, unique_run_id, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -47,37 +48,42 @@ def ssh_args(ssh_lab) -> list[str]:
 
 
 def launch_args(ssh_lab, run_id: str, *extra: str) -> list[str]:
-    return ["launch", "--workers", "sshd-a:23001,sshd-b:23002", *ssh_args(ssh_lab), "--run-id", run_id,
+    port_a, port_b = pick_free_ports(2)
+    return ["launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab), "--run-id", run_id,
             "--grace-period", "3", *extra, "--", PYTHON, "-c", TASK_PROGRAM]
 
 
 def test_two_task_cluster_over_ssh(ssh_lab, tmp_path):
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, "two-ok", "--no-check"))
+    run_id = unique_run_id("two-ok")
+    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check"))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
     assert "task 0 0" in text and "task 1 1" in text
-    record = json.loads((tmp_path / "mgpu-runs" / "two-ok" / "run.json").read_text())
+    assert "warning" not in err.decode()  # loopback addresses are not exposed
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     assert record["status"] == "succeeded"
-    logs = sorted(p.name for p in (tmp_path / "mgpu-runs" / "two-ok").glob("*.log"))
+    logs = sorted(p.name for p in (tmp_path / "mgpu-runs" / run_id).glob("*.log"))
     assert "worker-0.log" in logs and "worker-1.log" in logs
-    assert not run_processes("two-ok")
+    assert not run_processes(run_id)
 
 
 def test_a_failing_task_stops_the_remote_cluster(ssh_lab, tmp_path):
     env_args = ["--env", "MODE_0=fail", "--env", "MODE_1=hang"]
+    run_id = unique_run_id("fail-fast")
     started = time.monotonic()
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, "fail-fast", "--no-check", *env_args))
+    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err.decode()
     assert "mgpu: error: worker:0 on sshd-a" in err.decode()
     assert time.monotonic() - started < 60
-    assert wait_until(lambda: not run_processes("fail-fast"), 10) is True
+    assert wait_until(lambda: not run_processes(run_id), 10) is True
 
 
 def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
     env_args = ["--env", "MODE_0=hang", "--env", "MODE_1=hang"]
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, "sigint", "--no-check", *env_args))
+    run_id = unique_run_id("sigint")
+    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
     try:
         hanging = 0
         deadline = time.monotonic() + 60
@@ -86,11 +92,11 @@ def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
             assert line, proc.stderr.read().decode()
             hanging += b"hanging" in line
         assert hanging == 2
-        assert wait_until(lambda: len(run_processes("sigint")) >= 4, 10)  # two tasks, each with a child
+        assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode == 130
-        assert wait_until(lambda: not run_processes("sigint"), 10) is True
+        assert wait_until(lambda: not run_processes(run_id), 10) is True
     finally:
         proc.kill()
         proc.wait(10)
@@ -100,7 +106,7 @@ def test_unknown_host_key_refuses_the_launch(ssh_lab, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text(ssh_lab.a.known_hosts_line())  # sshd-b is unknown
     for check in ([], ["--no-check"]):  # refused by the check, or by the start of worker:1 after worker:0's
-        run_id = "unknown-key" + "".join(check)
+        run_id = unique_run_id("unknown-key" + "".join(check))
         args = launch_args(ssh_lab, run_id, *check, "--env", "MODE_0=hang")
         args[args.index(str(ssh_lab.known_hosts))] = str(known)
         proc = mgpu(ssh_lab, tmp_path, *args)
@@ -114,14 +120,15 @@ def test_unknown_host_key_refuses_the_launch(ssh_lab, tmp_path):
 
 
 def test_launch_checks_hosts_first(ssh_lab, tmp_path):
-    args = launch_args(ssh_lab, "checked", "--python", "/nonexistent/python3")
+    run_id = unique_run_id("checked")
+    args = launch_args(ssh_lab, run_id, "--python", "/nonexistent/python3")
     args = args[: args.index("--")]  # the built-in trainer, with a Python that is not there
     proc = mgpu(ssh_lab, tmp_path, *args)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1
     text = err.decode()
     assert "/nonexistent/python3 not found" in text and "sshd-a" in text and "sshd-b" in text
-    assert not (tmp_path / "mgpu-runs" / "checked").exists()
+    assert not (tmp_path / "mgpu-runs" / run_id).exists()
 
 
 def test_check_table(ssh_lab, tmp_path):
@@ -129,8 +136,9 @@ def test_check_table(ssh_lab, tmp_path):
     busy.bind(("0.0.0.0", 0))
     busy.listen()
     busy_port = busy.getsockname()[1]
+    free_port = pick_free_ports(1)[0]
     try:
-        proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:23003,sshd-b:{busy_port}", *ssh_args(ssh_lab),
+        proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{free_port},sshd-b:{busy_port}", *ssh_args(ssh_lab),
                     "--python", PYTHON)
         out, err = proc.communicate(timeout=180)
     finally:
@@ -140,7 +148,7 @@ def test_check_table(ssh_lab, tmp_path):
     assert header.split() == ["HOST", "TASKS", "SSH", "PYTHON", "TENSORFLOW", "PORTS", "GPUS", "RESULT"]
     tf_version = importlib.metadata.version("tensorflow")
     python_version = "%d.%d.%d" % sys.version_info[:3]
-    assert row_a.split() == ["sshd-a", "worker:0", "ok", python_version, tf_version, "23003", "free", "-", "ok"]
+    assert row_a.split() == ["sshd-a", "worker:0", "ok", python_version, tf_version, str(free_port), "free", "-", "ok"]
     assert row_b.split()[:5] == ["sshd-b", "worker:1", "ok", python_version, tf_version]
     assert row_b.endswith(f"port {busy_port} in use")
     assert err.decode().strip().splitlines()[-1] == f"mgpu: error: check failed on sshd-b: port {busy_port} in use"
@@ -149,7 +157,8 @@ def test_check_table(ssh_lab, tmp_path):
 def test_check_reports_unreachable_hosts(ssh_lab, tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text(ssh_lab.ssh_config.read_text() + "Host nowhere\n  HostName 127.0.0.1\n  Port 1\n")
-    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", "sshd-a:23004,nowhere:23005", "--ssh-config", str(config),
+    port_a, port_b = pick_free_ports(2)
+    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{port_a},nowhere:{port_b}", "--ssh-config", str(config),
                 "--known-hosts", str(ssh_lab.known_hosts), "--python", PYTHON)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1
@@ -157,3 +166,63 @@ def test_check_reports_unreachable_hosts(ssh_lab, tmp_path):
     assert rows["sshd-a"].endswith("ok")
     assert "failed" in rows["nowhere"] and "refused" in rows["nowhere"]
     assert "nowhere" in err.decode().strip().splitlines()[-1]
+
+
+def silent_host_config(ssh_lab, tmp_path, port: int):
+    """ssh config with `silent`, a host whose server accepts connections and never answers."""
+    config = tmp_path / "ssh_config"
+    config.write_text(ssh_lab.ssh_config.read_text() + f"Host silent\n  HostName 127.0.0.1\n  Port {port}\n")
+    return config
+
+
+@pytest.mark.parametrize("command", [["check"], ["launch", "--run-id", unique_run_id("silent")],
+                                     ["launch", "--no-check", "--run-id", unique_run_id("silent")]])
+def test_a_host_that_never_answers_is_one_error_line(ssh_lab, tmp_path, command):
+    with silent_listener() as listener:
+        config = silent_host_config(ssh_lab, tmp_path, listener.port)
+        proc = mgpu(ssh_lab, tmp_path, *command, "--workers", "silent:2222", "--ssh-config", str(config),
+                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "2", "--", PYTHON, "-c", "pass")
+        out, err = proc.communicate(timeout=60)
+        assert listener.accepted  # it did connect: this is a silent server, not a refused port
+    assert proc.returncode == 1
+    assert err.decode().splitlines() == ["mgpu: error: silent ([127.0.0.1]:%d): no SSH banner within 2 s" % listener.port]
+
+
+@pytest.mark.parametrize("command", ["check", "launch"])
+def test_sigint_during_the_checks_returns_at_once(ssh_lab, tmp_path, command):
+    """Ctrl-C while a host's check waits out a long connect timeout does not wait with it."""
+    with silent_listener() as listener:
+        config = silent_host_config(ssh_lab, tmp_path, listener.port)
+        proc = mgpu(ssh_lab, tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
+                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "30", "--python", PYTHON)
+        try:
+            assert wait_until(lambda: listener.accepted, 20)  # the check is waiting for the banner
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=10)  # well before the 30 s connect timeout
+        finally:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().strip().splitlines()[-1] == "mgpu: interrupted"
+
+
+def test_bad_proxy_jump_is_a_usage_error(ssh_lab, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(ssh_lab.ssh_config.read_text()
+                      + f"Host behind\n  HostName 127.0.0.1\n  Port {ssh_lab.b.port}\n  ProxyJump bastion:notaport\n")
+    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", "behind:2222", "--ssh-config", str(config),
+                "--known-hosts", str(ssh_lab.known_hosts))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.decode().splitlines() == ["mgpu: error: behind: bad ProxyJump 'bastion:notaport': port 'notaport' is not a number"]
+
+
+def test_missing_identity_file_in_the_spec_is_one_error_line(ssh_lab, tmp_path):
+    spec = tmp_path / "cluster.yaml"
+    missing = tmp_path / "no_such_key"
+    spec.write_text(f"cluster:\n  worker: [sshd-a:2222]\nhosts:\n  sshd-a: {{identity_file: {missing}}}\n")
+    for command in (["check"], ["launch", "--no-check"]):
+        proc = mgpu(ssh_lab, tmp_path, *command, "--spec", str(spec), *ssh_args(ssh_lab), "--", PYTHON, "-c", "pass")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1
+        assert err.decode().splitlines() == [f"mgpu: error: sshd-a: identity file {missing} not found"]

@@ -134,13 +134,33 @@ def test_signal_command_reaches_the_group():
     proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", TREE], {}, None, 5))
     pgid = read_pgid(proc)
     int(proc.stdout.readline())
-    subprocess.run(["/bin/sh", "-c", remote_command.signal_command(pgid, signal.SIGTERM)], check=True)
+    subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGTERM)], check=True)
     assert proc.wait(10) == -signal.SIGTERM
     # The watcher ignores TERM and leaves once its stdin closes.
     proc.stdin.close()
     assert wait_group_gone(pgid, 10) == []
     # Signalling a group that is gone is quiet and succeeds.
-    subprocess.run(["/bin/sh", "-c", remote_command.signal_command(pgid, signal.SIGKILL)], check=True)
+    result = subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGKILL)],
+                            capture_output=True)
+    assert result.returncode == 0 and result.stderr == b""
+
+
+def test_one_signal_command_reaches_several_groups_even_if_one_is_gone():
+    procs = [start_like_sshd(remote_command.task_command([sys.executable, "-c", TREE], {}, None, 5)) for _ in range(2)]
+    try:
+        pgids = [read_pgid(proc) for proc in procs]
+        for proc in procs:
+            int(proc.stdout.readline())
+        gone = 2**22 + 1  # above the largest pid_max Linux allows: a group that cannot exist
+        subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgids[0], gone, pgids[1]], signal.SIGTERM)],
+                       check=True)
+        assert [proc.wait(10) for proc in procs] == [-signal.SIGTERM, -signal.SIGTERM]
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.kill()
+            proc.wait(10)
+    assert all(wait_group_gone(pgid, 10) == [] for pgid in pgids)
 
 
 def test_pgid_line_parsing():

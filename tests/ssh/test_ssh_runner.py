@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 
-import psutil
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
@@ -19,13 +19,15 @@ from launcher.plan import TaskPlan
 from launcher.runners.ssh import SshRunner
 from launcher.spec import SshSettings
 
-from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, free_port, run_processes, start_sshd, wait_until
+from ssh_helpers import (ECHO_PROGRAM, PYTHON, TRICKY, free_port, require_tools, run_processes, start_sshd,
+                         unique_run_id, wait_until)
 
 pytestmark = pytest.mark.ssh
 
 
-def plan(host: str, argv, env=None, ssh: SshSettings = SshSettings(), run_id: str = "ssh-test", workdir=None,
+def plan(host: str, argv, env=None, ssh: SshSettings = SshSettings(), run_id: str | None = None, workdir=None,
          index: int = 0) -> TaskPlan:
+    run_id = run_id or unique_run_id("ssh-test")
     full_env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": run_id, "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": str(index)}
     full_env.update(env or {})
     return TaskPlan("worker", index, host, 2222, False, ssh, tuple(argv), full_env, workdir, False)
@@ -116,32 +118,34 @@ def test_large_output_on_both_streams_does_not_stall(runner):
 
 
 def test_signal_tree_kills_the_remote_tree_and_reports_the_signal(runner):
+    signal_tree_id = unique_run_id("signal_tree")
     program = ("import subprocess, sys, time\n"
                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
                "print('up', flush=True); time.sleep(300)\n")
-    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id="signal-tree"), attempt=0)
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id=signal_tree_id), attempt=0)
     assert proc.stdout.readline() == b"up\n"
-    assert wait_until(lambda: len(run_processes("signal-tree")) >= 2, 10)
+    assert wait_until(lambda: len(run_processes(signal_tree_id)) >= 2, 10)
     proc.signal_tree(signal.SIGTERM)
     assert wait_exit(proc) == -signal.SIGTERM
-    assert wait_until(lambda: not run_processes("signal-tree"), 10) is True
+    assert wait_until(lambda: not run_processes(signal_tree_id), 10) is True
     proc.signal_tree(signal.SIGKILL)  # gone: a no-op
     proc.close()
 
 
 def test_lost_connection_kills_the_remote_tree(runner):
+    drop_id = unique_run_id("drop")
     program = ("import signal, subprocess, sys, time\n"
                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # only KILL ends it
                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
                "print('up', flush=True); time.sleep(300)\n")
-    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id="drop"), attempt=0)
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id=drop_id), attempt=0)
     assert proc.stdout.readline() == b"up\n"
     conn = runner.connect(plan("sshd-a", ["true"]))
     conn.transport.sock.shutdown(socket.SHUT_RDWR)  # the network goes away under the transport
     assert wait_exit(proc, 15) == 255
     _, err = drain(proc)
     assert b"lost the SSH connection" in err
-    assert wait_until(lambda: not run_processes("drop"), 15) is True
+    assert wait_until(lambda: not run_processes(drop_id), 15) is True
     proc.close()
 
 
@@ -154,7 +158,7 @@ from launcher.spec import SshSettings
 runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
 program = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); print('up', flush=True); time.sleep(300)"
 plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", program),
-                {"TF_CONFIG": "{}", "MGPU_RUN_ID": "sigkill"}, None, False)
+                {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3]}, None, False)
 proc = runner.start(plan, 0)
 print(proc.stdout.readline().decode().strip(), flush=True)
 time.sleep(300)
@@ -162,14 +166,15 @@ time.sleep(300)
 
 
 def test_sigkilled_launcher_leaves_nothing_remote(ssh_lab):
-    launcher = subprocess.Popen([PYTHON, "-c", LAUNCHER_SCRIPT, str(ssh_lab.known_hosts), str(ssh_lab.ssh_config)],
+    run_id = unique_run_id("sigkill")
+    launcher = subprocess.Popen([PYTHON, "-c", LAUNCHER_SCRIPT, str(ssh_lab.known_hosts), str(ssh_lab.ssh_config), run_id],
                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         assert launcher.stdout.readline() == b"up\n"
-        assert wait_until(lambda: len(run_processes("sigkill")) >= 2, 10)
+        assert wait_until(lambda: len(run_processes(run_id)) >= 2, 10)
         launcher.kill()
         launcher.wait(10)
-        assert wait_until(lambda: not run_processes("sigkill"), 15) is True
+        assert wait_until(lambda: not run_processes(run_id), 15) is True
     finally:
         launcher.kill()
         launcher.wait(10)
@@ -196,18 +201,19 @@ def test_missing_program_fails_the_task_with_its_message(runner):
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(ssh_lab, tmp_path):
+    unknown_key_id = unique_run_id("unknown-key")
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     runner = SshRunner(ssh_lab.options(known_hosts=str(empty)))
     with pytest.raises(HostKeyError) as info:
-        runner.start(plan("sshd-a", [PYTHON, "-c", "print(1)"], run_id="unknown-key"), attempt=0)
+        runner.start(plan("sshd-a", [PYTHON, "-c", "print(1)"], run_id=unknown_key_id), attempt=0)
     runner.close()
     message = str(info.value)
     assert f"[127.0.0.1]:{ssh_lab.a.port}" in message
     assert ssh_lab.a.fingerprint() in message and message.count("\n") == 0
     assert "--accept-new-host-keys" in message and "ssh-keyscan" in message
     assert empty.read_text() == ""
-    assert not run_processes("unknown-key")
+    assert not run_processes(unknown_key_id)
 
 
 def test_accept_new_records_the_key_then_trusts_it(ssh_lab, tmp_path, isolated_home):
@@ -246,14 +252,15 @@ def test_changed_host_key_is_always_refused(ssh_lab, tmp_path):
 
 
 def test_wrong_client_key_is_refused(ssh_lab):
+    wrong_key_id = unique_run_id("wrong-key")
     runner = SshRunner(ssh_lab.options())
     # The spec's identity wins over the ssh config's IdentityFile.
-    wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)), run_id="wrong-key")
+    wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)), run_id=wrong_key_id)
     with pytest.raises(ConnectError, match="authentication failed") as info:
         runner.start(wrong, attempt=0)
     runner.close()
     assert "sshd-a" in str(info.value) and not isinstance(info.value, HostKeyError)
-    assert not run_processes("wrong-key")
+    assert not run_processes(wrong_key_id)
 
 
 def test_unreachable_host_is_one_clear_error(ssh_lab):
@@ -319,34 +326,102 @@ def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
 def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
     """A server that stops answering (a network partition) is given up after 3 keepalives;
     once it can see the connection is gone, its sshd ends the session and the watcher kills the task."""
+    partition_id = unique_run_id("partition")
     server = start_sshd(tmp_path, "frozen", ssh_lab.authorized_keys)
     known = tmp_path / "known_hosts"
     known.write_text(server.known_hosts_line())
     runner = SshRunner(ssh_lab.options(known_hosts=str(known), keepalive=0.5))
-    frozen = []
     try:
         settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
         task = plan("127.0.0.1", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(300)"],
-                    ssh=settings, run_id="partition")
+                    ssh=settings, run_id=partition_id)
         proc = runner.start(task, attempt=0)
         assert proc.stdout.readline() == b"up\n"
         time.sleep(2)  # keepalives are answered: still connected
         assert proc.poll() is None
-        frozen = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name() == "sshd"]
-        for p in frozen:
-            p.suspend()
-        assert wait_exit(proc, 10) == 255
-        assert b"lost the SSH connection" in drain(proc)[1]
-        assert run_processes("partition")  # unreachable, so still running over there ...
-        for p in frozen:
-            p.resume()
-        assert wait_until(lambda: not run_processes("partition"), 15) is True  # ... until sshd notices
+        with server.frozen():
+            assert wait_exit(proc, 10) == 255
+            assert b"lost the SSH connection" in drain(proc)[1]
+            assert run_processes(partition_id)  # unreachable, so still running over there ...
+        assert wait_until(lambda: not run_processes(partition_id), 15) is True  # ... until sshd notices
         proc.close()
     finally:
-        for p in frozen:
-            try:
-                p.resume()
-            except psutil.Error:
-                pass
+        runner.close()
+        server.stop()
+
+
+def test_proxy_jump_values_are_parsed_like_host_entries():
+    import paramiko
+
+    from launcher.errors import UsageError
+    from launcher.params import Endpoint
+    from launcher.runners.ssh import resolve_target
+
+    target = resolve_target("gpu", SshSettings(proxy_jump="alice@[::1]:2200, bastion"), paramiko.SSHConfig())
+    assert target.proxy_jump == (Endpoint("::1", 2200, "alice"), Endpoint("bastion"))
+    for bad in ("bastion:notaport", "a,b:0", "[::1"):
+        with pytest.raises(UsageError, match=r"^gpu: bad ProxyJump ") as info:
+            resolve_target("gpu", SshSettings(proxy_jump=bad), paramiko.SSHConfig())
+        assert bad.split(",")[-1] in str(info.value)
+
+
+def test_login_through_ssh_agent(ssh_lab, tmp_path, monkeypatch):
+    """No IdentityFile anywhere and no keys in ~/.ssh: the key comes from a real ssh-agent."""
+    require_tools("ssh-agent", "ssh-add")
+    sock_dir = tempfile.mkdtemp(prefix="mgpu-agent-")  # short: a socket path has at most 107 bytes
+    sock = os.path.join(sock_dir, "agent.sock")
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", sock], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: os.path.exists(sock), 10)
+        monkeypatch.setenv("SSH_AUTH_SOCK", sock)
+        # Reached by address, so the ssh config's IdentityFile for sshd-a does not apply.
+        task = plan("127.0.0.1", ["true"], ssh=SshSettings(port=ssh_lab.a.port))
+        runner = SshRunner(ssh_lab.options())
+        try:
+            with pytest.raises(ConnectError, match="authentication failed"):
+                runner.run(task, "exit 0", 10)  # the agent holds no key yet
+        finally:
+            runner.close()
+        subprocess.run(["ssh-add", "-q", str(ssh_lab.client_key)], check=True, env={**os.environ, "SSH_AUTH_SOCK": sock},
+                       stdin=subprocess.DEVNULL, capture_output=True)
+        runner = SshRunner(ssh_lab.options())
+        try:
+            code, out, _ = runner.run(task, "echo $SSH_CONNECTION", 10)
+        finally:
+            runner.close()
+        assert code == 0 and out.split()[3] == str(ssh_lab.a.port).encode()
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
+    """signal_tree returns at once while the host does not answer; the signals for every task
+    go out when it answers again."""
+    server = start_sshd(tmp_path, "slow", ssh_lab.authorized_keys)
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known), keepalive=0, connect_timeout=30))
+    run_id = unique_run_id("slow-stop")
+    try:
+        settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
+        program = "import time; print('up', flush=True); time.sleep(300)"
+        procs = [runner.start(plan("127.0.0.1", [PYTHON, "-c", program], ssh=settings, run_id=run_id, index=i), attempt=0)
+                 for i in range(3)]
+        for proc in procs:
+            assert proc.stdout.readline() == b"up\n"
+        with server.frozen():
+            stopper = threading.Thread(target=lambda: [proc.signal_tree(signal.SIGTERM) for proc in procs], daemon=True)
+            stopper.start()
+            stopper.join(10)
+            assert not stopper.is_alive(), "signal_tree waited for the host"
+            assert all(proc.poll() is None for proc in procs)
+        assert [wait_exit(proc, 30) for proc in procs] == [-signal.SIGTERM] * 3
+        assert wait_until(lambda: not run_processes(run_id), 15) is True
+        for proc in procs:
+            proc.close()
+    finally:
         runner.close()
         server.stop()
