@@ -37,13 +37,16 @@ def judged_address(host: str, resolve: Resolver | None) -> str | None:
 
 
 def exposure_warnings(plans: Sequence[TaskPlan], resolve: Resolver | None = None) -> list[str]:
-    """One warning per task of the cluster whose address is public. Names that cannot be
-    resolved are not judged."""
+    """One warning per task of the cluster whose address is public, local tasks included.
+
+    `resolve` turns remote host names into addresses; names that cannot be resolved, and
+    names of this machine (rather than its addresses), are not judged.
+    """
     warnings = []
     for plan in plans:
         if plan.port is None:  # the evaluator is not in the cluster
             continue
-        address = judged_address(plan.host, resolve)
+        address = judged_address(plan.host, None if plan.local else resolve)
         if address is None or not is_public(address):
             continue
         shown = plan.host if address == plan.host else f"{plan.host} ({address})"

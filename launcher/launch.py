@@ -19,8 +19,10 @@ def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
-        ssh_runner = _start_ssh(remote, opts)
+        ssh_runner = _start_ssh(plans, remote, opts)
         runners.append(ssh_runner)
+    else:
+        _warn_about_exposure(plans, None, opts)
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner
@@ -41,19 +43,25 @@ def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
             runner.close()
 
 
-def _start_ssh(remote: Sequence[TaskPlan], opts: dict):
-    """Warn about exposed workers, check the hosts, and return a connected SSH runner."""
-    from launcher.check import run_checks
+def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, opts: dict) -> None:
+    """Warn about every task, local ones too: TensorFlow's server listens on all interfaces."""
     from launcher.exposure import exposure_warnings
+
+    if not opts["allow_public"]:
+        for warning in exposure_warnings(plans, resolve):
+            click.echo(f"mgpu: warning: {warning}", err=True)
+
+
+def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], opts: dict):
+    """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
+    from launcher.check import run_checks
     from launcher.runners.ssh import SshRunner
     from launcher.runners.ssh_options import ssh_options_from
 
     runner = SshRunner(ssh_options_from(opts))
     try:
-        if not opts["allow_public"]:
-            # Judge ssh-config aliases by the address they really reach.
-            for warning in exposure_warnings(remote, runner.resolved_address):
-                click.echo(f"mgpu: warning: {warning}", err=True)
+        # Remote ssh-config aliases are judged by the address they really reach.
+        _warn_about_exposure(plans, runner.resolved_address, opts)
         if not opts["no_check"]:
             run_checks(remote, runner)
     except BaseException:

@@ -11,8 +11,8 @@ from launcher.exposure import exposure_warnings, is_public
 from launcher.plan import TaskPlan
 
 
-def plan(host: str, port: int | None = 2222, index: int = 0) -> TaskPlan:
-    return TaskPlan("worker" if port else "evaluator", index, host, port, False, None, ("true",),
+def plan(host: str, port: int | None = 2222, index: int = 0, local: bool = False) -> TaskPlan:
+    return TaskPlan("worker" if port else "evaluator", index, host, port, local, None, ("true",),
                     {"TF_CONFIG": "{}"}, None, False)
 
 
@@ -36,6 +36,24 @@ def test_hostnames_are_judged_by_their_resolved_address():
     resolved = {"gpu-a": "93.184.216.34", "gpu-b": "10.9.9.9"}
     warnings = exposure_warnings([plan("gpu-a"), plan("gpu-b", index=1), plan("localhost", index=2)], resolved.get)
     assert len(warnings) == 1 and "gpu-a (93.184.216.34)" in warnings[0]
+
+
+def test_local_tasks_are_judged_too():
+    """TensorFlow's server listens on every interface, so a local task on this machine's public
+    address is as exposed as a remote one. Local names are not resolved."""
+    asked = []
+
+    def resolve(name):
+        asked.append(name)
+        return "93.184.216.34"
+
+    plans = [plan("8.8.4.4", local=True), plan("10.0.0.7", index=1, local=True), plan("this-host", index=2, local=True),
+             plan("gpu-a", index=3)]
+    warnings = exposure_warnings(plans, resolve)
+    assert asked == ["gpu-a"]
+    assert len(warnings) == 2
+    assert "worker:0 serves TensorFlow on 8.8.4.4 port 2222" in warnings[0]
+    assert "worker:3 serves TensorFlow on gpu-a (93.184.216.34) port 2222" in warnings[1]
 
 
 def test_known_hosts_names():

@@ -12,19 +12,24 @@ import pytest
 from launcher.plan import TaskPlan
 from launcher.runners.ssh import SshRunner
 from launcher.spec import SshSettings
-from ssh_helpers import PYTHON, REPO, REQUIRE, Netns, SshLab, require_tools, run_processes, start_sshd
+from ssh_helpers import (NETNS_PREFIX, PYTHON, REPO, REQUIRE, Netns, SshLab, ip, remove_namespace,
+                         remove_stale_namespaces, require_tools, run_processes, start_sshd, unique_run_id)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 
 
-@pytest.fixture(scope="module")
-def netns(ssh_lab: SshLab, tmp_path_factory):
+def require_namespaces() -> None:
     require_tools("ip")
     if os.geteuid() != 0:
         reason = "network namespaces need root"
         if REQUIRE:
             pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def netns(ssh_lab: SshLab, tmp_path_factory):
+    require_namespaces()
     directory = tmp_path_factory.mktemp("netns")
     lab = Netns.create()
     servers = []
@@ -69,26 +74,66 @@ def test_proxy_jump_reaches_a_host_only_the_jump_host_sees(netns):
 @pytest.mark.slow
 def test_two_hosts_run_the_trainer_on_the_same_port(netns, tmp_path):
     lab, known, config, _ = netns
+    run_id = unique_run_id("netns")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("SSH_AUTH_SOCK", None)
     done = subprocess.run(
         [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
-         "--known-hosts", str(known), "--python", PYTHON, "--workdir", str(tmp_path), "--run-id", "netns",
+         "--known-hosts", str(known), "--python", PYTHON, "--workdir", str(tmp_path), "--run-id", run_id,
          "--env", f"PYTHONPATH={REPO}", "--start-timeout", "120",
          "--", "--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "5", "--log-every", "1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "checked 2 host(s)" in done.stderr and "warning" not in done.stderr
-    record = json.loads((tmp_path / "mgpu-runs" / "netns" / "run.json").read_text())
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     assert record["status"] == "succeeded"
     assert [(p["name"], p["host"], p["port"]) for p in record["plans"]] == [("worker:0", "h1", 2222),
                                                                              ("worker:1", "h2", 2222)]
     # Two TensorFlow servers on one port only work on two hosts; the workers trained the same weights.
-    done_line = next(line for line in (tmp_path / "mgpu-runs" / "netns" / "worker-0.log").read_text().splitlines()
+    done_line = next(line for line in (tmp_path / "mgpu-runs" / run_id / "worker-0.log").read_text().splitlines()
                      if line.startswith("done step=5"))
     fingerprints = done_line.split("fingerprints=")[1].split(",")
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     for index in (0, 1):
-        assert "MGPU_TASK_READY" in (tmp_path / "mgpu-runs" / "netns" / f"worker-{index}.log").read_text()
-    assert not run_processes("netns")
+        assert "MGPU_TASK_READY" in (tmp_path / "mgpu-runs" / run_id / f"worker-{index}.log").read_text()
+    assert not run_processes(run_id)
+
+
+PUBLIC_ADDRESS = "1.2.3.4"  # a global unicast address, only ever used inside the namespace below
+
+
+@pytest.fixture
+def public_netns():
+    """A namespace of our own whose only interface, lo, also has a public address: this
+    machine as a host on the internet, with nothing routed anywhere."""
+    require_namespaces()
+    remove_stale_namespaces()
+    name = f"{NETNS_PREFIX}{os.getpid()}-pub"
+    try:
+        ip("netns", "add", name)
+        ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", name, "addr", "add", f"{PUBLIC_ADDRESS}/32", "dev", "lo")
+        yield name
+    finally:
+        remove_namespace(name)
+
+
+def test_a_local_task_on_a_public_address_is_warned_about(public_netns, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for extra, warned in (([], True), (["--allow-public"], False)):
+        run_id = unique_run_id("public")
+        done = subprocess.run(
+            ["ip", "netns", "exec", public_netns, PYTHON, "-m", "launcher", "launch", "--workers",
+             f"{PUBLIC_ADDRESS}:2222", "--run-id", run_id, *extra, "--", PYTHON, "-c", "print('ran here')"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "ran here" in done.stdout  # a local task: SSH to that address would have been refused
+        warnings = [line for line in done.stderr.splitlines() if line.startswith("mgpu: warning:")]
+        if warned:
+            assert len(warnings) == 1, done.stderr
+            assert f"worker:0 serves TensorFlow on {PUBLIC_ADDRESS} port 2222, a public address" in warnings[0]
+        else:
+            assert warnings == [], done.stderr
+        assert not run_processes(run_id)
