@@ -1,4 +1,4 @@
-"""Executing a plan: pick a runner per task, check remote hosts, then supervise."""
+"""Executing a plan: check the run can start, pick a runner per task, check remote hosts, then supervise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,18 @@ from launcher.plan import TaskPlan
 
 def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
     from launcher.runners.local import LocalRunner
-    from launcher.supervisor import SuperviseOptions, supervise
+    from launcher.supervisor import SuperviseOptions, check_run_dir, supervise
+
+    options = SuperviseOptions(
+        run_id=run_id,
+        log_dir=pathlib.Path(opts["log_dir"]),
+        grace_period=opts["grace_period"],
+        start_timeout=opts["start_timeout"],
+        max_restarts=opts["max_restarts"],
+        timestamps=opts["timestamps"],
+        show=opts["show"],
+    )
+    check_run_dir(options)  # a run id or log dir that cannot be used fails before any connection
 
     local_runner = LocalRunner()
     runners = [local_runner]
@@ -27,15 +38,6 @@ def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner
 
-    options = SuperviseOptions(
-        run_id=run_id,
-        log_dir=pathlib.Path(opts["log_dir"]),
-        grace_period=opts["grace_period"],
-        start_timeout=opts["start_timeout"],
-        max_restarts=opts["max_restarts"],
-        timestamps=opts["timestamps"],
-        show=opts["show"],
-    )
     try:
         supervise(plans, runner_for, options)
     finally:

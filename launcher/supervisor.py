@@ -25,6 +25,7 @@ The rules:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
 import signal
@@ -73,19 +74,27 @@ def supervise(
     """
     if not plans:
         raise UsageError("no tasks to run")
-    run_dir = prepare_run_dir(options)
+    run_dir = check_run_dir(options)
+    try:
+        run_dir.mkdir(mode=RUN_DIR_MODE, exist_ok=True)
+        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask, and the dir may exist
+    except OSError as e:
+        raise UsageError(f"--log-dir {options.log_dir}: {run_dir.name}: {e.strerror or e}") from None
     _Supervisor(plans, runner_for, options, console, run_dir).run()
 
 
-def prepare_run_dir(options: SuperviseOptions) -> pathlib.Path:
-    """Check that a run can start under this run id, and make its run directory.
+def check_run_dir(options: SuperviseOptions) -> pathlib.Path:
+    """Check that a run can start under this run id, make the log dir, and return the
+    run's directory in it (supervise() makes that one, private: run.json and the logs
+    may hold secrets).
 
     Raises UsageError, before anything starts, for a run that already exists in
     the log dir, for a run id that live processes on this machine carry (every
-    stop of this run would stop them too), and for a log dir that cannot be made.
-    The run directory is private: run.json and the logs may hold secrets.
+    stop of this run would stop them too), and for a log dir that cannot be made
+    or written.
     """
-    run_dir = pathlib.Path(options.log_dir) / options.run_id
+    log_dir = pathlib.Path(options.log_dir)
+    run_dir = log_dir / options.run_id
     if (run_dir / "run.json").exists():
         raise UsageError(f"run {options.run_id} already exists in {run_dir}; choose another run id")
     holders = proctree.tagged_processes(options.run_id)
@@ -95,10 +104,11 @@ def prepare_run_dir(options: SuperviseOptions) -> pathlib.Path:
             f"run id {options.run_id} is in use by running processes (pid {pids}); choose another run id"
         )
     try:
-        run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
-        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask, and the dir may exist
+        log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--log-dir {options.log_dir}: {e.strerror or e}") from None
+    if not os.access(log_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--log-dir {options.log_dir}: {os.strerror(errno.EACCES)}")
     return run_dir
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records, wait_for
 from launcher import proctree
+from launcher.ports import pick_free_ports
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -158,3 +159,16 @@ def test_a_log_dir_that_cannot_be_created_is_a_usage_error(tmp_path):
     assert result.returncode == 2
     assert "--log-dir /proc/mgpu-no-such-dir: No such file or directory" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "internal error" not in result.stderr
+
+
+def test_an_existing_run_is_refused_before_connecting_to_any_host(tmp_path):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "run.json").write_text("{}")
+    [closed_port] = pick_free_ports(1)  # nothing listens there: connecting would fail
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host unreachable-host\n  HostName 127.0.0.1\n  Port {closed_port}\n")
+    result = subprocess.run([str(MGPU), "launch", "--workers", "unreachable-host:2222", "--ssh-config", str(ssh_config),
+                             "--run-id", "taken", "--log-dir", str(tmp_path / "runs"), "--", "true"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"run taken already exists in {tmp_path / 'runs' / 'taken'}" in result.stderr
