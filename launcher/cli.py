@@ -359,17 +359,14 @@ def check_command(**opts) -> None:
     from launcher.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
 
     command = opts.pop("command")
-    spec = read_spec(opts)
-    if command and not command[0].startswith("-"):
-        spec = dataclasses.replace(spec, command=command)
+    spec = with_command_line(read_spec(opts), command)
     spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
     plans = make_plans(spec, run_id="check")
     ssh_runner = None
     if any(not plan.local for plan in plans):
-        from launcher.runners.ssh import SshRunner
-        from launcher.runners.ssh_options import ssh_options_from
+        from launcher.launch import make_ssh_runner
 
-        ssh_runner = SshRunner(ssh_options_from(opts))
+        ssh_runner = make_ssh_runner(opts)
     try:
         reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
     finally:

@@ -57,10 +57,7 @@ def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, opts: dict) -> None
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], opts: dict):
     """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
     from launcher.check import run_checks
-    from launcher.runners.ssh import SshRunner
-    from launcher.runners.ssh_options import ssh_options_from
-
-    runner = SshRunner(ssh_options_from(opts))
+    runner = make_ssh_runner(opts)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
         _warn_about_exposure(plans, runner.resolved_address, opts)
@@ -70,3 +67,14 @@ def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], opts: dict
         runner.close()
         raise
     return runner
+
+
+def make_ssh_runner(opts: dict):
+    """An SSH runner for the command's options; with --debug, paramiko's own log is shown too."""
+    from launcher.runners import ssh
+    from launcher.runners.ssh_options import ssh_options_from
+
+    context = click.get_current_context(silent=True)
+    if context is not None and context.find_root().params.get("debug"):
+        ssh.enable_debug_logging()
+    return ssh.SshRunner(ssh_options_from(opts))
