@@ -72,16 +72,6 @@ def test_errors_are_one_line_and_debug_adds_the_traceback(mgpu, tmp_path):
     assert "Traceback" in result.stderr and "NOT_SET_ANYWHERE_X is not set" in result.stderr
 
 
-@pytest.fixture
-def poisoned_tensorflow(tmp_path):
-    """A PYTHONPATH whose `tensorflow` and `numpy` raise on import."""
-    for name in ("tensorflow", "numpy", "keras"):
-        package = tmp_path / name
-        package.mkdir()
-        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported by the CLI')\n")
-    return str(tmp_path)
-
-
 def installed_mgpu():
     found = pathlib.Path(sys.executable).parent / "mgpu"
     return str(found) if found.exists() else shutil.which("mgpu")

@@ -19,16 +19,6 @@ from launcher.ports import pick_free_ports
 from trainer_helpers import REPO
 
 
-@pytest.fixture
-def poisoned_tensorflow(tmp_path):
-    """A PYTHONPATH whose `tensorflow`, `keras` and `numpy` raise on import."""
-    for name in ("tensorflow", "keras", "numpy"):
-        pkg = tmp_path / name
-        pkg.mkdir()
-        (pkg / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
-    return str(tmp_path)
-
-
 def run_module(args, env_extra=None):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(env_extra or {})

@@ -1,0 +1,14 @@
+"""Fixtures shared by every test folder."""
+
+import pytest
+
+
+@pytest.fixture
+def poisoned_tensorflow(tmp_path):
+    """A PYTHONPATH whose `tensorflow`, `keras` and `numpy` raise on import: put it first to prove a
+    program never imports them."""
+    for name in ("tensorflow", "keras", "numpy"):
+        package = tmp_path / name
+        package.mkdir()
+        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return str(tmp_path)
