@@ -8,6 +8,8 @@ from launcher.trainer.datasets import IMAGE_SHAPE, NUM_CLASSES
 
 
 def build(name: str) -> keras.Model:
+    # Dense layers carry no activation of their own (a ReLU layer follows) so that their
+    # pre-activation output, which the factored gradient exchange needs, is a layer output.
     layers = keras.layers
     if name == "cnn":
         body = [
@@ -16,7 +18,8 @@ def build(name: str) -> keras.Model:
             layers.Conv2D(64, 5, padding="same", activation="relu"),
             layers.MaxPooling2D(2),
             layers.Flatten(),
-            layers.Dense(1024, activation="relu"),
+            layers.Dense(1024),
+            layers.ReLU(),
             layers.Dropout(0.4),
         ]
     elif name == "small":
@@ -25,7 +28,8 @@ def build(name: str) -> keras.Model:
             layers.Conv2D(8, 3, activation="relu"),
             layers.MaxPooling2D(2),
             layers.Flatten(),
-            layers.Dense(32, activation="relu"),
+            layers.Dense(32),
+            layers.ReLU(),
         ]
     else:
         raise ValueError(f"unknown model {name!r}")

@@ -17,6 +17,8 @@ PROG = "mgpu train"
 STRATEGIES = ("auto", "off", "one_device", "mirrored", "multi_worker_mirrored")
 ALL_REDUCE = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16")
+GRADIENT_EXCHANGES = ("auto", "allreduce", "factors")
+FACTOR_DTYPES = ("bfloat16", "float32")
 MIXED_PRECISION = ("mixed_bfloat16", "mixed_float16")
 MODELS = ("cnn", "small")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
@@ -35,6 +37,8 @@ class TrainOptions:
     collective_timeout: float | None
     allreduce_dtype: str
     bytes_per_pack: int
+    gradient_exchange: str
+    factor_dtype: str
     # devices and numerics
     mixed_precision: str | None
     xla: bool
@@ -161,9 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--collective-timeout", type=_positive_float, default=None,
                    help="seconds before a collective operation gives up")
     g.add_argument("--allreduce-dtype", choices=ALLREDUCE_DTYPES, default="float32",
-                   help="dtype gradients travel in during the all-reduce")
+                   help="dtype gradients travel in during the all-reduce (float16: scaled by 256 "
+                   "so small gradients survive)")
     g.add_argument("--bytes-per-pack", type=_non_negative_int, default=0,
                    help="pack gradients into all-reduce chunks of this many bytes (0: one pack)")
+    g.add_argument("--gradient-exchange", choices=GRADIENT_EXCHANGES, default="auto",
+                   help="allreduce: all-reduce every gradient; factors: one all-gather of every "
+                   "gradient and of the inputs and output gradients of each Dense layer without "
+                   "activation, whose kernel gradient each worker then rebuilds with a matmul; "
+                   "auto: factors for the Dense layers where that moves fewer bytes, with 2 or "
+                   "more replicas, else allreduce")
+    g.add_argument("--factor-dtype", choices=FACTOR_DTYPES, default="bfloat16",
+                   help="dtype of the factors exchange on the wire and in the rebuild "
+                   "(float32: exact up to rounding)")
 
     g = p.add_argument_group("devices")
     g.add_argument("--mixed-precision", choices=MIXED_PRECISION, default=None,

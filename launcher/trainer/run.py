@@ -14,7 +14,7 @@ from launcher import protocol
 from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
 from launcher.trainer import evaluator, export, inputs, models, optimizers, results
 from launcher.trainer import strategy as strategy_lib
-from launcher.trainer.allreduce import AllReduceSettings
+from launcher.trainer.allreduce import AllReduceSettings, choose_factored_layers, describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
 from launcher.trainer.cluster import ClusterInfo
 from launcher.trainer.controller import Controller, Schedule
@@ -103,8 +103,12 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
         lambda ctx: inputs.eval_dataset(arrays.test_images, arrays.test_labels, steps=eval_steps,
                                         global_batch_size=batch, input_context=ctx))
     allreduce = AllReduceSettings(opts.allreduce_dtype,
-                                  strategy_lib.communication_options(opts, len(gpus)))
-    train_loop = TrainLoop(strategy, model, optimizer, step, batch, allreduce,
+                                  strategy_lib.communication_options(opts, len(gpus)),
+                                  opts.gradient_exchange, opts.factor_dtype)
+    factored = choose_factored_layers(allreduce, model, batch // replicas, replicas)
+    if info.is_chief:
+        log(f"gradient exchange: {describe_exchange(allreduce, factored)}")
+    train_loop = TrainLoop(strategy, model, optimizer, step, batch, allreduce, factored,
                            loss_scaling=opts.mixed_precision == "mixed_float16", xla=opts.xla)
     eval_loop = EvalLoop(strategy, model, eval_data, eval_steps)
     reporter = Reporter(info.is_chief, opts.model_dir, opts.train_steps)

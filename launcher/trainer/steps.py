@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from launcher.trainer.allreduce import AllReduceSettings, allreduce_gradients
+from launcher.trainer.allreduce import AllReduceSettings, allreduce_gradients, exchange_gradients
 
 
 class Sums:
@@ -37,35 +37,80 @@ class Sums:
 
 
 def _per_example(model, images, labels, training):
-    logits = tf.cast(model(images, training=training), tf.float32)
+    return _loss_and_correct(model(images, training=training), labels)
+
+
+def _loss_and_correct(logits, labels):
+    logits = tf.cast(logits, tf.float32)
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels),
                       tf.float32)
     return losses, correct
 
 
+def _forward_recording(model, images, factored):
+    """The training forward pass layer by layer; returns logits and, per factored layer,
+    its (inputs, output) as tensors the tape can differentiate against."""
+    h = images
+    recorded = []
+    for layer in model.layers:
+        inputs = h
+        h = layer(h, training=True)
+        if any(layer is f for f in factored):
+            recorded.append((inputs, h))
+    return h, recorded
+
+
 class TrainLoop:
     def __init__(self, strategy, model, optimizer, step: tf.Variable, global_batch_size: int,
-                 allreduce: AllReduceSettings, loss_scaling: bool, xla: bool):
+                 allreduce: AllReduceSettings, factored: list, loss_scaling: bool, xla: bool):
+        """`factored`: layers whose kernel gradients are rebuilt by exchange_gradients."""
         self.sums = Sums(strategy, "train_sums")
         variables = model.trainable_variables
+        kernels = [layer.kernel for layer in factored]
+        # Gradients the tape computes; the factored kernels' come from the exchange.
+        others = [v for v in variables if not any(v is k for k in kernels)]
+        # Where each exchanged gradient goes in `variables`, which the optimizer gets whole.
+        order = [_index_of(v, others + kernels) for v in variables]
+
+        def scaled_loss(losses):
+            loss = tf.reduce_sum(losses) / global_batch_size
+            return optimizer.scale_loss(loss) if loss_scaling else loss
 
         def forward_backward(images, labels):
             with tf.GradientTape() as tape:
                 losses, correct = _per_example(model, images, labels, training=True)
-                loss = tf.reduce_sum(losses) / global_batch_size
-                if loss_scaling:
-                    loss = optimizer.scale_loss(loss)
+                loss = scaled_loss(losses)
             grads = tape.gradient(loss, variables)
             return grads, tf.reduce_sum(losses), tf.reduce_sum(correct)
 
+        def forward_backward_factored(images, labels):
+            with tf.GradientTape() as tape:
+                logits, recorded = _forward_recording(model, images, factored)
+                losses, correct = _loss_and_correct(logits, labels)
+                loss = scaled_loss(losses)
+            grads = tape.gradient(loss, others + [out for _, out in recorded])
+            factors = [(inputs, d_out) for (inputs, _), d_out in zip(recorded, grads[len(others):])]
+            return grads[:len(others)], factors, tf.reduce_sum(losses), tf.reduce_sum(correct)
+
         if xla:
-            # Only the computation is compiled; the all-reduce stays outside XLA.
+            # Only the computation is compiled; the collectives stay outside XLA.
             forward_backward = tf.function(forward_backward, jit_compile=True)
+            forward_backward_factored = tf.function(forward_backward_factored, jit_compile=True)
+
+        batch_per_replica = global_batch_size // strategy.num_replicas_in_sync
 
         def replica_step(images, labels):
-            grads, loss_sum, correct = forward_backward(images, labels)
-            grads = allreduce_gradients(grads, allreduce)
+            if factored:
+                # The exchange splits tensors by their sizes, so the batch must be static.
+                images = tf.ensure_shape(images, [batch_per_replica, *images.shape[1:]])
+                other_grads, factors, loss_sum, correct = forward_backward_factored(images, labels)
+                summed, kernel_grads = exchange_gradients(other_grads, factors, allreduce)
+                exchanged = summed + kernel_grads
+                grads = [exchanged[i] for i in order]
+            else:
+                grads, loss_sum, correct = forward_backward(images, labels)
+                grads = allreduce_gradients(grads, allreduce)
             optimizer.apply(grads, variables)
             self.sums.add(loss_sum, correct, tf.cast(tf.shape(labels)[0], tf.float32))
 
@@ -81,6 +126,10 @@ class TrainLoop:
     def run(self, iterator, num_steps: int) -> int:
         """Run num_steps steps; returns the global step once they are done."""
         return int(self._train_steps(iterator, tf.constant(num_steps, tf.int32)))
+
+
+def _index_of(variable, variables: list) -> int:
+    return next(i for i, v in enumerate(variables) if v is variable)
 
 
 class EvalLoop:
