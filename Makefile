@@ -1,6 +1,7 @@
 # make demo   set up .venv and run a local 2-worker training
 # make test   set up .venv and run the whole test suite
 # make bench  run the benchmarks; results go to benchmarks/results/
+# make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench bench-accuracy clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -30,7 +31,10 @@ test: venv
 	$(PY) -m pytest
 
 bench: venv
-	$(PY) benchmarks/run_all.py --data-dir $(DATA_DIR)
+	$(PY) benchmarks/run_all.py
+
+bench-accuracy: venv
+	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)
 
 clean:
 	rm -rf $(VENV) mgpu-runs .pytest_cache
