@@ -60,6 +60,19 @@ def two_worker_run(tmp_path_factory):
     return {"model_dir": model_dir, "codes": codes, "trainers": trainers}
 
 
+@pytest.fixture(scope="module")
+def two_worker_factored_run(tmp_path_factory):
+    """As two_worker_run, with both Dense kernels' gradients rebuilt from float32 factors."""
+    tmp = tmp_path_factory.mktemp("two_factored")
+    model_dir = tmp / "model"
+    args = [*RUN, "--batch-size-per-replica", str(BATCH // 2), "--model-dir", str(model_dir),
+            "--gradient-exchange", "factors", "--factor-dtype", "float32"]
+    trainers = [Trainer(args, tmp / f"worker{i}.log", config)
+                for i, config in enumerate(cluster_configs(2))]
+    codes = wait_all(trainers, timeout=240)
+    return {"model_dir": model_dir, "codes": codes, "trainers": trainers}
+
+
 def test_one_process_learns_synthetic_data(single_run):
     trainer = single_run["trainer"]
     assert single_run["codes"][0] == 0, trainer.output()[-3000:]
@@ -128,6 +141,19 @@ def test_two_workers_match_one_worker_with_double_batch(single_run, two_worker_r
         np.testing.assert_allclose(a, b, rtol=0, atol=EQUIVALENCE_ATOL)
     # The weights did move meanwhile, so the tolerance is a real constraint.
     assert max(np.abs(a - s).max() for a, s in zip(one, initial)) > 100 * EQUIVALENCE_ATOL
+
+
+def test_two_workers_with_float32_factors_match_one_worker_with_double_batch(
+        single_run, two_worker_factored_run):
+    run = two_worker_factored_run
+    assert run["codes"] == [0, 0], [t.output()[-3000:] for t in run["trainers"]]
+    assert "gradient exchange: factors float32 (dense 1352x32, 32x10)" in run["trainers"][0].output()
+    metrics = read_json(run["model_dir"] / "metrics.json")
+    assert metrics["replica_fingerprints"][0] == metrics["replica_fingerprints"][1]
+    one = checkpoint_weights(str(single_run["model_dir"] / f"ckpt-{STEPS}"))
+    two = checkpoint_weights(str(run["model_dir"] / f"ckpt-{STEPS}"))
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=0, atol=EQUIVALENCE_ATOL)
 
 
 def test_preempted_workers_agree_on_a_step_and_resume(tmp_path):

@@ -1,0 +1,112 @@
+"""The factored gradient exchange against the plain all-reduce, with real 2-worker clusters.
+
+The seed CNN trains a few SGD steps on synthetic data under each exchange, from the same
+initial weights and on the same batches (dropout masks come from the same seeds), so the
+weights may differ only by rounding: float32 factors by float sums in another order,
+bfloat16 factors by the precision of bfloat16.
+"""
+
+import numpy as np
+import pytest
+
+from trainer_helpers import Trainer, cluster_configs, read_json, wait_all
+
+pytestmark = pytest.mark.slow
+
+STEPS = 20
+# Small, so the runs are quick; 2 x 16 x (3136 + 1024) is far below 2 x 3136 x 1024, so
+# auto chooses factors for the big Dense layer.
+BATCH_PER_REPLICA = 16
+# SGD: the weights move linearly with the gradients, so a gradient error shows in the
+# weights in proportion (Adam's first steps are about sign(gradient), scale-free).
+CNN_RUN = ["--model", "cnn", "--dataset", "synthetic", "--threads", "1",
+           "--optimizer", "sgd", "--learning-rate", "0.01",
+           "--batch-size-per-replica", str(BATCH_PER_REPLICA), "--train-steps", str(STEPS),
+           "--log-every", "10", "--checkpoint-every", "10", "--eval-steps", "1"]
+
+
+def cnn_weights(path) -> list[np.ndarray]:
+    import tensorflow as tf
+    from launcher.trainer import models
+    model = models.build("cnn")
+    tf.train.Checkpoint(model=model).restore(str(path)).expect_partial()
+    return model.get_weights()
+
+
+def run_two_workers(tmp, name: str, extra: list[str]) -> dict:
+    model_dir = tmp / name
+    trainers = [Trainer([*CNN_RUN, *extra, "--model-dir", str(model_dir)], tmp / f"{name}{i}.log", c)
+                for i, c in enumerate(cluster_configs(2))]
+    codes = wait_all(trainers, timeout=240)
+    assert codes == [0, 0], [t.output()[-3000:] for t in trainers]
+    return {"model_dir": model_dir, "log": trainers[0].output(),
+            "metrics": read_json(model_dir / "metrics.json")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("exchange")
+    return {
+        "allreduce": run_two_workers(tmp, "allreduce", ["--gradient-exchange", "allreduce"]),
+        "float32": run_two_workers(tmp, "float32", ["--gradient-exchange", "factors",
+                                                    "--factor-dtype", "float32"]),
+        "default": run_two_workers(tmp, "default", []),
+    }
+
+
+# Measured (SGD, 20 steps): float32 factors 3e-5, bfloat16 factors 0.10 of the last 10
+# steps' update; a kernel gradient off by a factor or taken from the wrong rows gives ~1.
+FLOAT32_TOLERANCE = 1e-3
+BFLOAT16_TOLERANCE = 0.3
+
+
+def relative_difference(runs, name: str) -> float:
+    """|W_name - W_allreduce| / |last 10 steps' update of W_allreduce|, over all weights."""
+    reference = cnn_weights(runs["allreduce"]["model_dir"] / f"ckpt-{STEPS}")
+    earlier = cnn_weights(runs["allreduce"]["model_dir"] / f"ckpt-{STEPS - 10}")
+    other = cnn_weights(runs[name]["model_dir"] / f"ckpt-{STEPS}")
+    difference = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(other, reference)))
+    update = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(reference, earlier)))
+    return difference / update
+
+
+def test_auto_chooses_factors_with_bfloat16_for_the_cnn_on_two_workers(runs):
+    assert "gradient exchange: factors bfloat16 (dense 3136x1024)" in runs["default"]["log"]
+    assert "gradient exchange: allreduce float32" in runs["allreduce"]["log"]
+    assert "gradient exchange: factors float32 (dense 3136x1024, 1024x10)" in runs["float32"]["log"]
+
+
+@pytest.mark.parametrize("name", ["allreduce", "float32", "default"])
+def test_workers_end_with_identical_weights(runs, name):
+    metrics = runs[name]["metrics"]
+    assert metrics["global_step"] == STEPS and metrics["num_replicas"] == 2
+    fingerprints = metrics["replica_fingerprints"]
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+
+
+def test_float32_factors_match_the_allreduce(runs):
+    error = relative_difference(runs, "float32")
+    print(f"float32 factors vs all-reduce: {error:.2e} of the last 10 steps' update")
+    assert error < FLOAT32_TOLERANCE
+
+
+def test_bfloat16_factors_stay_close_to_the_allreduce(runs):
+    error = relative_difference(runs, "default")
+    print(f"bfloat16 factors vs all-reduce: {error:.2e} of the last 10 steps' update")
+    assert error < BFLOAT16_TOLERANCE
+
+
+def test_auto_factors_a_dense_layer_only_when_its_factors_are_smaller_than_its_kernel():
+    from launcher.trainer import models
+    from launcher.trainer.allreduce import AllReduceSettings, choose_factored_layers
+    model = models.build("cnn")
+    big = [layer for layer in model.layers if getattr(layer, "units", None) == 1024]
+    auto = AllReduceSettings(exchange="auto")
+    assert choose_factored_layers(auto, model, 128, replicas=1) == []
+    assert choose_factored_layers(auto, model, 128, replicas=2) == big
+    # 2 x b x (3136 + 1024) < 2 x 3136 x 1024 holds up to b = 771.
+    assert choose_factored_layers(auto, model, 771, replicas=2) == big
+    assert choose_factored_layers(auto, model, 772, replicas=2) == []
+    assert choose_factored_layers(AllReduceSettings(exchange="allreduce"), model, 16, 2) == []
+    forced = choose_factored_layers(AllReduceSettings(exchange="factors"), model, 128, 1)
+    assert [tuple(layer.kernel.shape) for layer in forced] == [(3136, 1024), (1024, 10)]
