@@ -121,12 +121,14 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     try:
         outcome = controller.train_and_evaluate(start_step)
     except Preempted as preempted:
+        # The watcher stays installed until the process ends: the launcher stops the other
+        # tasks with SIGTERM as soon as one exits 42, and that must not turn this exit 42
+        # into a death by signal while the chief waits for its peers.
         reporter.close()
         strategy_lib.barrier(strategy)
         log(f"{info.name}: preempted; checkpoint saved at step {preempted.step}")
         return protocol.EXIT_PREEMPTED
-    finally:
-        watcher.close()
+    watcher.close()
 
     fingerprints = results.gather_fingerprints(
         strategy, results.local_fingerprints(strategy, model.weights))
