@@ -111,22 +111,6 @@ def cpu_delta(before, after):
 
 # ----------------------------------------------------------------------------- worker
 
-def build_model(keras):
-    layers = keras.layers
-    return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        layers.Conv2D(32, 5, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Conv2D(64, 5, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(1024),
-        layers.ReLU(),
-        layers.Dropout(0.4),
-        layers.Dense(10),
-    ])
-
-
 def make_dataset(tf, batch, seed, cache, prefetch):
     rng = tf.random.Generator.from_seed(seed)
     n = 4096
@@ -200,7 +184,8 @@ def worker(args):
         return probe_allreduce(tf, strategy, args, options)
 
     with strategy.scope():
-        model = build_model(keras)
+        from launcher.trainer import models
+        model = models.build("cnn")  # the seed CNN the trainer runs
         optimizer = (keras.optimizers.Adam(1e-3) if args.optimizer == "adam"
                      else keras.optimizers.SGD(0.01, momentum=0.9))
         optimizer.build(model.trainable_variables)

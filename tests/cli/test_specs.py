@@ -93,17 +93,22 @@ BAD_SPECS = [
 ]
 
 
+def assert_usage_error(result, message):
+    """Bad input: exit 2, one line on stderr that says what is wrong, nothing on stdout."""
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
 @pytest.mark.parametrize("text, message", BAD_SPECS)
 def test_bad_spec_names_file_and_problem(mgpu, tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     result = mgpu("launch", "--spec", str(path), "--dry-run")
-    assert result.exit_code == 2, result.stderr
-    assert message in result.stderr
+    assert_usage_error(result, message)
     if "mixed" not in message:
         assert str(path) in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert result.stdout == ""
 
 
 def test_json_spec(mgpu, tmp_path):
@@ -129,10 +134,7 @@ BAD_HOSTFILES = [
 def test_bad_hostfile(mgpu, tmp_path, text, message):
     path = tmp_path / "hosts"
     path.write_text(text)
-    result = mgpu("launch", "--hostfile", str(path), "--dry-run")
-    assert result.exit_code == 2, result.stderr
-    assert message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert_usage_error(mgpu("launch", "--hostfile", str(path), "--dry-run"), message)
 
 
 def test_hostfile_comments_and_user(mgpu, tmp_path):
