@@ -22,7 +22,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.ports import pick_free_ports  # noqa: E402
+from launcher.host.ports import pick_free_ports  # noqa: E402
 
 TRAINER_ARGS = ["--dataset", "synthetic", "--model", "cnn", "--train-steps", "1", "--eval-steps", "1",
                 "--threads", "1"]

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_accounting import cpu_by_thread_name, thread_cpu_seconds  # noqa: E402
 from interleaved import run_interleaved, summarize  # noqa: E402
 
-from launcher.ports import pick_free_ports
+from launcher.host.ports import pick_free_ports
 
 RESULT_PREFIX = "MGPU_BENCH_RESULT "
 

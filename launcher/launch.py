@@ -2,66 +2,68 @@
 
 from __future__ import annotations
 
-import pathlib
+import dataclasses
+import sys
 from typing import Sequence
 
-import click
+from launcher.plan.planner import TaskPlan
+from launcher.runners.ssh.options import SshOptions
+from launcher.supervise.options import SuperviseOptions
 
-from launcher.plan import TaskPlan
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    supervise: SuperviseOptions
+    ssh: SshOptions = SshOptions()
+    check_hosts: bool = True  # run mgpu check's probes on remote hosts before starting anything
+    allow_public: bool = False  # no warning for workers on public addresses
 
 
-def launch(plans: Sequence[TaskPlan], run_id: str, opts: dict) -> None:
+def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     from launcher.runners.local import LocalRunner
-    from launcher.supervisor import SuperviseOptions, check_run_dir, supervise
+    from launcher.supervise.rundir import check_run_dir
+    from launcher.supervise.supervisor import supervise
 
-    options = SuperviseOptions(
-        run_id=run_id,
-        log_dir=pathlib.Path(opts["log_dir"]),
-        grace_period=opts["grace_period"],
-        start_timeout=opts["start_timeout"],
-        max_restarts=opts["max_restarts"],
-        timestamps=opts["timestamps"],
-        show=opts["show"],
-    )
-    check_run_dir(options)  # a run id or log dir that cannot be used fails before any connection
+    check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
 
     local_runner = LocalRunner()
     runners = [local_runner]
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
-        ssh_runner = _start_ssh(plans, remote, opts)
+        ssh_runner = _start_ssh(plans, remote, options)
         runners.append(ssh_runner)
     else:
-        _warn_about_exposure(plans, None, opts)
+        _warn_about_exposure(plans, None, options)
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner
 
     try:
-        supervise(plans, runner_for, options)
+        supervise(plans, runner_for, options.supervise)
     finally:
         for runner in runners:
             runner.close()
 
 
-def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, opts: dict) -> None:
+def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:
     """Warn about every task, local ones too: TensorFlow's server listens on all interfaces."""
-    from launcher.exposure import exposure_warnings
+    from launcher.preflight.exposure import exposure_warnings
 
-    if not opts["allow_public"]:
+    if not options.allow_public:
         for warning in exposure_warnings(plans, resolve):
-            click.echo(f"mgpu: warning: {warning}", err=True)
+            print(f"mgpu: warning: {warning}", file=sys.stderr, flush=True)
 
 
-def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], opts: dict):
+def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
     """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
-    from launcher.check import run_checks
-    runner = make_ssh_runner(opts)
+    from launcher.preflight.check import run_checks
+
+    runner = make_ssh_runner(options.ssh)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
-        _warn_about_exposure(plans, runner.resolved_address, opts)
-        if not opts["no_check"]:
+        _warn_about_exposure(plans, runner.resolved_address, options)
+        if options.check_hosts:
             run_checks(remote, runner)
     except BaseException:
         runner.close()
@@ -69,12 +71,10 @@ def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], opts: dict
     return runner
 
 
-def make_ssh_runner(opts: dict):
-    """An SSH runner for the command's options; with --debug, paramiko's own log is shown too."""
-    from launcher.runners import ssh
-    from launcher.runners.ssh_options import ssh_options_from
+def make_ssh_runner(options: SshOptions):
+    """An SSH runner; with options.debug, the log of its connections is shown too."""
+    from launcher.runners.ssh import runner, transport
 
-    context = click.get_current_context(silent=True)
-    if context is not None and context.find_root().params.get("debug"):
-        ssh.enable_debug_logging()
-    return ssh.SshRunner(ssh_options_from(opts))
+    if options.debug:
+        transport.enable_debug_logging()
+    return runner.SshRunner(options)

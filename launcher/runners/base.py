@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from typing import BinaryIO
 
-from launcher.plan import TaskPlan
+from launcher.plan.planner import TaskPlan
 
 
 class TaskProcess(abc.ABC):

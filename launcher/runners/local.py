@@ -9,9 +9,10 @@ import subprocess
 
 import psutil
 
-from launcher import protocol, proctree
+from launcher import protocol
+from launcher.host import proctree
 from launcher.errors import TaskFailed
-from launcher.plan import TaskPlan
+from launcher.plan.planner import TaskPlan
 from launcher.runners.base import Runner, TaskProcess
 
 READ_BUFFER = 64 * 1024

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 
 from launcher.errors import UsageError
-from launcher.params import format_address, parse_endpoint_list
+from launcher.config.addresses import format_address, parse_endpoint_list
 
 PROG = "mgpu train"
 

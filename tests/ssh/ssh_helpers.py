@@ -164,7 +164,7 @@ class SshLab:
     ssh_config: pathlib.Path  # Host sshd-a, sshd-b
 
     def options(self, **overrides):
-        from launcher.runners.ssh_options import SshOptions
+        from launcher.runners.ssh.options import SshOptions
 
         settings = dict(known_hosts=str(self.known_hosts), ssh_config=str(self.ssh_config), connect_timeout=5.0,
                         kill_grace=2)

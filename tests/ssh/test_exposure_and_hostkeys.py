@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from launcher import hostkeys
-from launcher.exposure import exposure_warnings, is_public
-from launcher.plan import TaskPlan
+from launcher.runners.ssh import hostkeys
+from launcher.preflight.exposure import exposure_warnings, is_public
+from launcher.plan.planner import TaskPlan
 
 
 def plan(host: str, port: int | None = 2222, index: int = 0, local: bool = False) -> TaskPlan:

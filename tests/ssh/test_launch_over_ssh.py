@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from launcher.ports import pick_free_ports
+from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, REPO, run_processes, silent_listener, unique_run_id, wait_until
 
 pytestmark = pytest.mark.ssh

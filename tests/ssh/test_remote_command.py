@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from launcher.runners import remote_command
+from launcher.runners.ssh import remote_command
 from ssh_helpers import ECHO_PROGRAM, TRICKY
 
 def start_like_sshd(command: str) -> subprocess.Popen:

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
-from launcher.plan import TaskPlan
-from launcher.runners.ssh import SshRunner
-from launcher.spec import SshSettings
+from launcher.plan.planner import TaskPlan
+from launcher.runners.ssh.runner import SshRunner
+from launcher.config.spec import SshSettings
 
 from ssh_helpers import (ECHO_PROGRAM, PYTHON, TRICKY, free_port, require_tools, run_processes, start_sshd,
                          unique_run_id, wait_until)
@@ -151,10 +151,10 @@ def test_lost_connection_kills_the_remote_tree(runner):
 
 LAUNCHER_SCRIPT = """
 import sys, time
-from launcher.plan import TaskPlan
-from launcher.runners.ssh import SshRunner
-from launcher.runners.ssh_options import SshOptions
-from launcher.spec import SshSettings
+from launcher.plan.planner import TaskPlan
+from launcher.runners.ssh.runner import SshRunner
+from launcher.runners.ssh.options import SshOptions
+from launcher.config.spec import SshSettings
 runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
 program = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); print('up', flush=True); time.sleep(300)"
 plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", program),
@@ -354,8 +354,8 @@ def test_proxy_jump_values_are_parsed_like_host_entries():
     import paramiko
 
     from launcher.errors import UsageError
-    from launcher.params import Endpoint
-    from launcher.runners.ssh import resolve_target
+    from launcher.config.addresses import Endpoint
+    from launcher.runners.ssh.target import resolve_target
 
     target = resolve_target("gpu", SshSettings(proxy_jump="alice@[::1]:2200, bastion"), paramiko.SSHConfig())
     assert target.proxy_jump == (Endpoint("::1", 2200, "alice"), Endpoint("bastion"))

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `import supervisor_helpers`
 
-from launcher import proctree  # noqa: E402
+from launcher.host import proctree  # noqa: E402
 
 
 @pytest.fixture

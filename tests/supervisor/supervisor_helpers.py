@@ -7,9 +7,9 @@ import pathlib
 import sys
 import time
 
-from launcher import proctree
-from launcher.plan import TaskPlan
-from launcher.ports import pick_free_ports
+from launcher.host import proctree
+from launcher.plan.planner import TaskPlan
+from launcher.host.ports import pick_free_ports
 
 HERE = pathlib.Path(__file__).resolve().parent
 FAKE_WORKER = (sys.executable, str(HERE / "fake_worker.py"))
@@ -110,7 +110,7 @@ def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Su
     """Run supervise() with the local runner, the console going to a file."""
     from launcher.errors import MgpuError
     from launcher.runners.local import LocalRunner
-    from launcher.supervisor import SuperviseOptions, supervise
+    from launcher.supervise.supervisor import SuperviseOptions, supervise
 
     options.setdefault("grace_period", 2.0)
     options.setdefault("start_timeout", 30.0)

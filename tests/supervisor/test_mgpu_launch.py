@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records, wait_for
-from launcher import proctree
-from launcher.ports import pick_free_ports
+from launcher.host import proctree
+from launcher.host.ports import pick_free_ports
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,9 +8,12 @@ import threading
 
 import pytest
 
-from launcher import gpus, ports
+from launcher.host import gpus, probe
+from launcher.plan import devices as plan_devices
+from launcher.host import ports
+from launcher.supervise import diagnosis
 from launcher.errors import UsageError
-from launcher.output import Console
+from launcher.supervise.output import Console
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,23 +73,23 @@ def test_pick_free_ports_are_distinct_and_bindable():
     picked = ports.pick_free_ports(20)
     assert len(set(picked)) == 20
     for port in picked:
-        assert not ports.port_in_use(port)
+        assert not probe.port_in_use(port)
 
 
 def test_port_in_use_sees_a_listener():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        assert ports.port_in_use(holder.getsockname()[1])
+        assert probe.port_in_use(holder.getsockname()[1])
 
 
 def test_bind_failure_recognises_tensorflow_messages():
     tf_line = ("E0000 00:00:1795212871.275273 4465 add_port.cc:83] Failed to add port to server: "
                "No address added out of total 1 resolved for '0.0.0.0:37891'")
-    assert ports.bind_failure(tf_line) == 37891
-    assert ports.bind_failure("tensorflow...UnknownError: Could not start gRPC server") == 0
-    assert ports.bind_failure("OSError: [Errno 98] Address already in use") == 0
-    assert ports.bind_failure("epoch 1 loss 0.3") is None
+    assert diagnosis.bind_failure(tf_line) == 37891
+    assert diagnosis.bind_failure("tensorflow...UnknownError: Could not start gRPC server") == 0
+    assert diagnosis.bind_failure("OSError: [Errno 98] Address already in use") == 0
+    assert diagnosis.bind_failure("epoch 1 loss 0.3") is None
 
 
 @pytest.fixture
@@ -118,14 +121,14 @@ def test_detect_gpus_failing_or_hanging_or_missing(fake_nvidia_smi, monkeypatch,
 
 
 def test_assign_visible_devices():
-    assert gpus.assign_visible_devices(4, 2, None) == ["0,1", "2,3"]
-    assert gpus.assign_visible_devices(5, 2, None) == ["0,1", "2,3"]
-    assert gpus.assign_visible_devices(8, 3, 2) == ["0,1", "2,3", "4,5"]
-    assert gpus.assign_visible_devices(0, 2, None) == ["", ""]
-    assert gpus.assign_visible_devices(None, 2, None) == [None, None]
-    assert gpus.assign_visible_devices(None, 2, 1) == ["0", "1"]
-    assert gpus.assign_visible_devices(4, 2, 0) == ["", ""]
-    assert gpus.assign_visible_devices(1, 2, None) == ["0", "0"]
-    assert gpus.assign_visible_devices(3, 4, None) == ["0", "1", "2", "0"]
+    assert plan_devices.assign_visible_devices(4, 2, None) == ["0,1", "2,3"]
+    assert plan_devices.assign_visible_devices(5, 2, None) == ["0,1", "2,3"]
+    assert plan_devices.assign_visible_devices(8, 3, 2) == ["0,1", "2,3", "4,5"]
+    assert plan_devices.assign_visible_devices(0, 2, None) == ["", ""]
+    assert plan_devices.assign_visible_devices(None, 2, None) == [None, None]
+    assert plan_devices.assign_visible_devices(None, 2, 1) == ["0", "1"]
+    assert plan_devices.assign_visible_devices(4, 2, 0) == ["", ""]
+    assert plan_devices.assign_visible_devices(1, 2, None) == ["0", "0"]
+    assert plan_devices.assign_visible_devices(3, 4, None) == ["0", "1", "2", "0"]
     with pytest.raises(UsageError, match="need 6 GPUs; the host has 4"):
-        gpus.assign_visible_devices(4, 3, 2)
+        plan_devices.assign_visible_devices(4, 3, 2)

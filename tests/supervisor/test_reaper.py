@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from launcher import proctree
-from launcher.reaper import Reaper
+from launcher.host import proctree
+from launcher.supervise.reaper import Reaper
 from supervisor_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,7 +28,7 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
     tagged = [start_tagged(run_id), start_tagged(run_id, "stubborn")]
     bystander = start_tagged(bystander_id)
     try:
-        launcher_code = (f"import sys, time; from launcher.reaper import Reaper\n"
+        launcher_code = (f"import sys, time; from launcher.supervise.reaper import Reaper\n"
                          f"r = Reaper.start({run_id!r}, 0.5, __import__('pathlib').Path({str(tmp_path / 'reaper.log')!r}))\n"
                          f"print(r.pid, flush=True); time.sleep(600)\n")
         launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE)

@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from launcher import proctree, protocol
+from launcher import protocol
+from launcher.host import proctree
 from launcher.errors import TaskFailed, UsageError
 from supervisor_helpers import (assert_run_gone, make_plans, pid_alive, read_pids, records, supervise_plans,
                                 wait_for)
@@ -266,7 +267,7 @@ def test_the_run_dir_is_private_whatever_the_umask(run_id, tmp_path):
 
 def test_a_log_dir_that_cannot_be_made_is_a_usage_error(run_id, tmp_path):
     from launcher.runners.local import LocalRunner
-    from launcher.supervisor import SuperviseOptions, supervise
+    from launcher.supervise.supervisor import SuperviseOptions, supervise
 
     (tmp_path / "file").write_text("")
     options = SuperviseOptions(run_id=run_id, log_dir=tmp_path / "file" / "runs")

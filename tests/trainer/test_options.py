@@ -15,7 +15,7 @@ import pytest
 
 from launcher.errors import MgpuError, UsageError
 from launcher.trainer import cluster, datasets, options
-from launcher.ports import pick_free_ports
+from launcher.host.ports import pick_free_ports
 from trainer_helpers import REPO
 
 

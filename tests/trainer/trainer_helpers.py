@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from launcher.ports import pick_free_ports
+from launcher.host.ports import pick_free_ports
 
 _TF_LOG = re.compile(r"^[IWEF]\d{4} |^To enable the following instructions")
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""SSH host key names and fingerprints, written the way OpenSSH writes them."""
+"""SSH host keys: names and fingerprints written the way OpenSSH writes them, and the policy for unknown keys."""
 
 from __future__ import annotations
 
@@ -6,6 +6,13 @@ import base64
 import hashlib
 import os
 import shlex
+import threading
+
+import paramiko
+
+from launcher.errors import HostKeyError
+
+_known_hosts_lock = threading.Lock()
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -43,3 +50,33 @@ def changed_key_message(host: str, port: int, key_type: str, fingerprint: str) -
         f"(someone may be intercepting the connection). If the host was reinstalled, "
         f"remove the old key with: ssh-keygen -R {shlex.quote(name)}"
     )
+
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or record them (StrictHostKeyChecking=accept-new)."""
+
+    def __init__(self, accept_new: bool, record_in: str):
+        self.accept_new = accept_new
+        self.record_in = record_in
+
+    def missing_host_key(self, client, hostname, key):
+        host, port = split_known_hosts_name(hostname)
+        fingerprint = sha256_fingerprint(key.asbytes())
+        if not self.accept_new:
+            raise HostKeyError(
+                unknown_key_message(host, port, key.get_name(), fingerprint, self.record_in)
+            )
+        with _known_hosts_lock:
+            directory = os.path.dirname(self.record_in)
+            if directory and not os.path.isdir(directory):
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            with open(self.record_in, "a", encoding="utf-8") as f:
+                f.write(known_hosts_line(host, port, key.get_name(), key.get_base64()))
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def split_known_hosts_name(name: str) -> tuple[str, int]:
+    if name.startswith("[") and "]:" in name:
+        host, port = name[1:].rsplit("]:", 1)
+        return host, int(port)
+    return name, 22

@@ -20,8 +20,9 @@ import threading
 import time
 from typing import BinaryIO, TextIO
 
-from launcher import ports, protocol
-from launcher.plan import TaskPlan
+from launcher import protocol
+from launcher.plan.planner import TaskPlan
+from launcher.supervise import diagnosis
 
 CHUNK = 64 * 1024  # a longer line is shown in pieces
 TAIL_LINES = 20
@@ -168,7 +169,7 @@ class TaskOutput:
         if is_ready_line:
             self.ready.set()
         if b"bind" in chunk or b"ddress" in chunk or b"gRPC server" in chunk:
-            port = ports.bind_failure(text)
+            port = diagnosis.bind_failure(text)
             if port is not None and not self.bind_failure:
                 self.bind_failure = port
         with self._lock:

@@ -7,7 +7,7 @@ the reaper reads end-of-file and stops every process tagged with the run id:
 TERM, a grace period, then KILL. The reaper lives in its own session, so a
 terminal's Ctrl-C or hang-up does not reach it.
 
-Run as: python -m launcher.reaper RUN_ID GRACE_SECONDS
+Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class Reaper:
 
     @classmethod
     def start(cls, run_id: str, grace: float, log_path: pathlib.Path) -> "Reaper":
-        package_parent = str(pathlib.Path(__file__).resolve().parent.parent)
-        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.reaper import main; main()"
+        package_parent = str(pathlib.Path(__file__).resolve().parents[2])
+        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, run_id, str(grace)],
@@ -61,7 +61,7 @@ class Reaper:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launcher import proctree
+    from launcher.host import proctree
 
     run_id, grace = (argv or sys.argv[1:])[:2]
     for signum in (signal.SIGINT, signal.SIGHUP):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable, Sequence
 
-from launcher.plan import TaskPlan, is_loopback
+from launcher.config.addresses import is_loopback
+from launcher.plan.planner import TaskPlan
 
 # Given a host name, the address it means here, or None if unknown.
 Resolver = Callable[[str], "str | None"]

@@ -25,8 +25,6 @@ The rules:
 from __future__ import annotations
 
 import dataclasses
-import errno
-import os
 import pathlib
 import signal
 import sys
@@ -34,11 +32,16 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
-from launcher import ports, proctree, protocol, runrecord
+from launcher import protocol
+from launcher.host.probe import port_in_use
+from launcher.host import proctree
+from launcher.supervise import runrecord
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
-from launcher.output import RunOutput, TaskOutput, log_name
-from launcher.plan import TaskPlan
-from launcher.reaper import Reaper
+from launcher.supervise.output import RunOutput, TaskOutput, log_name
+from launcher.plan.planner import TaskPlan
+from launcher.supervise.options import SuperviseOptions
+from launcher.supervise.reaper import Reaper
+from launcher.supervise.rundir import make_run_dir
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
@@ -46,19 +49,6 @@ LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-RUN_DIR_MODE = 0o700
-
-
-@dataclasses.dataclass(frozen=True)
-class SuperviseOptions:
-    run_id: str
-    log_dir: pathlib.Path  # run files go to log_dir / run_id /
-    grace_period: float = 10.0  # TERM -> KILL
-    start_timeout: float = 120.0  # seconds for every task to become ready
-    max_restarts: int = 0
-    timestamps: bool = False
-    show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
-    max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
 
 
 def supervise(
@@ -74,42 +64,8 @@ def supervise(
     """
     if not plans:
         raise UsageError("no tasks to run")
-    run_dir = check_run_dir(options)
-    try:
-        run_dir.mkdir(mode=RUN_DIR_MODE, exist_ok=True)
-        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask, and the dir may exist
-    except OSError as e:
-        raise UsageError(f"--log-dir {options.log_dir}: {run_dir.name}: {e.strerror or e}") from None
+    run_dir = make_run_dir(options)
     _Supervisor(plans, runner_for, options, console, run_dir).run()
-
-
-def check_run_dir(options: SuperviseOptions) -> pathlib.Path:
-    """Check that a run can start under this run id, make the log dir, and return the
-    run's directory in it (supervise() makes that one, private: run.json and the logs
-    may hold secrets).
-
-    Raises UsageError, before anything starts, for a run that already exists in
-    the log dir, for a run id that live processes on this machine carry (every
-    stop of this run would stop them too), and for a log dir that cannot be made
-    or written.
-    """
-    log_dir = pathlib.Path(options.log_dir)
-    run_dir = log_dir / options.run_id
-    if (run_dir / "run.json").exists():
-        raise UsageError(f"run {options.run_id} already exists in {run_dir}; choose another run id")
-    holders = proctree.tagged_processes(options.run_id)
-    if holders:
-        pids = ", ".join(str(p.pid) for p in holders[:5]) + (", ..." if len(holders) > 5 else "")
-        raise UsageError(
-            f"run id {options.run_id} is in use by running processes (pid {pids}); choose another run id"
-        )
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--log-dir {options.log_dir}: {e.strerror or e}") from None
-    if not os.access(log_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"--log-dir {options.log_dir}: {os.strerror(errno.EACCES)}")
-    return run_dir
 
 
 def describe_exit(returncode: int) -> str:
@@ -250,7 +206,7 @@ class _Supervisor:
 
     def _check_ports(self) -> None:
         for plan in self.plans:
-            if plan.local and plan.port is not None and ports.port_in_use(plan.port, plan.host):
+            if plan.local and plan.port is not None and port_in_use(plan.port, plan.host):
                 raise TaskFailed(f"port in use: {plan.host}:{plan.port} (planned for {plan.name})")
 
     # -- one attempt -------------------------------------------------------------

@@ -1,31 +1,25 @@
-"""GPU detection and the CUDA_VISIBLE_DEVICES split between tasks on one host."""
+"""The split of GPUs between tasks, as CUDA_VISIBLE_DEVICES. Pure: GPU counts are passed in."""
 
 from __future__ import annotations
 
-import subprocess
+from typing import Sequence
 
 from launcher.errors import UsageError
 
-DETECT_TIMEOUT = 10.0
 NO_GPUS = ""  # hides every GPU (the launcher quotes it, so it survives SSH)
 
 
-def count_gpus_in_listing(text: str) -> int:
-    """The number of GPUs in the output of `nvidia-smi -L` ("GPU 0: ... (UUID: ...)" per line)."""
-    return sum(1 for line in text.splitlines() if line.startswith("GPU "))
+def split_devices(machine_of: Sequence[str], local_gpu_count: int, gpus_per_task: int | None) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES per task; `machine_of` names each task's machine, "" for this one.
 
-
-def detect_gpus(timeout: float = DETECT_TIMEOUT) -> int:
-    """How many NVIDIA GPUs this machine has; 0 if nvidia-smi is missing, fails or hangs."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "-L"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    if done.returncode != 0:
-        return 0
-    return count_gpus_in_listing(done.stdout)
+    Only this machine's GPU count is known at planning time; remote hosts keep their own default.
+    """
+    per_machine = {
+        machine: iter(assign_visible_devices(local_gpu_count if machine == "" else None,
+                                             machine_of.count(machine), gpus_per_task))
+        for machine in dict.fromkeys(machine_of)
+    }
+    return [next(per_machine[machine]) for machine in machine_of]
 
 
 def assign_visible_devices(gpu_count: int | None, tasks_on_host: int, gpus_per_task: int | None) -> list[str | None]:

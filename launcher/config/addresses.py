@@ -1,8 +1,8 @@
 """Parsing of host addresses and other option values.
 
 The parse_* functions are pure and raise ValueError with a message that names
-the problem; the click ParamTypes wrap them so bad input is refused at parse
-time, before anything is planned or started. No DNS, no environment.
+the problem; the CLI's ParamTypes (launcher.cli.params) wrap them so bad input
+is refused at parse time. Standard library only: no DNS, no environment.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-
-import click
 
 from launcher.protocol import TASK_TYPES
 
@@ -36,6 +34,18 @@ def format_address(host: str, port: int | None) -> str:
     """host:port, with IPv6 addresses in brackets as TF_CONFIG and gRPC expect."""
     shown = f"[{host}]" if ":" in host else host
     return shown if port is None else f"{shown}:{port}"
+
+
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_port(text: str) -> int:
@@ -142,61 +152,3 @@ def parse_task_selector(text: str) -> str:
     if sep and not index.isdigit():
         raise ValueError(f"{text!r}: task index must be a number")
     return f"{task_type}:{int(index)}" if sep else task_type
-
-
-class _ParsedParam(click.ParamType):
-    """A ParamType backed by a pure parse function that raises ValueError."""
-
-    parse = staticmethod(lambda text: text)
-
-    def convert(self, value, param, ctx):
-        if not isinstance(value, str):
-            return value  # already converted (a default, or a value set from Python)
-        try:
-            return self.parse(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class EndpointType(_ParsedParam):
-    name = "[user@]host[:port]"
-    parse = staticmethod(parse_endpoint)
-
-
-class EndpointListType(_ParsedParam):
-    name = "host:port,..."
-    parse = staticmethod(parse_endpoint_list)
-
-
-class PortType(_ParsedParam):
-    name = "port"
-    parse = staticmethod(parse_port)
-
-
-class EnvAssignmentType(_ParsedParam):
-    name = "NAME=VALUE"
-    parse = staticmethod(parse_env_assignment)
-
-
-class EnvNameType(_ParsedParam):
-    name = "NAME"
-    parse = staticmethod(parse_env_name)
-
-
-class RunIdType(_ParsedParam):
-    name = "run-id"
-    parse = staticmethod(parse_run_id)
-
-
-class TaskSelectorListType(_ParsedParam):
-    name = "type[:index],..."
-    parse = staticmethod(lambda text: frozenset(parse_task_selector(part.strip()) for part in text.split(",")))
-
-
-ENDPOINT = EndpointType()
-ENDPOINT_LIST = EndpointListType()
-PORT = PortType()
-ENV_ASSIGNMENT = EnvAssignmentType()
-ENV_NAME = EnvNameType()
-TASK_SELECTORS = TaskSelectorListType()
-RUN_ID = RunIdType()

@@ -18,7 +18,6 @@ Times are UTC, ISO 8601.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -27,7 +26,8 @@ import signal
 import threading
 from typing import Any, Sequence
 
-from launcher.plan import TaskPlan
+from launcher.plan.planner import TaskPlan
+from launcher.plan.render import plan_to_dict
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -38,22 +38,6 @@ START_TIMEOUT = "start-timeout"
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
-    return {
-        "name": plan.name,
-        "type": plan.type,
-        "index": plan.index,
-        "host": plan.host,
-        "port": plan.port,
-        "local": plan.local,
-        "ssh": dataclasses.asdict(plan.ssh) if plan.ssh is not None else None,
-        "argv": list(plan.argv),
-        "env": dict(plan.env),
-        "workdir": plan.workdir,
-        "waits_for_ready": plan.waits_for_ready,
-    }
 
 
 def signal_name(signum: int) -> str:

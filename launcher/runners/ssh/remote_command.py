@@ -25,7 +25,7 @@ import shlex
 import signal
 from typing import Iterable, Mapping, Sequence
 
-from launcher.params import parse_env_name
+from launcher.config.addresses import parse_env_name
 
 PGID_MARKER = "MGPU_REMOTE_PGID"
 
@@ -41,7 +41,7 @@ _WATCHER = (
 )
 
 
-def _sh(script: str) -> str:
+def sh(script: str) -> str:
     """A command line for any POSIX-like login shell that runs `script` in /bin/sh."""
     return "exec /bin/sh -c " + shlex.quote(script)
 
@@ -72,7 +72,7 @@ def task_command(
     if workdir:
         run = f"cd {shlex.quote(workdir)} && {run}"
     lines.append(run)
-    return _sh("\n".join(lines))
+    return sh("\n".join(lines))
 
 
 def parse_pgid_line(line: bytes) -> int | None:
@@ -88,75 +88,4 @@ def signal_command(pgids: Iterable[int], signum: int) -> str:
     """Signal remote tasks' whole process groups; quiet for groups already gone."""
     name = signal.Signals(signum).name.removeprefix("SIG")
     groups = " ".join(f"-{int(pgid)}" for pgid in pgids)
-    return _sh(f"kill -{name} {groups} 2>/dev/null; exit 0")
-
-
-def check_command(
-    program: str,
-    python: str,
-    python_required: bool,
-    ports: Iterable[int],
-    workdir: str | None,
-    modules: Sequence[str],
-) -> str:
-    """A command that probes a host and prints one JSON object on stdout.
-
-    Keys: workdir_missing, program_missing, python_missing (true when so), else
-    CHECK_PROGRAM's: python, busy_ports, missing_modules, tensorflow or
-    tensorflow_error, gpus.
-    """
-    port_list = ",".join(str(int(p)) for p in ports)
-    lines = []
-    if workdir:
-        lines.append(f"cd {shlex.quote(workdir)} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
-    lines.append(
-        f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
-    )
-    missing = '{"python_missing": true}' if python_required else "{}"
-    lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
-    lines.append(
-        "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + " ".join(shlex.quote(a) for a in (python, "-c", CHECK_PROGRAM, port_list, ",".join(modules)))
-        + " </dev/null"
-    )
-    return _sh("\n".join(lines))
-
-
-# Runs on the host being checked; argv[1] = ports to probe, argv[2] = modules that must import.
-CHECK_PROGRAM = r"""
-import json, os, shutil, socket, subprocess, sys
-out = {"python": "%d.%d.%d" % sys.version_info[:3]}
-busy = []
-for port in filter(None, sys.argv[1].split(",")):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("", int(port)))  # TensorFlow's server binds every interface
-    except OSError:
-        busy.append(int(port))
-    finally:
-        s.close()
-out["busy_ports"] = busy
-missing = []
-for name in filter(None, sys.argv[2].split(",")):
-    try:
-        __import__(name)
-    except Exception as e:
-        missing.append("%s (%s)" % (name, str(e).splitlines()[0] if str(e) else type(e).__name__))
-out["missing_modules"] = missing
-try:
-    import tensorflow
-    out["tensorflow"] = tensorflow.__version__
-except Exception as e:
-    out["tensorflow_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
-gpus = None
-if shutil.which("nvidia-smi"):
-    try:
-        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-        gpus = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
-    except Exception:
-        pass
-out["gpus"] = gpus
-sys.stdout.flush()
-print(json.dumps(out))
-"""
+    return sh(f"kill -{name} {groups} 2>/dev/null; exit 0")

@@ -13,18 +13,22 @@ through a runner, local ones with a subprocess.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
+import pathlib
+import shlex
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Sequence, TextIO, TypeVar
+from typing import Callable, Iterable, Sequence, TextIO, TypeVar
 
 from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
-from launcher.plan import TRAINER_MODULE, TaskPlan
-from launcher.runners import remote_command
+from launcher.plan.planner import TRAINER_MODULE, TaskPlan
+from launcher.host import probe as host_probe
+from launcher.runners.ssh import remote_command
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
 PROBE_TIMEOUT = 90.0
@@ -64,6 +68,43 @@ def local_tensorflow_version() -> str | None:
     return None
 
 
+def probe_command(
+    program: str,
+    python: str,
+    python_required: bool,
+    ports: Iterable[int],
+    workdir: str | None,
+    modules: Sequence[str],
+) -> str:
+    """A command that probes a host and prints one JSON object on stdout.
+
+    Keys: workdir_missing, program_missing, python_missing (true when so), else those
+    of launcher/host/probe.py, whose source runs with the task's Python.
+    """
+    port_list = ",".join(str(int(p)) for p in ports)
+    lines = []
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
+    lines.append(
+        f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
+    )
+    missing = '{"python_missing": true}' if python_required else "{}"
+    lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
+    lines.append(
+        "TF_CPP_MIN_LOG_LEVEL=3 exec "
+        + " ".join(shlex.quote(a) for a in (python, "-c", _probe_source(), port_list, ",".join(modules)))
+        + " </dev/null"
+    )
+    return remote_command.sh("\n".join(lines))
+
+
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_source() -> str:
+    return pathlib.Path(host_probe.__file__).read_text(encoding="utf-8")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Probe:
     program: str
@@ -98,7 +139,7 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = _probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
-    command = remote_command.check_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules)
+    command = probe_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules)
     try:
         code, out, err = run(first, command, PROBE_TIMEOUT)
     except MgpuError as e:

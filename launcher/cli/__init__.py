@@ -1,0 +1,9 @@
+"""The command line: click commands, option types, and the typed options they hand on.
+
+Only this package imports click. It never imports TensorFlow or numpy.
+"""
+
+from launcher.cli import commands  # noqa: F401 - registers the commands on the group
+from launcher.cli.main import cli, main
+
+__all__ = ["cli", "main"]

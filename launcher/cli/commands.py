@@ -1,0 +1,195 @@
+"""The commands: launch, tf-config, check and train."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+
+from launcher.cli import params
+from launcher.cli.main import cli
+from launcher.cli.options import (
+    cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
+    with_command_line, with_task_settings,
+)
+from launcher.config.spec import ROLES, WORKER
+from launcher.errors import UsageError
+
+
+LAUNCH_HELP = """Start one process per task, locally or over SSH, and supervise them.
+
+\b
+Hosts come from exactly one of --workers, --hostfile, --spec or --local.
+With no COMMAND, every task runs the built-in trainer (`mgpu train`) with this
+launcher's Python (remote hosts: --python, default python3). Arguments after
+`--` that start with a dash are passed to the trainer; anything else is a
+command that runs in every task with TF_CONFIG set.
+
+\b
+Examples:
+  mgpu launch --local 2
+  mgpu launch --local 2 --chief --evaluator -- --train-steps 500 --model-dir /tmp/m
+  mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
+  mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
+  mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
+
+Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
+"""
+
+
+@cli.command("launch", help=LAUNCH_HELP)
+@cluster_options
+@click.option("--local", type=click.IntRange(min=1), metavar="N",
+              help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
+@click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
+@click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
+              help="Where each run's logs and run.json go, under a folder named by the run id.")
+@click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
+@click.option("--show", type=params.TASK_SELECTORS, metavar="TYPE[:INDEX],...",
+              help="Show only these tasks on the console (logs still get everything), e.g. chief,worker:0.")
+@click.option("--grace-period", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+              help="Time between TERM and KILL when stopping tasks.")
+@click.option("--start-timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True, metavar="SECONDS",
+              help="Stop the cluster if a task has not reported ready by then.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Restart the whole cluster after a failure, up to N times.")
+@click.option("--threads-per-task", type=click.IntRange(min=1), metavar="K",
+              help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
+@click.option("--gpus-per-task", type=click.IntRange(min=0), metavar="K",
+              help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
+@click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
+              help="Set an environment variable in every task (repeatable).")
+@click.option("--env-file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Set environment variables from a file of NAME=VALUE lines.")
+@click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
+              help="Pass this variable of the launcher's environment on to every task (repeatable).")
+@click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
+@click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@ssh_options
+@click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
+@click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch_command(**opts) -> None:
+    if opts["as_json"] and not opts["dry_run"]:
+        raise UsageError("--json goes with --dry-run")
+    command = opts.pop("command")
+    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"]), command), opts)
+    run_id = opts["run_id"] or new_run_id()
+    plans = make_plans(spec, run_id)
+
+    if opts["dry_run"]:
+        from launcher.plan.render import plan_to_json, render_plan_text
+
+        if opts["as_json"]:
+            import json
+
+            click.echo(json.dumps(plan_to_json(plans), indent=2))
+        else:
+            click.echo(render_plan_text(plans))
+        return
+
+    from launcher.launch import launch
+
+    launch(plans, launch_options_from(opts, run_id))
+
+
+# ---------------------------------------------------------------------------
+# mgpu tf-config
+
+TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
+
+\b
+Examples:
+  mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
+  mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
+"""
+
+
+@cli.command("tf-config", help=TF_CONFIG_HELP)
+@cluster_options
+@click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
+@click.option("--task-index", type=click.IntRange(min=0), required=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
+              help="json, or env: an `export TF_CONFIG='...'` line for a shell.")
+def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None:
+    from launcher.plan.planner import select_task
+    from launcher.plan.render import render_tf_config
+
+    plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False)
+    click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
+
+
+# ---------------------------------------------------------------------------
+# mgpu check
+
+CHECK_HELP = """Check every host of the cluster, in parallel, without starting anything.
+
+\b
+For each host: SSH login (host key, user, key), the task's program and Python,
+whether TensorFlow imports (and the built-in trainer, when tasks run it) with
+the same TensorFlow version as this machine, whether the tasks' ports are
+free, and how many GPUs nvidia-smi lists. One table row per host.
+`mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
+
+\b
+Examples:
+  mgpu check --workers h1:2222,h2:2222
+  mgpu check --spec cluster.yaml --known-hosts ./known_hosts
+  mgpu check --workers h1,h2 -- python train.py
+
+Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
+"""
+
+
+@cli.command("check", help=CHECK_HELP)
+@cluster_options
+@click.option("--workdir", metavar="DIR", help="Working directory of every task.")
+@click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@ssh_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def check_command(**opts) -> None:
+    from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
+
+    command = opts.pop("command")
+    spec = with_command_line(read_spec(opts), command)
+    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
+    plans = make_plans(spec, run_id="check")
+    ssh_runner = None
+    if any(not plan.local for plan in plans):
+        from launcher.launch import make_ssh_runner
+
+        ssh_runner = make_ssh_runner(ssh_options_from(opts))
+    try:
+        reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+    finally:
+        if ssh_runner is not None:
+            ssh_runner.close()
+    click.echo(render_table(reports))
+    raise_for_failures(reports)
+
+
+# ---------------------------------------------------------------------------
+# mgpu train
+
+TRAIN_HELP = """Run the built-in trainer (what each task runs by default).
+
+All arguments go to the trainer; `mgpu train --help` lists them.
+"""
+
+
+@cli.command("train", help=TRAIN_HELP, add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def train_command(args: tuple[str, ...]) -> None:
+    from launcher.trainer import main as trainer_main
+
+    sys.exit(trainer_main(list(args)))
+
+
+# ---------------------------------------------------------------------------
+
+

@@ -1,0 +1,79 @@
+"""The `mgpu` group and its entry point. Errors are caught once, here, and become exit codes."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from launcher import __version__
+from launcher.errors import EXIT_INTERRUPTED, MgpuError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class MgpuGroup(click.Group):
+    """The top-level group: every error becomes one line on stderr and an exit code."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        extra.pop("standalone_mode", None)
+        self.root_context: click.Context | None = None
+        try:
+            code = super().main(args=args, prog_name=prog_name or "mgpu", standalone_mode=False,
+                                auto_envvar_prefix="MGPU", **extra)
+            code = code if isinstance(code, int) else 0
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.ClickException as exc:
+            click.echo(f"mgpu: error: {exc.format_message()}", err=True)
+            code = exc.exit_code
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("mgpu: interrupted", err=True)
+            code = EXIT_INTERRUPTED
+        except MgpuError as exc:
+            if debug_flag(self.root_context):
+                traceback.print_exc()
+            click.echo(f"mgpu: error: {exc}", err=True)
+            code = exc.exit_code
+        except Exception as exc:  # a bug: one line, and the traceback on request
+            if debug_flag(self.root_context):
+                traceback.print_exc()
+            click.echo(f"mgpu: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                       err=True)
+            code = 1
+        sys.exit(code)
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        # Kept so that errors raised by a command can still be shown with its --debug.
+        self.root_context = super().make_context(*args, **kwargs)
+        return self.root_context
+
+
+def debug_flag(ctx: click.Context | None) -> bool:
+    """The group's --debug (or MGPU_DEBUG): the one place it is read, for errors and commands alike."""
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+@click.group(cls=MgpuGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="mgpu")
+@click.option("--debug", is_flag=True, help="Show the traceback of errors, and the SSH library's log.")
+def cli(debug: bool) -> None:
+    """Launch and supervise multi-worker TensorFlow training, locally or over SSH.
+
+    \b
+    Examples:
+      mgpu launch --local 2                          # a 2-worker cluster on this machine
+      mgpu launch --workers h1:2222,h2:2222 -- python train.py
+      mgpu launch --spec cluster.yaml --dry-run      # show what would run, start nothing
+      mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format env
+
+    Every option can also be set from the environment as MGPU_<COMMAND>_<OPTION>,
+    for example MGPU_LAUNCH_WORKERS=h1:2222,h2:2222.
+    """
+    # Read through debug_flag(): errors show tracebacks, the commands pass it on in their options.
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv)

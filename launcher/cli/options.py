@@ -1,0 +1,202 @@
+"""Options shared by the commands, and the translation of click's keyword arguments into the
+typed objects the rest of mgpu takes: ClusterSpec, LaunchOptions, SshOptions."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import secrets
+import sys
+import time
+
+import click
+
+from launcher.cli import params
+from launcher.cli.main import debug_flag
+from launcher.config.spec import ClusterSpec, SshSettings
+from launcher.errors import UsageError
+from launcher.launch import LaunchOptions
+from launcher.runners.ssh.options import SshOptions
+from launcher.supervise.options import SuperviseOptions
+
+# `--chief` and `--evaluator` given without a value under --local: run that role on this machine too.
+THIS_MACHINE = object()
+
+
+def cluster_options(func):
+    """Options that say which tasks make up the cluster: shared by launch, tf-config and check."""
+    options = [
+        click.option("--workers", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
+                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port."),
+        click.option("--chief", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
+                     metavar="HOST:PORT", help="A chief task (task type 'chief'). With --local, no value."),
+        click.option("--evaluator", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
+                     metavar="HOST", help="A sidecar evaluator (not part of the cluster). With --local, no value."),
+        click.option("--port", type=params.PORT, default=2222, show_default=True,
+                     help="Port for hosts listed without one."),
+        click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N' (N tasks on consecutive ports)."),
+        click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="A YAML or JSON cluster spec (see the README for its schema)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def ssh_options(func):
+    options = [
+        click.option("--ssh-user", help="SSH user for hosts that name none."),
+        click.option("--ssh-port", type=params.PORT, help="SSH port for hosts that name none."),
+        click.option("--identity", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+                     help="SSH private key file."),
+        click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+                     help="An OpenSSH config file to use instead of ~/.ssh/config."),
+        click.option("--known-hosts", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="A known_hosts file to trust besides ~/.ssh/known_hosts."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
+                          "A changed key is always refused."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                     metavar="SECONDS", help="Timeout for each SSH connection."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
+    """The ClusterSpec that the options describe. Exactly one source of hosts must be given."""
+    from launcher.config.hostfile import parse_hostfile
+    from launcher.config.spec import build_tasks, expand_slots, local_tasks
+    from launcher.config.spec_file import load_spec_text
+
+    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hostfile", opts.get("hostfile")),
+                                        ("--spec", opts.get("spec_file")), ("--local", local is not None)) if given]
+    if len(sources) > 1:
+        raise UsageError(f"give only one of {' and '.join(sources)}")
+    if not sources:
+        raise UsageError("no hosts: give --workers, --hostfile, --spec or --local")
+    chief, evaluator = opts.get("chief"), opts.get("evaluator")
+    for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
+        if local is None and value is THIS_MACHINE:
+            raise UsageError(f"{flag} needs a host here (it takes no value only with --local)")
+        if local is not None and value not in (None, THIS_MACHINE):
+            raise UsageError(f"with --local, {flag} takes no value: every task runs on this machine")
+    ssh_defaults = SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"),
+                               identity_file=opts.get("identity"))
+
+    if opts.get("spec_file"):
+        if chief or evaluator:
+            raise UsageError("--chief and --evaluator cannot be combined with --spec: put them in the spec file")
+        path = opts["spec_file"]
+        return load_spec_text(read_text(path, "--spec"), path).cluster_spec(ssh_defaults)
+    if local is not None:
+        from launcher.host.ports import pick_free_ports
+
+        with_chief = chief is THIS_MACHINE
+        return ClusterSpec(tasks=local_tasks(pick_free_ports(local + with_chief), with_chief,
+                                             with_evaluator=evaluator is THIS_MACHINE))
+    if opts.get("hostfile"):
+        path = opts["hostfile"]
+        workers = expand_slots(parse_hostfile(read_text(path, "--hostfile"), path), opts["port"])
+    else:
+        workers = opts["workers"]
+    return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
+
+
+def read_text(path: str, option: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path}: not a text file") from None
+
+
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
+    from launcher.host.gpus import detect_gpus
+    from launcher.host.names import local_host_names
+    from launcher.plan.planner import plan_tasks
+
+    return plan_tasks(
+        spec,
+        run_id=run_id,
+        local_hosts=local_host_names(),
+        launcher_python=sys.executable,
+        local_gpu_count=detect_gpus() if count_gpus else 0,
+    )
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpec:
+    """Apply what follows `--`: arguments starting with a dash extend the program the spec runs
+    (the built-in trainer, or the spec file's command); anything else replaces the program."""
+    if not command:
+        return spec
+    if not command[0].startswith("-"):
+        return dataclasses.replace(spec, command=command)
+    if spec.command is not None:
+        return dataclasses.replace(spec, command=spec.command + command)
+    return dataclasses.replace(spec, trainer_args=spec.trainer_args + command)
+
+
+def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
+    """The spec with launch's --env, --env-file, --forward-env, --workdir, --python, threads and GPUs over it."""
+    from launcher.config.envfile import parse_env_file
+
+    env = dict(spec.env)
+    if opts.get("env_file"):
+        env.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
+    for name in opts.get("forward_env", ()):
+        if name not in os.environ:
+            raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
+        env[name] = os.environ[name]
+    env.update(opts.get("env_pairs", ()))
+    gpus = opts.get("gpus_per_task")
+    return dataclasses.replace(
+        spec,
+        env=env,
+        workdir=opts.get("workdir") or spec.workdir,
+        python=opts.get("python") or spec.python,
+        threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
+        gpus_per_task=gpus if gpus is not None else spec.gpus_per_task,
+    )
+
+
+def ssh_options_from(opts: dict) -> SshOptions:
+    """SshOptions from the parsed options; those a command does not have keep their defaults."""
+    defaults = SshOptions()
+    grace = opts.get("grace_period")
+    return SshOptions(
+        known_hosts=opts.get("known_hosts") or None,
+        accept_new_host_keys=bool(opts.get("accept_new_host_keys")),
+        ssh_config=opts.get("ssh_config") or None,
+        connect_timeout=float(opts.get("connect_timeout") or defaults.connect_timeout),
+        kill_grace=math.ceil(grace) if grace is not None else defaults.kill_grace,
+        debug=debug_flag(click.get_current_context(silent=True)),
+    )
+
+
+def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
+    return LaunchOptions(
+        supervise=SuperviseOptions(
+            run_id=run_id,
+            log_dir=pathlib.Path(opts["log_dir"]),
+            grace_period=opts["grace_period"],
+            start_timeout=opts["start_timeout"],
+            max_restarts=opts["max_restarts"],
+            timestamps=opts["timestamps"],
+            show=opts["show"],
+        ),
+        ssh=ssh_options_from(opts),
+        check_hosts=not opts["no_check"],
+        allow_public=opts["allow_public"],
+    )

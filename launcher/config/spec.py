@@ -1,0 +1,144 @@
+"""The cluster spec: which tasks run where, and how to reach their hosts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Mapping, Sequence
+
+
+from launcher.errors import SpecError
+from launcher.protocol import TASK_TYPES
+from launcher.config.addresses import Endpoint, format_address
+
+CHIEF = "chief"
+WORKER = "worker"
+EVALUATOR = "evaluator"
+ROLES = TASK_TYPES  # also the order tasks are planned and shown in
+
+
+@dataclasses.dataclass(frozen=True)
+class SshSettings:
+    """How to log into one host. None means: ask ~/.ssh/config, then the defaults."""
+
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+
+    def merged_over(self, defaults: "SshSettings") -> "SshSettings":
+        """These settings, with gaps filled from `defaults`."""
+        return SshSettings(
+            **{
+                f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(defaults, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task: its role and where it runs. An evaluator has no port (it is not in the cluster)."""
+
+    role: str
+    host: str
+    port: int | None
+    ssh: SshSettings = SshSettings()
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    tasks: tuple[TaskSpec, ...]
+    # The program each task runs; None means the built-in trainer.
+    command: tuple[str, ...] | None = None
+    # Arguments for the built-in trainer (only when command is None).
+    trainer_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    workdir: str | None = None
+    # SSH settings for hosts whose own settings leave a gap.
+    ssh_defaults: SshSettings = SshSettings()
+    # The interpreter that runs the built-in trainer; None means the launcher's own (local tasks)
+    # or "python3" (remote tasks).
+    python: str | None = None
+    threads_per_task: int | None = None
+    gpus_per_task: int | None = None
+
+
+# ---------------------------------------------------------------------------
+# Building task lists from what the user wrote, and checking them.
+
+PS_MESSAGE = (
+    "the 'ps' role is for parameter-server training; MultiWorkerMirroredStrategy uses collective "
+    "all-reduce and has no parameter servers: list those hosts as workers"
+)
+
+
+def build_tasks(
+    chief: Endpoint | None,
+    workers: Sequence[Endpoint],
+    evaluator: Endpoint | None,
+    default_port: int | None,
+    host_ssh: Mapping[str, SshSettings] | None = None,
+) -> tuple[TaskSpec, ...]:
+    """Tasks in planning order (chief, workers, evaluator), checked for consistency.
+
+    A `user@` in an entry and `host_ssh[host]` set that host's SSH settings.
+    """
+    host_ssh = host_ssh or {}
+
+    def task(role: str, endpoint: Endpoint) -> TaskSpec:
+        ssh = host_ssh.get(endpoint.host, SshSettings())
+        if endpoint.user:
+            ssh = dataclasses.replace(ssh, user=endpoint.user)
+        if role == EVALUATOR:
+            if endpoint.port is not None:
+                raise SpecError(
+                    f"evaluator {endpoint}: the evaluator is not part of the cluster and takes no port"
+                )
+            return TaskSpec(role, endpoint.host, None, ssh)
+        port = endpoint.port if endpoint.port is not None else default_port
+        if port is None:
+            raise SpecError(f"{role} {endpoint} has no port: write {endpoint}:PORT or give --port")
+        return TaskSpec(role, endpoint.host, port, ssh)
+
+    tasks = [task(CHIEF, chief)] if chief else []
+    tasks += [task(WORKER, endpoint) for endpoint in workers]
+    if not tasks:
+        raise SpecError("the cluster is empty: give at least one worker")
+    if evaluator:
+        tasks.append(task(EVALUATOR, evaluator))
+    _reject_duplicates(tasks)
+    return tuple(tasks)
+
+
+def _reject_duplicates(tasks: Sequence[TaskSpec]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    counts = {role: 0 for role in ROLES}
+    for task in tasks:
+        name = f"{task.role}:{counts[task.role]}"
+        counts[task.role] += 1
+        if task.port is None:
+            continue
+        key = (task.host, task.port)
+        if key in seen:
+            raise SpecError(f"{format_address(*key)} is listed twice ({seen[key]} and {name})")
+        seen[key] = name
+
+
+def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool) -> tuple[TaskSpec, ...]:
+    """A cluster simulated on this machine: a chief (if asked) and workers on `ports`, on 127.0.0.1."""
+    endpoints = [Endpoint("127.0.0.1", port) for port in ports]
+    return build_tasks(endpoints[0] if with_chief else None, endpoints[with_chief:],
+                       Endpoint("127.0.0.1") if with_evaluator else None, None)
+
+
+def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | None) -> tuple[Endpoint, ...]:
+    """One endpoint per slot: `host slots=3` on port P becomes ports P, P+1, P+2."""
+    endpoints = []
+    for endpoint, slots in entries:
+        port = endpoint.port if endpoint.port is not None else default_port
+        if port is None:
+            raise SpecError(f"{endpoint} has no port: write {endpoint}:PORT or give --port")
+        if port + slots - 1 > 65535:
+            raise SpecError(f"{endpoint} with slots={slots} runs past port 65535")
+        endpoints += [dataclasses.replace(endpoint, port=port + i) for i in range(slots)]
+    return tuple(endpoints)

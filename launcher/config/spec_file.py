@@ -1,0 +1,211 @@
+"""Spec files (YAML or JSON): the schema documented in the README, checked key by key.
+
+Every problem is one SpecError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Mapping, NoReturn
+
+from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
+from launcher.config.spec import CHIEF, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks
+from launcher.errors import SpecError
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecFile:
+    """What a spec file says. The CLI combines it with its own options into a ClusterSpec."""
+
+    tasks: tuple[TaskSpec, ...]
+    ssh: SshSettings = SshSettings()
+    command: tuple[str, ...] | None = None
+    trainer_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    workdir: str | None = None
+    python: str | None = None
+    threads_per_task: int | None = None
+    gpus_per_task: int | None = None
+
+    def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
+        """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
+        return ClusterSpec(
+            tasks=self.tasks,
+            command=self.command,
+            trainer_args=self.trainer_args,
+            env=self.env,
+            workdir=self.workdir,
+            ssh_defaults=ssh_defaults.merged_over(self.ssh),
+            python=self.python,
+            threads_per_task=self.threads_per_task,
+            gpus_per_task=self.gpus_per_task,
+        )
+
+
+_TOP_KEYS = {
+    "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
+    "python", "threads_per_task", "gpus_per_task",
+}
+_SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
+
+
+class _Reader:
+    """Typed reads of a loaded document; every failure names the file and the key."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, message: str) -> NoReturn:
+        raise SpecError(f"{self.source}: {message}")
+
+    def mapping(self, value: object, what: str, allowed: set[str] | None = None) -> dict:
+        if not isinstance(value, dict):
+            self.fail(f"{what} must be a mapping")
+        for key in value:
+            if not isinstance(key, str):
+                self.fail(f"{what}: key {key!r} is not a string")
+            if allowed is not None and key not in allowed:
+                self.fail(f"unknown key {key!r} in {what} (known keys: {', '.join(sorted(allowed))})")
+        return value
+
+    def string(self, value: object, what: str) -> str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            self.fail(f"{what} must be a string")
+        return str(value)
+
+    def count(self, value: object, what: str, minimum: int) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            self.fail(f"{what} must be a whole number >= {minimum}")
+        return value
+
+    def port(self, value: object, what: str) -> int:
+        try:
+            return parse_port("" if isinstance(value, bool) else str(value))
+        except ValueError as exc:
+            self.fail(f"{what}: {exc}")
+
+    def endpoints(self, value: object, what: str) -> list[Endpoint]:
+        items = value if isinstance(value, list) else [value]
+        found = []
+        for item in items:
+            try:
+                found.append(parse_endpoint(self.string(item, what)))
+            except ValueError as exc:
+                self.fail(f"{what}: {exc}")
+        return found
+
+    def ssh_settings(self, value: object, what: str) -> SshSettings:
+        fields = self.mapping(value, what, _SSH_KEYS)
+        return SshSettings(
+            user=self.string(fields["user"], f"{what}.user") if "user" in fields else None,
+            port=self.port(fields["port"], f"{what}.port") if "port" in fields else None,
+            identity_file=(self.string(fields["identity_file"], f"{what}.identity_file")
+                           if "identity_file" in fields else None),
+            proxy_jump=self.string(fields["proxy_jump"], f"{what}.proxy_jump") if "proxy_jump" in fields else None,
+        )
+
+    def optional(self, top: dict, key: str, read, *args):
+        """read(top[key], key, *args), or None when the key is absent."""
+        return read(top[key], key, *args) if key in top else None
+
+
+def parse_spec(data: object, source: str) -> SpecFile:
+    """Check a loaded YAML/JSON document and turn it into a SpecFile."""
+    read = _Reader(source)
+    if data is None:
+        read.fail("the file is empty")
+    top = read.mapping(data, "the spec", None)
+    if "ps" in top:
+        read.fail(PS_MESSAGE)
+    if "worker" in top or "chief" in top or "workers" in top:
+        read.fail("chief and worker lists go under 'cluster:', as in TF_CONFIG")
+    read.mapping(top, "the spec", _TOP_KEYS)
+    trainer_args = top.get("trainer_args", [])
+    if not isinstance(trainer_args, list):
+        read.fail("trainer_args must be a list")
+    return SpecFile(
+        tasks=_tasks(read, top),
+        ssh=read.optional(top, "ssh", read.ssh_settings) or SshSettings(),
+        command=_command(read, top.get("command")),
+        trainer_args=tuple(read.string(arg, "trainer_args") for arg in trainer_args),
+        env=_env(read, top.get("env", {})),
+        workdir=read.optional(top, "workdir", read.string),
+        python=read.optional(top, "python", read.string),
+        threads_per_task=read.optional(top, "threads_per_task", read.count, 1),
+        gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0),
+    )
+
+
+def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
+    """The `cluster:`, `evaluator:`, `port:` and `hosts:` keys, as tasks."""
+    if "cluster" not in top:
+        read.fail("missing 'cluster' (a mapping with 'worker' and optionally 'chief')")
+    cluster = read.mapping(top["cluster"], "cluster", None)
+    if "ps" in cluster:
+        read.fail(f"cluster.ps: {PS_MESSAGE}")
+    if "evaluator" in cluster:
+        read.fail("the evaluator must not be inside 'cluster' (it is not part of the TF cluster): "
+                  "move it to a top-level 'evaluator' key")
+    read.mapping(cluster, "cluster", {CHIEF, WORKER})
+    chiefs = read.endpoints(cluster[CHIEF], "cluster.chief") if CHIEF in cluster else []
+    if len(chiefs) > 1:
+        read.fail(f"cluster.chief lists {len(chiefs)} hosts; a cluster has at most one chief")
+    workers = read.endpoints(cluster.get(WORKER, []), "cluster.worker")
+    evaluators = read.endpoints(top["evaluator"], "evaluator") if "evaluator" in top else []
+    if len(evaluators) > 1:
+        read.fail(f"evaluator lists {len(evaluators)} hosts; there is at most one evaluator")
+    host_ssh = {}
+    for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
+        try:
+            host_ssh[parse_host(name)] = read.ssh_settings(settings, f"hosts.{name}")
+        except ValueError as exc:
+            read.fail(f"hosts: {exc}")
+    default_port = read.optional(top, "port", read.port)
+    try:
+        return build_tasks(chiefs[0] if chiefs else None, workers, evaluators[0] if evaluators else None,
+                           default_port, host_ssh)
+    except SpecError as exc:
+        read.fail(str(exc))
+
+
+def _command(read: _Reader, command: object) -> tuple[str, ...] | None:
+    if command is None:
+        return None
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError as exc:
+            read.fail(f"command: {exc}")
+    elif not isinstance(command, list):
+        read.fail("command must be a list of arguments or a string")
+    parts = tuple(read.string(part, "command") for part in command)
+    if not parts:
+        read.fail("command is empty")
+    return parts
+
+
+def _env(read: _Reader, value: object) -> dict[str, str]:
+    env = {}
+    for name, item in read.mapping(value, "env", None).items():
+        try:
+            env[parse_env_name(name)] = read.string(item, f"env.{name}")
+        except ValueError as exc:
+            read.fail(f"env: {exc}")
+    return env
+
+
+def load_spec_text(text: str, source: str) -> SpecFile:
+    """Parse YAML or JSON (JSON is YAML) text."""
+    import yaml  # only spec files need it; it is a third of the CLI's import time
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML or JSON"
+        raise SpecError(f"{source}: {problem}{at}") from None
+    return parse_spec(data, source)
+
+

@@ -1,0 +1,159 @@
+"""Planning: a cluster spec becomes one TaskPlan per task. Pure functions, no I/O.
+
+Dry-run renders the plan (render.py); launch executes the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Mapping, Sequence
+
+from launcher.errors import SpecError
+from launcher.config.addresses import format_address, is_loopback
+from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
+from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
+from launcher.plan.devices import split_devices
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPlan:
+    """Everything needed to start one task, on this machine or over SSH."""
+
+    type: str  # chief | worker | evaluator
+    index: int
+    host: str
+    port: int | None  # None for the evaluator, which is not in the cluster
+    local: bool
+    ssh: SshSettings | None  # None for a local task
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
+    workdir: str | None
+    waits_for_ready: bool  # True when the program speaks the readiness protocol
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def tf_config(self) -> dict:
+        return json.loads(self.env["TF_CONFIG"])
+
+
+TRAINER_MODULE = "launcher.trainer"
+REMOTE_PYTHON = "python3"
+def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict:
+    """TF_CONFIG for one task. The evaluator is not in `cluster` but still has a task entry."""
+    return {"cluster": {role: list(addresses) for role, addresses in cluster.items()},
+            "task": {"type": task_type, "index": task_index}}
+
+
+def cluster_addresses(tasks: Sequence[TaskSpec]) -> dict[str, list[str]]:
+    """The TF cluster: chief and worker addresses, in order. The evaluator is not a member."""
+    cluster: dict[str, list[str]] = {}
+    for task in tasks:
+        if task.role != EVALUATOR:
+            cluster.setdefault(task.role, []).append(format_address(task.host, task.port))
+    return cluster
+
+
+def task_names(tasks: Sequence[TaskSpec]) -> list[tuple[str, int]]:
+    """(type, index) of each task, numbering each role from 0."""
+    counts: dict[str, int] = {}
+    names = []
+    for task in tasks:
+        names.append((task.role, counts.get(task.role, 0)))
+        counts[task.role] = counts.get(task.role, 0) + 1
+    return names
+
+
+def plan_tasks(
+    spec: ClusterSpec,
+    *,
+    run_id: str,
+    local_hosts: frozenset[str],
+    launcher_python: str,
+    local_gpu_count: int = 0,
+) -> list[TaskPlan]:
+    """One TaskPlan per task, in order: chief, workers, evaluator.
+
+    `local_hosts` are the host names that mean this machine; their tasks run as local processes.
+    `local_gpu_count` is the number of GPUs on this machine.
+    """
+    _check_env(spec.env)
+    is_local = _locality(spec.tasks, local_hosts)
+    # Tasks on one machine split its GPUs; every local task shares this machine's.
+    machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
+    devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
+    cluster = cluster_addresses(spec.tasks)
+    plans = []
+    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+        env = {
+            "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
+            ENV_RUN_ID: run_id,
+            ENV_TASK_TYPE: task_type,
+            ENV_TASK_INDEX: str(index),
+            "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
+            **_thread_env(spec.threads_per_task),
+        }
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        env.update(spec.env)
+        plans.append(
+            TaskPlan(
+                type=task_type,
+                index=index,
+                host=task.host,
+                port=task.port,
+                local=local,
+                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
+                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
+                env=env,
+                workdir=spec.workdir,
+                waits_for_ready=spec.command is None,
+            )
+        )
+    return plans
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    for name in env:
+        if name == "TF_CONFIG" or name.startswith("MGPU_"):
+            raise SpecError(f"environment variable {name} is set by mgpu for each task and cannot be given")
+
+
+def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
+    """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
+    is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
+    loopback = [task.host for task in tasks if is_loopback(task.host)]
+    remote = [task.host for task, local in zip(tasks, is_local) if not local]
+    if loopback and remote:
+        raise SpecError(
+            f"loopback address {loopback[0]} is mixed with remote host {remote[0]}: remote tasks would "
+            f"dial their own loopback and hang; use an address the other hosts can reach"
+        )
+    return is_local
+
+
+def _thread_env(threads_per_task: int | None) -> dict[str, str]:
+    if not threads_per_task:
+        return {}
+    threads = str(threads_per_task)
+    return {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
+
+
+def _argv(spec: ClusterSpec, default_python: str) -> tuple[str, ...]:
+    """The spec's command, or the built-in trainer run by the spec's Python (or the default one)."""
+    if spec.command is not None:
+        return tuple(spec.command)
+    return (spec.python or default_python, "-m", TRAINER_MODULE, *spec.trainer_args)
+
+
+def select_task(plans: Sequence[TaskPlan], task_type: str, index: int) -> TaskPlan:
+    for plan in plans:
+        if plan.type == task_type and plan.index == index:
+            return plan
+    count = sum(plan.type == task_type for plan in plans)
+    if count == 0:
+        raise SpecError(f"the cluster has no {task_type} task")
+    raise SpecError(f"task index {index} is out of range: the cluster has {count} {task_type} task(s), 0-{count - 1}")

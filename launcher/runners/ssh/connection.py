@@ -1,0 +1,253 @@
+"""Authenticated SSH connections: login (host keys, jump hosts), keepalives, commands, signals."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import paramiko
+
+from launcher.config.addresses import Endpoint
+from launcher.config.spec import SshSettings
+from launcher.errors import ConnectError, HostKeyError, MgpuError
+from launcher.runners.ssh import hostkeys, remote_command
+from launcher.runners.ssh.options import SshOptions
+from launcher.runners.ssh.target import SshTarget, resolve_target
+from launcher.runners.ssh.transport import LOG_CHANNEL, SignalStatusTransport
+
+# Exit code reported when the connection died before the task's status arrived (as ssh(1) does).
+EXIT_CONNECTION_LOST = 255
+# Unanswered keepalives before a connection counts as dead (ssh's ServerAliveCountMax).
+_KEEPALIVE_COUNT_MAX = 3
+# Channel window: large enough that a chatty task never waits for us between reads.
+_WINDOW_SIZE = 8 * 1024 * 1024
+
+
+def _describe_os_error(e: BaseException) -> str:
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = {err.strerror or str(err) for err in e.errors.values()}
+        return "; ".join(sorted(reasons))
+    if isinstance(e, socket.timeout):
+        return "timed out"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve name ({e.strerror})"
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+class Connection:
+    """One authenticated SSH connection, with a keepalive watch that closes it when the peer is gone."""
+
+    def __init__(self, target: SshTarget, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient], keepalive: float):
+        self.target = target
+        self.client = client
+        self.jumps = jumps  # jump host connections this one tunnels through
+        self.sessions = 0
+        self.lock = threading.Lock()
+        self.transport = client.get_transport()
+        self._closed = threading.Event()
+        self._signals: list[tuple[int, int]] = []  # (process group, signal) not sent yet
+        self._signalling = False
+        if keepalive > 0:
+            threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
+
+    def release(self) -> None:
+        """Give back the session slot SshRunner.connect took."""
+        with self.lock:
+            self.sessions -= 1
+
+    def signal_group(self, pgid: int, signum: int, timeout: float) -> None:
+        """Signal a remote process group without waiting for it. Signals asked for while a
+        command is under way go out together in the next one, so stopping many tasks takes
+        one round trip and one extra session, however slow the host."""
+        with self.lock:
+            self._signals.append((pgid, signum))
+            if self._signalling:
+                return
+            self._signalling = True
+        threading.Thread(target=self._send_signals, args=(timeout,), daemon=True,
+                         name=f"ssh-signal {self.target.alias}").start()
+
+    def _send_signals(self, timeout: float) -> None:
+        while True:
+            with self.lock:
+                batch, self._signals = self._signals, []
+                if not batch:
+                    self._signalling = False
+                    return
+            for signum in dict.fromkeys(sig for _, sig in batch):  # in the order asked, TERM before KILL
+                groups = list(dict.fromkeys(pgid for pgid, sig in batch if sig == signum))
+                try:
+                    self.run(remote_command.signal_command(groups, signum), timeout)
+                except MgpuError:
+                    pass  # unreachable: when sshd ends the session, the remote watcher kills the group
+
+    def _watch(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            if not self.transport.is_active():
+                return
+            answered = threading.Event()
+
+            def ping():
+                try:
+                    # OpenSSH answers unknown global requests with a failure: any answer proves it is alive.
+                    self.transport.global_request("keepalive@openssh.com", wait=True)
+                finally:
+                    answered.set()
+
+            threading.Thread(target=ping, daemon=True).start()
+            if not answered.wait(interval * _KEEPALIVE_COUNT_MAX):
+                self.transport.close()
+                return
+
+    @property
+    def active(self) -> bool:
+        return self.transport is not None and self.transport.is_active()
+
+    def open_session(self, timeout: float) -> paramiko.Channel:
+        try:
+            return self.transport.open_session(window_size=_WINDOW_SIZE, timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectError(f"{self.target.label}: cannot open an SSH session: {e}") from e
+
+    def run(self, command: str, timeout: float) -> tuple[int, bytes, bytes]:
+        """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout."""
+        chan = self.open_session(timeout)
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready() and chan.eof_received):
+                if time.monotonic() > deadline:
+                    raise ConnectError(f"{self.target.label}: command did not finish within {timeout:g} s")
+                got = False
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                    got = True
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    got = True
+                if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if not got:
+                    time.sleep(0.02)
+            status = chan.exit_status if chan.exit_status_ready() else EXIT_CONNECTION_LOST
+            return status, bytes(out), bytes(err)
+        except socket.timeout as e:
+            raise ConnectError(f"{self.target.label}: command did not finish within {timeout:g} s") from e
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise ConnectError(f"{self.target.label}: {e or type(e).__name__}") from e
+        finally:
+            chan.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.client.close()
+        for jump in reversed(self.jumps):
+            jump.close()
+
+
+def connect(target: SshTarget, options: SshOptions, config: paramiko.SSHConfig) -> Connection:
+    """Connect and log in, through the target's jump hosts if any. Raises ConnectError/HostKeyError."""
+    hops = [resolve_target(jump.host, SshSettings(user=jump.user, port=jump.port), config) for jump in target.proxy_jump]
+    clients: list[paramiko.SSHClient] = []
+    try:
+        sock = None
+        for hop, following in zip(hops, hops[1:] + [target]):
+            clients.append(_login(hop, options, sock))
+            try:
+                # The next hop is reached through a direct-tcpip channel of this one, like ssh -J.
+                sock = clients[-1].get_transport().open_channel(
+                    "direct-tcpip", (following.hostname, following.port), ("127.0.0.1", 0), timeout=options.connect_timeout
+                )
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise ConnectError(
+                    f"{target.label}: jump host {hop.label} cannot reach {following.hostname}:{following.port}: {e}"
+                ) from e
+        client = _login(target, options, sock, via=target.proxy_jump)
+    except BaseException:
+        for jump in reversed(clients):
+            jump.close()
+        raise
+    return Connection(target, client, clients, options.keepalive)
+
+
+def _handshake_problem(client: paramiko.SSHClient, timeout: float) -> str | None:
+    """Why the SSH handshake did not complete; None if it did (or never began).
+
+    paramiko's connect() stops waiting for the handshake after `timeout` without
+    saying so, and its next step then fails with an unrelated error ("No existing
+    session"); the transport knows the real cause.
+    """
+    transport = client.get_transport()
+    if transport is None or transport.initial_kex_done:
+        return None
+    saved = transport.get_exception()
+    if not transport.remote_version:
+        cause = saved.__context__ if isinstance(saved, paramiko.SSHException) else saved
+        if saved is None or isinstance(cause, socket.timeout):
+            return f"no SSH banner within {timeout:g} s"
+        if isinstance(cause, EOFError):
+            return "the server closed the connection before sending an SSH banner"
+    if saved is not None:
+        return str(saved) or type(saved).__name__
+    return f"the SSH handshake did not finish within {timeout:g} s"
+
+
+def _login(target: SshTarget, options: SshOptions, sock, via: tuple[Endpoint, ...] = ()) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_log_channel(LOG_CHANNEL)
+    client.load_system_host_keys()
+    record_in = hostkeys.default_known_hosts()
+    if options.known_hosts:
+        record_in = os.path.expanduser(options.known_hosts)
+        if os.path.exists(record_in):
+            client.load_host_keys(record_in)
+    client.set_missing_host_key_policy(hostkeys.HostKeyPolicy(options.accept_new_host_keys, record_in))
+    where = target.label + (f" via {','.join(map(str, via))}" if via else "")
+    try:
+        client.connect(
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.identity_files) or None,
+            timeout=options.connect_timeout,
+            banner_timeout=options.connect_timeout,
+            auth_timeout=options.connect_timeout,
+            channel_timeout=options.connect_timeout,
+            allow_agent=True,
+            look_for_keys=True,
+            sock=sock,
+            transport_factory=SignalStatusTransport,
+        )
+    except MgpuError:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        client.close()
+        raise HostKeyError(
+            hostkeys.changed_key_message(
+                target.hostname, target.port, e.key.get_name(), hostkeys.sha256_fingerprint(e.key.asbytes())
+            )
+        ) from e
+    except paramiko.AuthenticationException as e:
+        client.close()
+        tried = "ssh-agent, " + (", ".join(target.identity_files) if target.identity_files else "default keys in ~/.ssh")
+        raise ConnectError(f"{where}: authentication failed for user {target.user} (tried {tried})") from e
+    except (OSError, EOFError, paramiko.SSHException) as e:
+        problem = _handshake_problem(client, options.connect_timeout)
+        client.close()
+        if problem is not None:
+            raise ConnectError(f"{where}: {problem}") from e
+        if str(e) == "No authentication methods available":  # paramiko found no key to offer
+            raise ConnectError(
+                f"{where}: authentication failed for user {target.user} (no key to try: none in ssh-agent, "
+                f"no IdentityFile, no default keys in ~/.ssh)"
+            ) from e
+        if isinstance(e, paramiko.SSHException):
+            raise ConnectError(f"{where}: SSH error: {e}") from e
+        raise ConnectError(f"{where}: cannot connect: {_describe_os_error(e)}") from e
+    return client

@@ -1,0 +1,185 @@
+"""Tasks on other machines, started over SSH with paramiko.
+
+Settings for a host come from the spec (plan.ssh, CLI flags merged in) first, then the ssh
+config file, then defaults, like OpenSSH (target.py). Host keys are checked against
+~/.ssh/known_hosts plus an optional extra file; unknown keys are refused unless accepting new
+ones was asked for, changed keys always (hostkeys.py). Tasks on one host share a connection
+(this module's pool, over connection.py).
+
+How a remote task is wrapped, and why nothing outlives its SSH session, is explained in
+remote_command.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import paramiko
+
+from launcher.errors import ConnectError
+from launcher.plan.planner import TaskPlan
+from launcher.protocol import ENV_ATTEMPT
+from launcher.runners.base import Runner, TaskProcess
+from launcher.runners.ssh import remote_command
+from launcher.runners.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
+from launcher.runners.ssh.options import SshOptions
+from launcher.runners.ssh.stream import ChannelStream
+from launcher.runners.ssh.target import SshTarget, load_ssh_config, resolve_target
+
+# Sessions opened on one connection before another is opened; sshd's MaxSessions defaults to 10.
+_SESSIONS_PER_CONNECTION = 8
+
+
+class SshTaskProcess(TaskProcess):
+    def __init__(self, conn: Connection, chan: paramiko.Channel, stderr: ChannelStream, pgid: int, options: SshOptions):
+        self._conn = conn
+        self._chan = chan
+        self._options = options
+        self.pid = pgid
+        self._closed = False
+        self.stdout = ChannelStream(chan.recv)
+        self.stderr = stderr
+        stderr.on_eof = self._eof_note
+
+    def _eof_note(self) -> bytes:
+        if self._conn.active or self.poll() != EXIT_CONNECTION_LOST:
+            return b""
+        return (
+            f"mgpu: lost the SSH connection to {self._conn.target.label}; "
+            f"the remote task is killed when sshd notices\n"
+        ).encode()
+
+    def _status(self) -> int:
+        sig = getattr(self._chan, "mgpu_exit_signal", None)
+        if sig is not None:
+            return -sig
+        if self._chan.exit_status >= 0:
+            return self._chan.exit_status
+        return EXIT_CONNECTION_LOST
+
+    def poll(self) -> int | None:
+        if self._chan.exit_status_ready():
+            return self._status()
+        if not self._conn.active:
+            return EXIT_CONNECTION_LOST
+        return None
+
+    def signal_tree(self, signum: int) -> None:
+        """Returns at once; the signal is sent from a background thread."""
+        if self.poll() is not None or not self._conn.active:
+            # Gone, or unreachable: then sshd closes the session and the remote watcher kills the group.
+            return
+        self._conn.signal_group(self.pid, signum, self._options.connect_timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Closing the channel ends the session; the remote watcher then kills anything left in the group.
+        self._chan.close()
+        self._conn.release()
+
+
+class SshRunner(Runner):
+    """Starts tasks on remote hosts; one connection per host, shared by its tasks."""
+
+    def __init__(self, options: SshOptions = SshOptions()):
+        self.options = options
+        self._config = load_ssh_config(options.ssh_config)
+        self._lock = threading.Lock()
+        self._host_locks: dict[SshTarget, threading.Lock] = {}
+        self._connections: dict[SshTarget, list[Connection]] = {}
+
+    def target(self, task: TaskPlan) -> SshTarget:
+        return resolve_target(task.host, task.ssh, self._config)
+
+    def resolved_address(self, host: str) -> str | None:
+        """The IP address `host` means here, after ssh config's HostName; None if it does not resolve."""
+        hostname = self._config.lookup(host).get("hostname", host)
+        try:
+            return socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        except (OSError, UnicodeError):
+            return None
+
+    def connect(self, task: TaskPlan) -> Connection:
+        """A connection to the task's host with a free session slot (opens one if needed)."""
+        target = self.target(task)
+        with self._lock:
+            host_lock = self._host_locks.setdefault(target, threading.Lock())
+        with host_lock:
+            pool = self._connections.setdefault(target, [])
+            pool[:] = [c for c in pool if c.active or c.sessions > 0]
+            for conn in pool:
+                with conn.lock:
+                    if conn.active and conn.sessions < _SESSIONS_PER_CONNECTION:
+                        conn.sessions += 1
+                        return conn
+            conn = connect(target, self.options, self._config)
+            conn.sessions = 1
+            pool.append(conn)
+            return conn
+
+    def run(self, task: TaskPlan, command: str, timeout: float) -> tuple[int, bytes, bytes]:
+        """Run a short command on the task's host: (exit code, stdout, stderr)."""
+        conn = self.connect(task)
+        try:
+            return conn.run(command, timeout)
+        finally:
+            conn.release()
+
+    def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
+        # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
+        env = dict(task.env)
+        env[ENV_ATTEMPT] = str(attempt)
+        return env
+
+    def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
+        command = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace)
+        conn = self.connect(task)
+        try:
+            chan = conn.open_session(self.options.connect_timeout)
+            try:
+                try:
+                    chan.exec_command(command)
+                except (paramiko.SSHException, EOFError, OSError) as e:
+                    raise ConnectError(f"{conn.target.label}: cannot start the task: {e or type(e).__name__}") from e
+                stderr = ChannelStream(chan.recv_stderr)
+                pgid = self._read_pgid(chan, stderr, conn)
+            except BaseException:
+                chan.close()
+                raise
+        except BaseException:
+            conn.release()
+            raise
+        return SshTaskProcess(conn, chan, stderr, pgid, self.options)
+
+    def _read_pgid(self, chan: paramiko.Channel, stderr: ChannelStream, conn: Connection) -> int:
+        """Consume the wrapper's process-group line; lines the login shell printed before it stay in the stream."""
+        before: list[bytes] = []
+        chan.settimeout(self.options.connect_timeout)
+        try:
+            while True:
+                line = stderr.readline()
+                if not line:
+                    break
+                pgid = remote_command.parse_pgid_line(line)
+                if pgid is not None:
+                    stderr.unread(b"".join(before))
+                    return pgid
+                before.append(line)
+        except socket.timeout:
+            before.append(f"no answer within {self.options.connect_timeout:g} s".encode())
+        finally:
+            chan.settimeout(None)
+        detail = b"".join(before).decode("utf-8", "replace").strip().splitlines()
+        reason = detail[-1] if detail else ("the connection was lost" if not conn.active else "it exited")
+        raise ConnectError(f"{conn.target.label}: the remote shell did not start the task: {reason}")
+
+    def close(self) -> None:
+        with self._lock:
+            pools = list(self._connections.values())
+            self._connections.clear()
+        for pool in pools:
+            for conn in pool:
+                conn.close()

@@ -1,0 +1,66 @@
+"""An SSH channel's stdout or stderr as a binary stream that reads whole lines fast."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import paramiko
+
+
+class ChannelStream(io.RawIOBase):
+    """A channel's stdout or stderr as a binary stream with readline().
+
+    Reads in large chunks and splits lines itself (paramiko's file objects go
+    byte-wise through Python and are several times slower). At end of stream,
+    a lost connection is reported as one last line.
+    """
+
+    _CHUNK = 65536
+
+    def __init__(self, recv, on_eof=None):
+        super().__init__()
+        self._recv = recv
+        self._buffer = bytearray()
+        self._eof = False
+        self.on_eof = on_eof
+
+    def readable(self) -> bool:
+        return True
+
+    def unread(self, data: bytes) -> None:
+        self._buffer[:0] = data
+
+    def readline(self, size: int = -1) -> bytes:
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end >= 0:
+                line = bytes(self._buffer[: end + 1])
+                del self._buffer[: end + 1]
+                return line
+            if self._eof:
+                break
+            start = len(self._buffer)
+            try:
+                chunk = self._recv(self._CHUNK)
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                if isinstance(e, socket.timeout):
+                    raise
+                chunk = b""
+            if not chunk:
+                self._eof = True
+            self._buffer += chunk
+        if self._buffer:
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            return line
+        if self.on_eof is not None:
+            note, self.on_eof = self.on_eof(), None
+            return note
+        return b""
+
+    def readinto(self, buffer) -> int:
+        line = self.readline()
+        buffer[: len(line)] = line
+        return len(line)

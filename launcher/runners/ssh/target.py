@@ -1,0 +1,73 @@
+"""Where an SSH host really is: spec settings over ~/.ssh/config over defaults, as OpenSSH does."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+
+import paramiko
+
+from launcher.config.addresses import Endpoint, parse_endpoint
+from launcher.config.spec import SshSettings
+from launcher.errors import ConnectError, UsageError
+from launcher.runners.ssh import hostkeys
+
+
+@dataclasses.dataclass(frozen=True)
+class SshTarget:
+    """A host as OpenSSH would reach it: spec settings over ssh config over defaults."""
+
+    alias: str  # the name in the spec
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    proxy_jump: tuple[Endpoint, ...]  # jump hosts, outermost first
+
+    @property
+    def label(self) -> str:
+        name = hostkeys.known_hosts_name(self.hostname, self.port)
+        return name if self.alias == self.hostname else f"{self.alias} ({name})"
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    path = os.path.expanduser(path or "~/.ssh/config")
+    if not os.path.exists(path):
+        if path != os.path.expanduser("~/.ssh/config"):
+            raise ConnectError(f"ssh config file not found: {path}")
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except Exception as e:  # paramiko raises assorted errors for bad files
+        raise ConnectError(f"cannot read ssh config {path}: {e}") from e
+
+
+def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SSHConfig) -> SshTarget:
+    """Raises UsageError for a ProxyJump that is not `[user@]host[:port],...`, and ConnectError
+    for an identity file given in the spec or on the command line that does not exist."""
+    settings = settings or SshSettings()
+    found = config.lookup(alias)
+    port = settings.port if settings.port is not None else int(found.get("port", 22))
+    user = settings.user or found.get("user") or getpass.getuser()
+    if settings.identity_file:
+        identity = os.path.expanduser(settings.identity_file)
+        if not os.path.isfile(identity):
+            raise ConnectError(f"{alias}: identity file {identity} not found")
+        identities: tuple[str, ...] = (identity,)
+    else:
+        # Like ssh, skip IdentityFile entries that do not exist (config files often list several).
+        identities = tuple(
+            path for path in (os.path.expanduser(p) for p in found.get("identityfile", [])) if os.path.isfile(path)
+        )
+    jump = settings.proxy_jump if settings.proxy_jump is not None else found.get("proxyjump")
+    jumps = []
+    if jump and jump.lower() != "none":
+        for hop in (j.strip() for j in jump.split(",")):
+            try:
+                jumps.append(parse_endpoint(hop))
+            except ValueError as e:  # e names the hop; name the whole list when there are several
+                shown = f"{jump!r}: {e}" if "," in jump else str(e)
+                raise UsageError(f"{alias}: bad ProxyJump {shown}") from None
+    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps))
+

@@ -1,0 +1,4 @@
+"""Running a plan to its end: start, watch, fail fast, restart, stop, and record what happened.
+
+Knows TensorFlow only through diagnosis, and processes only through the runners.
+"""

@@ -1,0 +1,18 @@
+"""How a run is supervised. Apart from the supervisor so the CLI can build it cheaply."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+
+@dataclasses.dataclass(frozen=True)
+class SuperviseOptions:
+    run_id: str
+    log_dir: pathlib.Path  # run files go to log_dir / run_id /
+    grace_period: float = 10.0  # TERM -> KILL
+    start_timeout: float = 120.0  # seconds for every task to become ready
+    max_restarts: int = 0
+    timestamps: bool = False
+    show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
+    max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
