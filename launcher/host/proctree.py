@@ -35,6 +35,18 @@ def descendants(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def listens_on(procs: Iterable[psutil.Process], port: int) -> bool:
+    """Whether one of `procs` has a TCP socket listening on `port` (any address)."""
+    for proc in procs:
+        try:
+            sockets = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+        except psutil.Error:
+            continue
+        if any(s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port for s in sockets):
+            return True
+    return False
+
+
 def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Process]:
     """Every live process on this machine whose environment carries MGPU_RUN_ID=run_id
     (and that is in process group `pgid`, if given)."""

@@ -34,6 +34,14 @@ class TaskProcess(abc.ABC):
     def signal_tree(self, signum: int) -> None:
         """Send a signal to every process of the task. A no-op once it is gone."""
 
+    def listens_on(self, port: int) -> bool | None:
+        """Whether a process of the task listens on `port`; None when this runner cannot tell.
+
+        How the supervisor knows that a program which does not print the ready line has
+        started its server (TensorFlow's gRPC server listens once the strategy is built).
+        """
+        return None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

@@ -99,6 +99,11 @@ class LocalTaskProcess(TaskProcess):
             members = proctree.tagged_processes(self._run_id, pgid=self.pid)
         proctree.send(members, signum)
 
+    def listens_on(self, port: int) -> bool:
+        if self._root is None or self._popen.returncode is not None or not proctree.is_alive(self._root):
+            return False
+        return proctree.listens_on([self._root, *proctree.descendants(self._root)], port)
+
     def close(self) -> None:
         # A reader thread may still wait on a stream; stop() ends that wait, and
         # close() then gets the stream's lock and releases the pipe.

@@ -1,14 +1,51 @@
-"""What task output means: the one place the supervisor learns TensorFlow's log wording."""
+"""What task output means: the one place the supervisor learns TensorFlow's log wording.
+
+- bind_failure(): a line saying the task's port could not be bound.
+- meaningful(): a task's lines without TensorFlow's C++ start-up noise (cuInit
+  without a GPU, the absl preamble, oneDNN and CPU-feature notices, INFO and
+  WARNING records). Only summaries are filtered; log files keep every line.
+- cause(): the lines that say why a task failed: the last Python exception
+  (type, message, and the deepest frame outside libraries), else the first
+  error line, else the last meaningful lines.
+- hints(): one `hint: ...` line per known failure whose wording appears.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Iterable, Sequence
 
 # What TensorFlow's gRPC server prints when its port is taken (TF 2.21), and the
 # classic wording of older releases and other servers.
 _NO_ADDRESS = re.compile(r"No address added out of total \d+ resolved for '[^']*?:(\d+)'")
 _BIND_FAILURE = re.compile(r"Address already in use|Failed to bind|Could not start gRPC server")
 
+# A C++ log record: glog/absl style "I0000 00:00:1700000000.123 1234 file.cc:12] text",
+# or the older "2024-01-01 12:00:00.123456: W tensorflow/core/....cc:12] text".
+_CPP_RECORD = re.compile(
+    r"^(?:(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: (?P<old_level>[IWEF]) \S+:\d+\])"
+)
+# Error records TensorFlow prints on every machine without a GPU or with duplicate plugins.
+_CPP_ERROR_NOISE = re.compile(
+    r"failed call to cuInit|Unable to register cu(?:DNN|FFT|BLAS) factory|computation placer already registered"
+    r"|TF-TRT Warning|Could not find cuda drivers|cuda_executor|kernel driver does not appear to be running"
+)
+# Plain lines of the same start-up notices (continuations of a record, or Python-side warnings).
+_PLAIN_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|^To enable the following instructions:|^This TensorFlow binary is optimized"
+    r"|oneDNN custom operations are on"
+)
+# Lines of a record that spans several lines (e.g. "Example stragglers:" and the task names below it).
+_CONTINUATION = re.compile(r"^/job:\S+$")
+
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+_LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|^<frozen |^<string>$")
+_ERROR_LINE = re.compile(r"\b(?:[A-Za-z]*Error|ERROR|[A-Za-z]*Exception|FATAL|Fatal|fatal|Traceback)\b|^error:")
+MAX_LINE = 400  # longer cause lines are cut
 
 
 def bind_failure(line: str) -> int | None:
@@ -20,3 +57,143 @@ def bind_failure(line: str) -> int | None:
     if _BIND_FAILURE.search(line):
         return 0
     return None
+
+
+def _record_level(line: str) -> str | None:
+    match = _CPP_RECORD.match(line)
+    if not match:
+        return None
+    return match.group("level") or match.group("old_level")
+
+
+def is_noise(line: str) -> bool:
+    """A line of TensorFlow's C++ chatter that says nothing about a failure."""
+    level = _record_level(line)
+    if level in ("I", "W"):
+        return True
+    if level in ("E", "F"):
+        return bool(_CPP_ERROR_NOISE.search(line))
+    return not line.strip() or bool(_PLAIN_NOISE.search(line))
+
+
+def meaningful(lines: Iterable[str]) -> list[str]:
+    """`lines` without noise, and without the continuation lines of noisy records."""
+    kept = []
+    after_noise = False
+    for line in lines:
+        if is_noise(line) or (after_noise and _CONTINUATION.match(line.strip())):
+            after_noise = True
+            continue
+        after_noise = False
+        kept.append(line)
+    return kept
+
+
+def _cut(line: str) -> str:
+    line = line.rstrip()
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonError:
+    exception: str  # "ValueError: message", first line
+    frame: str | None  # "file:line in function: code" of the deepest frame outside libraries
+
+
+def last_python_error(lines: Sequence[str]) -> PythonError | None:
+    """The last traceback in `lines`: its exception line and the user's deepest frame."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return None
+    frames: list[tuple[str, str]] = []  # (where, code)
+    exception = None
+    i = starts[-1] + 1
+    while i < len(lines):
+        line = lines[i]
+        match = _FRAME.match(line)
+        if match:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            where = f"{match['file']}:{match['line']} in {match['function']}"
+            frames.append((match["file"], f"{where}: {code}" if code else where))
+            i += 2 if code else 1
+            continue
+        if line[:1].isspace() or is_noise(line):  # source markers (^^^^), or chatter from another thread
+            i += 1
+            continue
+        exception = line
+        break
+    if exception is None:
+        return None
+    user_frames = [shown for path, shown in frames if not _LIBRARY_PATH.search(path)]
+    frame = user_frames[-1] if user_frames else (frames[-1][1] if frames else None)
+    return PythonError(_cut(exception), _cut(frame) if frame else None)
+
+
+def cause(lines: Sequence[str], fallback_lines: int = 20) -> tuple[str, list[str]]:
+    """Why a task failed, from its output: (a title, the lines to show).
+
+    The last Python exception with its frame; else the first error line; else the last
+    `fallback_lines` meaningful lines (title "last N lines").
+    """
+    kept = meaningful(lines)
+    error = last_python_error(kept)
+    if error is not None:
+        return "exception", [error.exception] + ([f"at {error.frame}"] if error.frame else [])
+    for line in kept:
+        if _ERROR_LINE.search(line):
+            return "first error line", [_cut(line)]
+    tail = kept[-fallback_lines:] if fallback_lines else []
+    return f"last {len(tail)} lines", [_cut(line) for line in tail]
+
+
+def last_words(lines: Sequence[str], count: int = 3) -> list[str]:
+    """What a task printed last that is not noise (for tasks that never started)."""
+    return [_cut(line) for line in meaningful(lines)[-count:]]
+
+
+# -- known failures ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownFailure:
+    pattern: re.Pattern
+    hint: str
+
+
+KNOWN_FAILURES: tuple[KnownFailure, ...] = (
+    KnownFailure(
+        re.compile(r"Attempt to convert a value \(PerReplica"),
+        "Keras 3 model.fit does not support MultiWorkerMirroredStrategy (keras-team/keras#20585); "
+        "run with --legacy-keras (tf_keras), use Keras 3 on the JAX backend (see examples/keras_jax_fit.py), "
+        "or write a custom training loop",
+    ),
+    KnownFailure(
+        re.compile(r"Address already in use|No address added out of total \d+ resolved|Failed to bind"),
+        "another process holds the task's port: stop it, or give the task another port "
+        "(--port, host:port in --workers, or the spec)",
+    ),
+    KnownFailure(
+        re.compile(
+            r"failed to connect to all addresses|DNS resolution failed|Name or service not known"
+            r"|coordination service.*(?:Unavailable|UNAVAILABLE|Deadline|DEADLINE)"
+            r"|(?:Unavailable|UNAVAILABLE|DeadlineExceeded|DEADLINE_EXCEEDED).*(?:coordination|heartbeat|RegisterTask)"
+        ),
+        "a task could not reach another: every host must resolve and connect to the addresses in TF_CONFIG "
+        "(firewall, ssh-config alias, DNS); `mgpu check` tests every pair",
+    ),
+    KnownFailure(
+        re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),
+        "no checkpoint there yet: a program that restores one (an evaluator started with the workers) must "
+        "wait for the first checkpoint, e.g. with tf.train.checkpoints_iterator",
+    ),
+)
+
+
+def hints(lines: Iterable[str]) -> list[str]:
+    """One "hint: ..." line per known failure whose wording is in `lines`, in table order."""
+    found = set()
+    for line in lines:
+        for i, known in enumerate(KNOWN_FAILURES):
+            if i not in found and known.pattern.search(line):
+                found.add(i)
+    return [f"hint: {KNOWN_FAILURES[i].hint}" for i in sorted(found)]

@@ -25,7 +25,8 @@ from launcher.plan.planner import TaskPlan
 from launcher.supervise import diagnosis
 
 CHUNK = 64 * 1024  # a longer line is shown in pieces
-TAIL_LINES = 20
+TAIL_LINES = 500  # kept per task for the failure summary, which finds the cause in them
+TAIL_LINE_CHARS = 4000
 CONSOLE_BUFFER_CHARS = 8 * 1024 * 1024
 LAUNCHER_PREFIX = "[mgpu] "
 
@@ -174,7 +175,7 @@ class TaskOutput:
                 self.bind_failure = port
         with self._lock:
             self._log.write(chunk)
-            self.tail.append(text)
+            self.tail.append(text[:TAIL_LINE_CHARS])
         if self._console is not None and not is_ready_line:  # the supervisor announces readiness once for all
             stamp = _clock() if self._timestamps else ""
             self._console.write_line(f"{stamp}{self._prefix}{text}\n")

@@ -9,8 +9,10 @@ The rules:
   is done, the run waits for it to finish by itself. The run's outcome is the
   training tasks'.
 - Readiness: a task whose plan waits for readiness is ready once it prints
-  protocol.READY_LINE on stdout; others once started. Every training task must
-  be ready within the start timeout, else the cluster is stopped.
+  protocol.READY_LINE on stdout; any other program once a process of its tree
+  listens on its port (its TF server started); a task without a port once
+  started. Every training task must be ready within the start timeout, else the
+  cluster is stopped and the report names what each missing task did not do.
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
@@ -28,7 +30,6 @@ import dataclasses
 import pathlib
 import signal
 import sys
-import threading
 import time
 from typing import Callable, Sequence, TextIO
 
@@ -41,14 +42,16 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
+from launcher.supervise.signals import Signals
 from launcher.supervise.rundir import make_run_dir
+from launcher.supervise.summary import TaskView, closing_line, failure_summary, start_timeout_summary
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LISTEN_CHECK_INTERVAL = 0.25  # how often the port of a task without the ready line is looked at
 
 
 def supervise(
@@ -84,6 +87,12 @@ class _Task:
     sidecar: bool  # its failure does not stop training
     returncode: int | None = None
     ready: bool = False
+    listened: bool | None = None  # known at a start timeout: whether it listened on its port
+
+    @property
+    def started_by_listening(self) -> bool:
+        """Ready once its port is listened on: a program without the ready line, in the cluster."""
+        return not self.plan.waits_for_ready and self.plan.port is not None
 
 
 @dataclasses.dataclass
@@ -103,27 +112,6 @@ class _RunFailed(Exception):
         self.error = error
 
 
-class _Signals:
-    """Records SIGINT, SIGTERM and SIGHUP instead of dying, while installed."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> "_Signals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._record)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _record(self, signum: int, frame: object) -> None:
-        self.received.append(signum)  # only a list append: safe at any point of the main thread
-
-
 class _Supervisor:
     def __init__(
         self,
@@ -137,7 +125,7 @@ class _Supervisor:
         self.runner_for = runner_for
         self.options = options
         self.run_dir = run_dir
-        self.signals = _Signals()
+        self.signals = Signals()
         self.any_local = any(p.local for p in self.plans)
         # Without training tasks, nothing is a sidecar: every task counts.
         self.sidecar_types = (
@@ -154,18 +142,23 @@ class _Supervisor:
         }
         self.record = runrecord.RunRecord(run_dir / "run.json", options.run_id, self.plans, recorded_options)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show)
+        self._last_attempt: tuple[int, list[_Task]] = (0, [])
 
     # -- the whole run ---------------------------------------------------------
 
     def run(self) -> None:
         reaper = None
         final = (runrecord.FAILED, None)
+        started = time.monotonic()
         try:
             with self.signals:
                 if self.any_local:
                     reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir / "reaper.log")
                 self._check_ports()
                 final = self._attempts()
+                attempt, tasks = self._last_attempt
+                succeeded = sum(t.returncode == 0 for t in tasks)
+                self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir))
         except Interrupted as e:
             final = (runrecord.INTERRUPTED, str(e))
             raise
@@ -224,6 +217,7 @@ class _Supervisor:
             outcome = self._watch(tasks)
             return outcome
         finally:
+            self._last_attempt = (attempt, tasks)
             self._stop(tasks)
             self._release(tasks)
             self.record.attempt_ended(outcome.status)
@@ -238,14 +232,18 @@ class _Supervisor:
             raise
         output.attach(proc.stdout, proc.stderr)
         self.record.task_started(plan, proc.pid, log_name(plan))
-        if not plan.waits_for_ready:
+        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types)
+        if not plan.waits_for_ready and (plan.port is None or proc.listens_on(plan.port) is None):
+            task.ready = True  # nothing to wait for, or no way to tell: counts as started
             self.record.task_ready(plan)
-        return _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, ready=not plan.waits_for_ready)
+        return task
 
     def _watch(self, tasks: list[_Task]) -> _Outcome:
-        deadline = time.monotonic() + self.options.start_timeout
-        all_ready = False
-        next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
+        started = time.monotonic()
+        deadline = started + self.options.start_timeout
+        all_ready = all(t.ready for t in tasks)
+        next_flush = started + LOG_FLUSH_INTERVAL
+        next_listen_check = started
         while True:
             if self.signals.received:
                 signum = self.signals.received[0]
@@ -266,18 +264,17 @@ class _Supervisor:
             if all(t.returncode is not None if t.sidecar else t.returncode == 0 for t in tasks):
                 return _Outcome(runrecord.SUCCEEDED)
             if not all_ready:
-                for task in tasks:
-                    # A sidecar that ended, even failed, counts as ready: it cannot get ready any more.
-                    ended = task.returncode is not None if task.sidecar else task.returncode == 0
-                    if not task.ready and (task.output.ready.is_set() or ended):
-                        task.ready = True
-                        self.record.task_ready(task.plan)
-                all_ready = all(t.ready for t in tasks)
-                if all_ready and any(t.plan.waits_for_ready for t in tasks):
-                    started = deadline - self.options.start_timeout
+                check_ports = time.monotonic() >= next_listen_check
+                if check_ports:
+                    next_listen_check = time.monotonic() + LISTEN_CHECK_INTERVAL
+                all_ready = self._mark_ready(tasks, check_ports)
+                if all_ready and any(t.returncode is None for t in tasks):
                     self.output.notice(f"all {len(tasks)} tasks ready after {time.monotonic() - started:.1f} s")
                 missing = tuple(t for t in tasks if not t.ready and not t.sidecar)
                 if missing and time.monotonic() > deadline:
+                    for task in missing:
+                        if task.plan.port is not None:
+                            task.listened = task.proc.listens_on(task.plan.port)
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
@@ -286,6 +283,19 @@ class _Supervisor:
                     task.output.flush()
                 next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
             time.sleep(POLL_INTERVAL)
+
+    def _mark_ready(self, tasks: list[_Task], check_ports: bool) -> bool:
+        """Mark the tasks that became ready; True when all are."""
+        for task in tasks:
+            if task.ready:
+                continue
+            # A sidecar that ended, even failed, counts as ready: it cannot get ready any more.
+            ended = task.returncode is not None if task.sidecar else task.returncode == 0
+            listening = check_ports and task.started_by_listening and bool(task.proc.listens_on(task.plan.port))
+            if task.output.ready.is_set() or ended or listening:
+                task.ready = True
+                self.record.task_ready(task.plan)
+        return all(t.ready for t in tasks)
 
     def _poll(self, tasks: list[_Task]) -> list[_Task]:
         """Collect exit codes; return the tasks found ended by this call."""
@@ -353,22 +363,19 @@ class _Supervisor:
     # -- the failure summary -------------------------------------------------------
 
     def _summary(self, outcome: _Outcome, attempt: int) -> str:
+        after = f", after {attempt} restart{'s' if attempt > 1 else ''}" if attempt > 0 else ""
         if outcome.status == runrecord.START_TIMEOUT:
             names = ", ".join(t.plan.name for t in outcome.missing)
-            head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s"
-            task = outcome.missing[0]
-        else:
-            task = outcome.failed
-            head = f"{task.plan.name} on {task.plan.host} {describe_exit(task.returncode)}"
+            head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
+            return start_timeout_summary(head, [self._view(t) for t in outcome.missing])
+        task = outcome.failed
+        head = f"{task.plan.name} on {task.plan.host} {describe_exit(task.returncode)}"
         if task.output.bind_failure is not None:
             head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
-        if attempt > 0:
-            head += f", after {attempt} restart{'s' if attempt > 1 else ''}"
-        lines = [head]
-        tail = list(task.output.tail)
-        if tail:
-            lines.append(f"last {len(tail)} lines of {task.output.log_path}:")
-            lines.extend("  " + line for line in tail)
-        else:
-            lines.append(f"no output (log: {task.output.log_path})")
-        return "\n".join(lines)
+        return failure_summary(head + after, self._view(task))
+
+    @staticmethod
+    def _view(task: _Task) -> TaskView:
+        plan = task.plan
+        return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
+                        task.output.log_path, task.listened)

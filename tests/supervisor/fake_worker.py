@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--print-mb", type=float, default=0.0)
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--bind", action="store_true", help="listen on this task's TF_CONFIG port, like a TF server")
+    ap.add_argument("--no-bind", action="append", default=[], help="with --bind: tasks that do not listen")
     ap.add_argument("--steal-port", action="append", default=[], help="THIEF=VICTIM: task THIEF listens on task VICTIM's port first")
     args = ap.parse_args()
 
@@ -110,7 +111,7 @@ def main():
         sock.bind(("0.0.0.0", cluster_address(victim)[1]))
         sock.listen()
         held.append(sock)
-    if args.bind:
+    if args.bind and not selected(args.no_bind):
         time.sleep(0.5)  # let a port thief go first
         port = cluster_address(NAME)[1]
         sock = socket.socket()

@@ -46,6 +46,9 @@ def test_success_gives_each_task_its_tf_config_and_records_everything(run_id, re
     for line in result.console.splitlines():
         assert re.match(r"\[(chief:0|worker:[01]|evaluator:0|mgpu)\] ", line), line
 
+    closing = result.console.splitlines()[-1]
+    assert re.fullmatch(r"\[mgpu\] done: 4 tasks succeeded in \d+\.\d s, no restarts; "
+                        r"logs and run.json in " + re.escape(str(result.run_dir)) + "/", closing), closing
     run = result.run
     assert run["status"] == "succeeded" and run["message"] is None and run["ended_at"]
     assert [p["name"] for p in run["plans"]] == ["chief:0", "worker:0", "worker:1", "evaluator:0"]
@@ -115,6 +118,9 @@ def test_restart_succeeds_on_the_second_attempt(run_id, record_dir, tmp_path):
     assert run["attempts"][1]["tasks"]["worker:1"]["exit_code"] == 0
     assert run["attempts"][0]["tasks"]["worker:0"]["pid"] != run["attempts"][1]["tasks"]["worker:0"]["pid"]
     assert "[mgpu] restarting all tasks (restart 1 of 2)" in result.console
+    closing = result.console.splitlines()[-1]
+    assert re.fullmatch(r"\[mgpu\] done: 2 tasks succeeded in \d+\.\d s, attempt 2 succeeded after 1 restart; "
+                        r"logs and run.json in " + re.escape(str(result.run_dir)) + "/", closing), closing
     assert records(record_dir)["worker:0".replace(":", "-") + ".attempt1"]["env"]["MGPU_ATTEMPT"] == "1"
     log = result.log("worker:1")
     assert log.index("worker:1 attempt 0 exiting with 3") < log.index("----- mgpu: attempt 1 started")
@@ -369,4 +375,32 @@ def test_a_task_that_cannot_start_stops_the_ones_already_started(run_id, tmp_pat
     assert str(result.error).startswith("worker:1: cannot start '/nonexistent/mgpu-test-program'")
     assert result.run["status"] == "failed"
     assert result.task("worker:0")["signal"] == "SIGTERM"
+    assert_run_gone(run_id)
+
+
+# -- programs without the ready line: started once they listen ---------------------------------
+
+
+def test_a_program_without_the_ready_line_is_ready_once_it_listens(run_id, tmp_path):
+    # Both tasks listen on their TF_CONFIG port and run past the start timeout: listening is starting.
+    plans = make_plans(run_id, ["--bind", "--sleep", "4"])
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5)
+    assert result.error is None, result.error
+    assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
+    assert "[mgpu] all 2 tasks ready after" in result.console
+
+
+def test_a_program_that_never_listens_hits_the_start_timeout(run_id, tmp_path):
+    plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--lines", "2", "--forever"])
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5, grace_period=0.5)
+    assert isinstance(result.error, TaskFailed)
+    lines = str(result.error).splitlines()
+    assert lines[0] == "start timeout: worker:1 not ready after 2.5 s"
+    assert lines[1] == f"worker:1 on 127.0.0.1 never listened on port {plans[1].port} (log: {result.run_dir / 'worker-1.log'})"
+    assert lines[2] == "  it printed last:"
+    printed = {f"    {stream} worker:1 {i}" for stream in ("out", "err") for i in (0, 1)}
+    assert len(lines[3:]) == 3 and set(lines[3:]) < printed  # the two streams interleave in any order
+    tasks = result.run["attempts"][0]["tasks"]
+    assert tasks["worker:0"]["ready_at"] and tasks["worker:1"]["ready_at"] is None
+    assert result.run["status"] == "start-timeout"
     assert_run_gone(run_id)

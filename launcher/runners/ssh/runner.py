@@ -41,7 +41,18 @@ class SshTaskProcess(TaskProcess):
         self.stdout = ChannelStream(chan.recv)
         self.stderr = stderr
         stderr.on_eof = self._eof_note
+        self._listening = False
+        stderr.swallow = self._swallow
 
+    def _swallow(self, line: bytes) -> bool:
+        if remote_command.is_listening_line(line):
+            self._listening = True
+            return True
+        return False
+
+    def listens_on(self, port: int) -> bool:
+        """Reported by the remote wrapper, which watches the task's port (see remote_command.py)."""
+        return self._listening
     def _eof_note(self) -> bytes:
         if self._conn.active or self.poll() != EXIT_CONNECTION_LOST:
             return b""
@@ -135,7 +146,9 @@ class SshRunner(Runner):
         return env
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        command = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace)
+        command = remote_command.task_command(
+            task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace, listen_port=task.port
+        )
         conn = self.connect(task)
         try:
             chan = conn.open_session(self.options.connect_timeout)

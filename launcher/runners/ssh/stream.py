@@ -21,6 +21,8 @@ class ChannelStream(io.RawIOBase):
     def __init__(self, recv, on_eof=None):
         super().__init__()
         self._recv = recv
+        # Called with each line; a line it returns True for is consumed, not returned.
+        self.swallow = None
         self._buffer = bytearray()
         self._eof = False
         self.on_eof = on_eof
@@ -32,6 +34,12 @@ class ChannelStream(io.RawIOBase):
         self._buffer[:0] = data
 
     def readline(self, size: int = -1) -> bytes:
+        while True:
+            line = self._readline()
+            if not line or self.swallow is None or not self.swallow(line):
+                return line
+
+    def _readline(self) -> bytes:
         start = 0
         while True:
             end = self._buffer.find(b"\n", start)

@@ -1,0 +1,79 @@
+"""What mgpu says at the end of a run: the failure summary, the start-timeout report, the closing line.
+
+Pure text building from what the supervisor saw; what task output means comes from diagnosis.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Sequence
+
+from launcher.supervise import diagnosis
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskView:
+    """One task as the summaries need it."""
+
+    name: str
+    host: str
+    port: int | None
+    waits_for_ready: bool  # speaks the ready-line protocol
+    lines: Sequence[str]  # its last lines of output, this attempt
+    log_path: pathlib.Path
+    listened: bool | None = None  # whether it listened on its port; None: unknown
+
+
+def failure_summary(head: str, task: TaskView) -> str:
+    """`head`, then why the task failed (exception and frame, first error line, or its last lines),
+    known-failure hints, and where its log is."""
+    lines = [head]
+    title, shown = diagnosis.cause(task.lines)
+    if not shown:
+        lines.append(f"no output (log: {task.log_path})")
+    elif title.startswith("last "):
+        lines.append(f"{title} of {task.log_path}:")
+        lines.extend("  " + line for line in shown)
+    else:
+        lines.extend("  " + line for line in shown)
+    lines.extend(diagnosis.hints(task.lines))
+    if shown and not title.startswith("last "):
+        lines.append(f"log: {task.log_path}")
+    return "\n".join(lines)
+
+
+def _state(task: TaskView) -> str:
+    where = f"port {task.port}" if task.port is not None else ""
+    if task.waits_for_ready and task.listened:
+        return f"listened on {where} but never joined the cluster"
+    if task.port is not None and task.listened is False:
+        return f"never listened on {where}"
+    return "never reported ready"
+
+
+def start_timeout_summary(head: str, missing: Sequence[TaskView]) -> str:
+    """`head`, then per task that never started: what it did not do, and what it printed last."""
+    lines = [head]
+    hints: list[str] = []
+    for task in missing:
+        lines.append(f"{task.name} on {task.host} {_state(task)} (log: {task.log_path})")
+        last = diagnosis.last_words(task.lines)
+        if last:
+            lines.append("  it printed last:")
+            lines.extend("    " + line for line in last)
+        else:
+            lines.append("  it printed nothing" + (" but TensorFlow's start-up notices" if task.lines else ""))
+        hints.extend(h for h in diagnosis.hints(task.lines) if h not in hints)
+    lines.extend(hints)
+    return "\n".join(lines)
+
+
+def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path) -> str:
+    """One line on success: tasks, wall time, restarts, and where logs and run.json are."""
+    counted = f"{tasks} tasks succeeded" if succeeded == tasks else f"{succeeded} of {tasks} tasks succeeded"
+    if attempt == 0:
+        restarts = "no restarts"
+    else:
+        restarts = f"attempt {attempt + 1} succeeded after {attempt} restart{'s' if attempt > 1 else ''}"
+    return f"done: {counted} in {wall_s:.1f} s, {restarts}; logs and run.json in {run_dir}/"
