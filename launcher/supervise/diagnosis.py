@@ -140,7 +140,7 @@ def cause(lines: Sequence[str], fallback_lines: int = 20) -> tuple[str, list[str
     if error is not None:
         return "exception", [error.exception] + ([f"at {error.frame}"] if error.frame else [])
     for line in kept:
-        if _ERROR_LINE.search(line):
+        if _ERROR_LINE.search(line) or _record_level(line) in ("E", "F"):
             return "first error line", [_cut(line)]
     tail = kept[-fallback_lines:] if fallback_lines else []
     return f"last {len(tail)} lines", [_cut(line) for line in tail]
@@ -178,8 +178,9 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
             r"|coordination service.*(?:Unavailable|UNAVAILABLE|Deadline|DEADLINE)"
             r"|(?:Unavailable|UNAVAILABLE|DeadlineExceeded|DEADLINE_EXCEEDED).*(?:coordination|heartbeat|RegisterTask)"
         ),
-        "a task could not reach another: every host must resolve and connect to the addresses in TF_CONFIG "
-        "(firewall, ssh-config alias, DNS); `mgpu check` tests every pair",
+        "a task could not reach another (it had ended, or the network does not let it through): every host "
+        "must resolve and connect to the addresses in TF_CONFIG (firewall, ssh-config alias, DNS); "
+        "`mgpu check` tests every pair",
     ),
     KnownFailure(
         re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),

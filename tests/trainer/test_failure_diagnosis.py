@@ -1,0 +1,113 @@
+"""Failure summaries of real TensorFlow programs under `mgpu launch`: the exception and the user's
+frame instead of TensorFlow's start-up noise, and one hint line per known failure."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainer_helpers import REPO
+from launcher.supervise import diagnosis
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+PROLOGUE = "import json, os, socket, sys, time\nimport tensorflow as tf\n"
+
+
+def launch(tmp_path, program: str, *args: str, workers: int = 2) -> tuple[int, str, str]:
+    """Run `program` in every task of a local cluster; (exit code, stdout, stderr) of mgpu."""
+    path = tmp_path / "prog.py"
+    path.write_text(PROLOGUE + textwrap.dedent(program))
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "launch", "--local", str(workers), "--log-dir", str(tmp_path / "runs"),
+         "--grace-period", "2", *args, "--", sys.executable, str(path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=150, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def hint_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("hint: ")]
+
+
+def test_a_python_exception_is_summarised_by_its_type_message_and_frame(tmp_path):
+    code, _, err = launch(tmp_path, """
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        def load_shard():
+            raise ValueError("shard 7 is missing")
+        load_shard()
+    """)
+    assert code == 1
+    summary = err[err.index("mgpu: error: "):].splitlines()
+    assert summary[0].startswith("mgpu: error: worker:") and summary[0].endswith(" exited with code 1")
+    assert summary[1] == "  ValueError: shard 7 is missing"
+    assert summary[2] == f"  at {tmp_path / 'prog.py'}:6 in load_shard: raise ValueError(\"shard 7 is missing\")"
+    assert summary[3].startswith("log: ") and summary[3].endswith(".log")
+    assert len(summary) == 4
+    # The noise is gone from the summary only: the log keeps every line TensorFlow printed.
+    log = open(summary[3][len("log: "):]).read().splitlines()
+    assert any(diagnosis.is_noise(line) and line.strip() for line in log)
+    assert "Traceback (most recent call last):" in log
+
+
+def test_keras3_fit_under_multi_worker_mirrored_strategy_gets_the_hint(tmp_path):
+    # keras-team/keras#20585: Keras 3's fit cannot run under MultiWorkerMirroredStrategy.
+    code, _, err = launch(tmp_path, """
+        import numpy as np
+        import keras
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.zeros((64, 4), "float32"), np.zeros((64, 1), "float32"), batch_size=16, epochs=1, verbose=0)
+    """)
+    assert code == 1
+    assert "  ValueError: Attempt to convert a value (PerReplica" in err
+    [hint] = hint_lines(err)
+    assert "--legacy-keras" in hint and "examples/keras_jax_fit.py" in hint and "keras-team/keras#20585" in hint
+
+
+def test_a_port_taken_by_another_process_gets_the_hint(tmp_path):
+    # The program itself holds its task's port before TensorFlow's server tries to bind it.
+    code, _, err = launch(tmp_path, """
+        config = json.loads(os.environ["TF_CONFIG"])
+        me = config["cluster"]["worker"][config["task"]["index"]]
+        holder = socket.socket()
+        holder.bind(("0.0.0.0", int(me.rsplit(":", 1)[1])))
+        holder.listen()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    """, workers=1)
+    assert code == 1
+    assert "mgpu: error: worker:0 on 127.0.0.1 exited with code 1: port in use: 127.0.0.1:" in err
+    [hint] = hint_lines(err)
+    assert hint.startswith("hint: another process holds the task's port")
+
+
+def test_a_peer_that_is_gone_gets_the_unreachable_hint(tmp_path):
+    # worker:0 hosts the coordination service and leaves; worker:1's next collective cannot reach it.
+    code, _, err = launch(tmp_path, """
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+            os._exit(0)
+        time.sleep(2)
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    """)
+    assert code == 1
+    assert "mgpu: error: worker:1 on 127.0.0.1 exited with code 1" in err
+    assert "UnavailableError" in err
+    [hint] = hint_lines(err)
+    assert hint.startswith("hint: a task could not reach another") and "mgpu check" in hint
+
+
+def test_restoring_a_checkpoint_that_is_not_there_yet_gets_the_hint(tmp_path):
+    # What an evaluator started with the workers meets when it reads before the first save.
+    code, _, err = launch(tmp_path, """
+        checkpoint = tf.train.Checkpoint(step=tf.Variable(0))
+        checkpoint.read(os.path.join(os.getcwd(), "model", "ckpt-1")).assert_consumed()
+    """, workers=1)
+    assert code == 1
+    assert "NotFoundError" in err
+    [hint] = hint_lines(err)
+    assert hint.startswith("hint: no checkpoint there yet") and "checkpoints_iterator" in hint
