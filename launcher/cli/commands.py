@@ -78,7 +78,7 @@ def launch_command(**opts) -> None:
     command = opts.pop("command")
     spec = with_task_settings(with_command_line(read_spec(opts, opts["local"]), command), opts)
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id)
+    plans = make_plans(spec, run_id, opts=opts)
 
     if opts["dry_run"]:
         from launcher.plan.render import plan_to_json, render_plan_text
@@ -157,7 +157,7 @@ def check_command(**opts) -> None:
     command = opts.pop("command")
     spec = with_command_line(read_spec(opts), command)
     spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
-    plans = make_plans(spec, run_id="check")
+    plans = make_plans(spec, run_id="check", opts=opts)
     ssh_runner = None
     if any(not plan.local for plan in plans):
         from launcher.launch import make_ssh_runner

@@ -59,6 +59,8 @@ def ssh_options(func):
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
                           "A changed key is always refused."),
+        click.option("--keep-host-names", is_flag=True,
+                     help="Write hosts into TF_CONFIG as given, not as the HostName their ssh config names."),
         click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
     ]
@@ -117,19 +119,40 @@ def read_text(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: not a text file") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
-    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, opts: dict | None = None):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown.
+
+    With `opts` (a command's options), remote host names are replaced in TF_CONFIG by the
+    HostName the ssh config gives them, unless --keep-host-names.
+    """
     from launcher.host.gpus import detect_gpus
     from launcher.host.names import local_host_names
     from launcher.plan.planner import plan_tasks
 
+    local_hosts = local_host_names()
     return plan_tasks(
         spec,
         run_id=run_id,
-        local_hosts=local_host_names(),
+        local_hosts=local_hosts,
         launcher_python=sys.executable,
         local_gpu_count=detect_gpus() if count_gpus else 0,
+        resolved=ssh_config_addresses(spec, local_hosts, opts) if opts is not None else None,
     )
+
+
+def ssh_config_addresses(spec: ClusterSpec, local_hosts: frozenset[str], opts: dict) -> dict[str, str]:
+    """Remote host name -> the ssh config's HostName for it (I/O: reads the config file)."""
+    from launcher.config.addresses import is_loopback
+
+    if opts.get("keep_host_names"):
+        return {}
+    remote = sorted({t.host for t in spec.tasks if t.host not in local_hosts and not is_loopback(t.host)})
+    path = os.path.expanduser(opts.get("ssh_config") or "~/.ssh/config")
+    if not remote or not os.path.exists(path):
+        return {}  # nothing to look up: do not load paramiko
+    from launcher.runners.ssh.target import hostname_addresses
+
+    return hostname_addresses(remote, opts.get("ssh_config"))
 
 
 def new_run_id() -> str:

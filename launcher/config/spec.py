@@ -61,6 +61,9 @@ class ClusterSpec:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    # The address other tasks reach a host at, where the user gave one (spec file `hosts.H.address`);
+    # it wins over the ssh config's HostName.
+    addresses: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ class SpecFile:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    addresses: Mapping[str, str] = dataclasses.field(default_factory=dict)  # hosts.H.address
 
     def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
         """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
@@ -40,6 +41,7 @@ class SpecFile:
             python=self.python,
             threads_per_task=self.threads_per_task,
             gpus_per_task=self.gpus_per_task,
+            addresses=self.addresses,
         )
 
 
@@ -48,6 +50,7 @@ _TOP_KEYS = {
     "python", "threads_per_task", "gpus_per_task",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
+_HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
 
 
 class _Reader:
@@ -126,6 +129,7 @@ def parse_spec(data: object, source: str) -> SpecFile:
         read.fail("trainer_args must be a list")
     return SpecFile(
         tasks=_tasks(read, top),
+        addresses=_addresses(read, top),
         ssh=read.optional(top, "ssh", read.ssh_settings) or SshSettings(),
         command=_command(read, top.get("command")),
         trainer_args=tuple(read.string(arg, "trainer_args") for arg in trainer_args),
@@ -158,6 +162,7 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     host_ssh = {}
     for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
         try:
+            settings = {k: v for k, v in read.mapping(settings, f"hosts.{name}", _HOST_KEYS).items() if k != "address"}
             host_ssh[parse_host(name)] = read.ssh_settings(settings, f"hosts.{name}")
         except ValueError as exc:
             read.fail(f"hosts: {exc}")
@@ -167,6 +172,18 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
                            default_port, host_ssh)
     except SpecError as exc:
         read.fail(str(exc))
+
+
+def _addresses(read: _Reader, top: dict) -> dict[str, str]:
+    """`hosts.H.address`: the address the other tasks reach host H at."""
+    found = {}
+    for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
+        if isinstance(settings, dict) and "address" in settings:
+            try:
+                found[parse_host(name)] = parse_host(read.string(settings["address"], f"hosts.{name}.address"))
+            except ValueError as exc:
+                read.fail(f"hosts.{name}.address: {exc}")
+    return found
 
 
 def _command(read: _Reader, command: object) -> tuple[str, ...] | None:

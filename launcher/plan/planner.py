@@ -30,6 +30,14 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    # Where the other tasks reach this one (TF_CONFIG), when it differs from `host`:
+    # the ssh config's HostName of an alias, or the spec's `address:`.
+    address: str | None = None
+
+    @property
+    def reach_host(self) -> str:
+        """The host part of this task's TF_CONFIG address."""
+        return self.address or self.host
 
     @property
     def name(self) -> str:
@@ -48,12 +56,16 @@ def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_i
             "task": {"type": task_type, "index": task_index}}
 
 
-def cluster_addresses(tasks: Sequence[TaskSpec]) -> dict[str, list[str]]:
-    """The TF cluster: chief and worker addresses, in order. The evaluator is not a member."""
+def cluster_addresses(tasks: Sequence[TaskSpec], addresses: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """The TF cluster: chief and worker addresses, in order. The evaluator is not a member.
+
+    `addresses` maps a host name to the address the other tasks reach it at.
+    """
+    addresses = addresses or {}
     cluster: dict[str, list[str]] = {}
     for task in tasks:
         if task.role != EVALUATOR:
-            cluster.setdefault(task.role, []).append(format_address(task.host, task.port))
+            cluster.setdefault(task.role, []).append(format_address(addresses.get(task.host, task.host), task.port))
     return cluster
 
 
@@ -74,18 +86,23 @@ def plan_tasks(
     local_hosts: frozenset[str],
     launcher_python: str,
     local_gpu_count: int = 0,
+    resolved: Mapping[str, str] | None = None,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine.
+    `local_gpu_count` is the number of GPUs on this machine. `resolved` maps remote host names
+    to the addresses they really are (the ssh config's HostName); the spec's own `addresses`
+    win over it. TF_CONFIG lists those addresses, so that the tasks can dial each other.
     """
     _check_env(spec.env)
-    is_local = _locality(spec.tasks, local_hosts)
+    addresses = {**(resolved or {}), **spec.addresses}
+    addresses = {host: address for host, address in addresses.items() if address != host}
+    is_local = _locality(spec.tasks, local_hosts, addresses)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
-    cluster = cluster_addresses(spec.tasks)
+    cluster = cluster_addresses(spec.tasks, addresses)
     plans = []
     for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
         env = {
@@ -111,6 +128,7 @@ def plan_tasks(
                 env=env,
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                address=addresses.get(task.host),
             )
         )
     return plans
@@ -122,11 +140,13 @@ def _check_env(env: Mapping[str, str]) -> None:
             raise SpecError(f"environment variable {name} is set by mgpu for each task and cannot be given")
 
 
-def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
-    """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
+def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str], addresses: Mapping[str, str]) -> list[bool]:
+    """Whether each task runs on this machine. Loopback addresses (after `addresses`) mixed with
+    remote hosts are refused."""
     is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
-    loopback = [task.host for task in tasks if is_loopback(task.host)]
-    remote = [task.host for task, local in zip(tasks, is_local) if not local]
+    reached = [addresses.get(task.host, task.host) for task in tasks]
+    loopback = [address for address in reached if is_loopback(address)]
+    remote = [address for address, local in zip(reached, is_local) if not local and not is_loopback(address)]
     if loopback and remote:
         raise SpecError(
             f"loopback address {loopback[0]} is mixed with remote host {remote[0]}: remote tasks would "

@@ -25,6 +25,7 @@ def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
         "type": plan.type,
         "index": plan.index,
         "host": plan.host,
+        "address": plan.reach_host,
         "port": plan.port,
         "local": plan.local,
         "ssh": dataclasses.asdict(plan.ssh) if plan.ssh is not None else None,
@@ -41,7 +42,10 @@ def plan_to_json(plans: Sequence[TaskPlan]) -> dict:
     tasks = []
     for plan in plans:
         record = plan_to_dict(plan)
-        tasks.append({field: record[field] for field in DRY_RUN_FIELDS})
+        task = {field: record[field] for field in DRY_RUN_FIELDS}
+        if plan.address is not None:  # only where other tasks dial another name than the one written
+            task = {**task, "address": plan.address}
+        tasks.append(task)
     return {"tasks": tasks}
 
 
@@ -59,6 +63,8 @@ def render_plan_text(plans: Sequence[TaskPlan]) -> str:
     lines = [f"Dry run: {len(plans)} task(s); nothing is started.", ""]
     for plan in plans:
         where = format_address(plan.host, plan.port)
+        if plan.address is not None:
+            where += f" at {format_address(plan.address, plan.port)}"
         lines.append(f"{plan.name}  {where}  ({describe_start(plan)})")
         lines.append(f"  command:   {shlex.join(plan.argv)}")
         if plan.workdir:

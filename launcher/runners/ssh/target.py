@@ -43,6 +43,13 @@ def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
         raise ConnectError(f"cannot read ssh config {path}: {e}") from e
 
 
+def hostname_addresses(hosts: list[str], config_path: str | None) -> dict[str, str]:
+    """host -> the HostName the ssh config gives it, for the hosts where that differs."""
+    config = load_ssh_config(config_path)
+    found = {host: config.lookup(host).get("hostname", host) for host in hosts}
+    return {host: hostname for host, hostname in found.items() if hostname != host}
+
+
 def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SSHConfig) -> SshTarget:
     """Raises UsageError for a ProxyJump that is not `[user@]host[:port],...`, and ConnectError
     for an identity file given in the spec or on the command line that does not exist."""
