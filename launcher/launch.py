@@ -35,6 +35,15 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         runners.append(ssh_runner)
     else:
         _warn_about_exposure(plans, None, options)
+    if options.check_hosts:
+        from launcher.preflight.reach import check_reachability
+
+        try:
+            check_reachability(plans, ssh_runner)
+        except BaseException:
+            if ssh_runner is not None:
+                ssh_runner.close()
+            raise
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner

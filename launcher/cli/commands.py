@@ -132,7 +132,9 @@ CHECK_HELP = """Check every host of the cluster, in parallel, without starting a
 For each host: SSH login (host key, user, key), the task's program and Python,
 whether TensorFlow imports (and the built-in trainer, when tasks run it) with
 the same TensorFlow version as this machine, whether the tasks' ports are
-free, and how many GPUs nvidia-smi lists. One table row per host.
+free, and how many GPUs nvidia-smi lists. One table row per host. Then, on
+every host at once, each task's port is listened on and every task connects to
+every other task's TF_CONFIG address; each pair that cannot is named.
 `mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
 
 \b
@@ -152,7 +154,9 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @ssh_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
+    from launcher.errors import CheckFailed
     from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
+    from launcher.preflight.reach import HINT as REACH_HINT, reachability_problems
 
     command = opts.pop("command")
     spec = with_command_line(read_spec(opts), command)
@@ -165,11 +169,16 @@ def check_command(**opts) -> None:
         ssh_runner = make_ssh_runner(ssh_options_from(opts))
     try:
         reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+        # Only hosts that passed can run the reachability probe (it needs their Python and ports).
+        problems = reachability_problems(plans, ssh_runner) if all(r.ok for r in reports) else []
     finally:
         if ssh_runner is not None:
             ssh_runner.close()
     click.echo(render_table(reports))
     raise_for_failures(reports)
+    if problems:
+        raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(problems) + "\n" + REACH_HINT)
+    click.echo("every task reached every other task's TF_CONFIG address")
 
 
 # ---------------------------------------------------------------------------

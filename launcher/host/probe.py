@@ -6,13 +6,26 @@ launcher imports the same functions, so each question has one answer everywhere.
 
 Run as: python probe.py PORTS MODULES, with comma-separated lists; prints one JSON object
 with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error, gpus.
+
+Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
+launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
+TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
+have passed, and keep listening until each port has accepted EXPECTED connections (one per
+probing host) or a little longer than TIMEOUT. Prints one JSON object: listen_errors
+{port: reason} and reach {target: "ok" | reason}.
 """
 
+import errno
 import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
+
+REACH_RETRY = 0.1  # seconds between attempts to a target that refused (its listener may not be up yet)
+REACH_HOLD = 3.0  # seconds a listener waits past TIMEOUT for peers that started later
 
 
 def port_in_use(port, host="127.0.0.1"):
@@ -73,7 +86,115 @@ def probe(ports, modules):
     return out
 
 
+def _listen(port):
+    family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # both families, as TensorFlow listens
+        except OSError:
+            pass
+    try:
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    except OSError:
+        sock.close()
+        if family != socket.AF_INET6:
+            raise
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", port))
+    sock.listen(128)
+    sock.settimeout(0.1)
+    return sock
+
+
+def _accept_until(listeners, counts, expected, stop_at):
+    """Accept and close connections on every listener until each has `expected` or time is up."""
+    while time.monotonic() < stop_at and any(counts[port] < expected for port in listeners):
+        for port, sock in listeners.items():
+            try:
+                conn, _ = sock.accept()
+            except (socket.timeout, BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                continue
+            conn.close()
+            counts[port] += 1
+
+
+def _split_target(target):
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _connect(target, timeout, deadline):
+    """"ok", or why `target` could not be reached by `deadline`."""
+    host, port = _split_target(target)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return "cannot resolve %s" % host
+    family, _, _, _, address = infos[0]
+    shown = address[0] if address[0] != host else ""
+    reason = "timed out"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(left)
+        try:
+            sock.connect(address)
+            return "ok"
+        except socket.timeout:
+            reason = "timed out"
+        except OSError as e:
+            reason = (e.strerror or str(e) or errno.errorcode.get(e.errno, "error")).lower()
+        finally:
+            sock.close()
+        time.sleep(min(REACH_RETRY, max(0.0, deadline - time.monotonic())))
+    if reason == "timed out":
+        reason = "timed out after %g s" % timeout
+    return ("%s (%s)" % (reason, shown)) if shown else reason
+
+
+def reach(ports, targets, timeout, expected):
+    started = time.monotonic()
+    deadline = started + timeout
+    listeners, listen_errors = {}, {}
+    for port in ports:
+        try:
+            listeners[port] = _listen(port)
+        except OSError as e:
+            listen_errors[str(port)] = (e.strerror or str(e)).lower()
+    counts = dict.fromkeys(listeners, 0)
+    acceptor = threading.Thread(target=_accept_until,
+                                args=(listeners, counts, expected, deadline + REACH_HOLD), daemon=True)
+    acceptor.start()
+    results = {}
+
+    def connect(target):
+        results[target] = _connect(target, timeout, deadline)
+
+    threads = [threading.Thread(target=connect, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 1.0)
+    acceptor.join(deadline + REACH_HOLD + 1.0 - time.monotonic())
+    for sock in listeners.values():
+        sock.close()
+    reached = {t: results.get(t, "timed out after %g s" % timeout) for t in targets}
+    return {"listen_errors": listen_errors, "reach": reached}
+
+
 def main(argv):
+    if len(argv) > 1 and argv[1] == "reach":
+        ports = [int(port) for port in argv[2].split(",") if port]
+        targets = [target for target in argv[3].split(",") if target]
+        print(json.dumps(reach(ports, targets, float(argv[4]), int(argv[5]))))
+        return
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]
     result = probe(ports, modules)

@@ -92,7 +92,7 @@ def probe_command(
     lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
     lines.append(
         "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + " ".join(shlex.quote(a) for a in (python, "-c", _probe_source(), port_list, ",".join(modules)))
+        + " ".join(shlex.quote(a) for a in (python, "-c", probe_source(), port_list, ",".join(modules)))
         + " </dev/null"
     )
     return remote_command.sh("\n".join(lines))
@@ -101,7 +101,7 @@ def probe_command(
 
 
 @functools.lru_cache(maxsize=1)
-def _probe_source() -> str:
+def probe_source() -> str:
     return pathlib.Path(host_probe.__file__).read_text(encoding="utf-8")
 
 
@@ -111,6 +111,11 @@ class _Probe:
     python: str
     python_required: bool
     modules: tuple[str, ...]
+
+
+def probe_python(plan: TaskPlan) -> str:
+    """The interpreter that runs the probe on the plan's host."""
+    return _probe_for(plan).python
 
 
 def _probe_for(plan: TaskPlan) -> _Probe:
@@ -148,7 +153,7 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
         report.error = e
         return report
     report.ssh = "local" if first.local else "ok"
-    result = _last_json(out)
+    result = last_json(out)
     if result is None:
         detail = (err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {code}"])[-1]
         report.problems.append(f"the check did not run: {detail}")
@@ -178,7 +183,7 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
     return report
 
 
-def _last_json(out: bytes) -> dict | None:
+def last_json(out: bytes) -> dict | None:
     for line in reversed(out.decode("utf-8", "replace").splitlines()):
         line = line.strip()
         if line.startswith("{"):
@@ -215,7 +220,7 @@ def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str |
             raise ConnectError(f"{plan.host}: no SSH runner to reach it")
         return ssh_runner.run(plan, command, timeout)
 
-    reports = _in_parallel([lambda group=group: _check_host(group, run) for group in hosts.values()], _PARALLEL_PROBES)
+    reports = in_parallel([lambda group=group: _check_host(group, run) for group in hosts.values()], _PARALLEL_PROBES)
     _compare_tensorflow(reports, local_version)
     return reports
 
@@ -223,7 +228,7 @@ def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str |
 T = TypeVar("T")
 
 
-def _in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
+def in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
     """Run `jobs`, up to `limit` at once; their results in order, or the first job's error.
 
     The threads are daemons: an interrupt (Ctrl-C) returns at once instead of

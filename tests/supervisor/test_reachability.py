@@ -1,0 +1,52 @@
+"""The preflight reachability probe on this machine: real listeners, real connections, and
+`mgpu launch` refusing to start when a task cannot reach another."""
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.errors import CheckFailed
+from launcher.preflight.reach import check_reachability, reachability_problems
+from supervisor_helpers import FAKE_WORKER, make_plans
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_local_tasks_reach_each_other(run_id):
+    started = time.monotonic()
+    assert reachability_problems(make_plans(run_id, [], workers=3, chief=True, evaluator=True)) == []
+    assert time.monotonic() - started < 5  # every listener answered: nobody waited out the timeout
+
+
+def test_an_unresolvable_address_is_named(run_id):
+    plans = make_plans(run_id, [], workers=2)
+    plans[1] = dataclasses.replace(plans[1], address="no-such-host.invalid")
+    problems = reachability_problems(plans)
+    target = f"no-such-host.invalid:{plans[1].port}"
+    assert problems == [f"worker:0,worker:1 on 127.0.0.1 cannot resolve no-such-host.invalid (worker:1 at {target})"]
+    with pytest.raises(CheckFailed) as caught:
+        check_reachability(plans)
+    assert str(caught.value).splitlines()[-1].startswith("hint: the tasks dial each other")
+
+
+def test_launch_refuses_to_start_when_a_name_does_not_resolve(tmp_path):
+    from launcher.host.ports import pick_free_ports
+
+    first, second = pick_free_ports(2)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster:\n  worker: [127.0.0.1:{first}, 127.0.0.1:{second}]\n"
+                    "hosts:\n  127.0.0.1: {address: no-such-host.invalid}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "launch", "--spec", str(spec), "--log-dir", str(tmp_path / "runs"),
+         "--", *FAKE_WORKER, "--lines", "1"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "mgpu: error: tasks cannot reach each other:"
+    assert (f"worker:0,worker:1 on 127.0.0.1 cannot resolve no-such-host.invalid "
+            f"(worker:1 at no-such-host.invalid:{second})") in lines
+    assert lines[-1].startswith("hint: ")
+    assert not list((tmp_path / "runs").glob("*/worker-0.log"))  # nothing started
