@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -47,6 +48,9 @@ def netns(ssh_lab: SshLab, tmp_path_factory):
         config.write_text(
             "".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n" for n, a in lab.hosts.items())
             + f"Host inner\n  HostName 127.0.0.1\n  ProxyJump h1\n  IdentityFile {ssh_lab.client_key}\n"
+            # Aliases that only this machine's ssh config knows: no name service in the namespaces has them.
+            + "".join(f"Host gpu-{n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
+                      for n, a in lab.hosts.items())
             + f"Host *\n  User {ssh_lab.user}\n"
         )
         yield lab, known, config, directory
@@ -97,6 +101,123 @@ def test_two_hosts_run_the_trainer_on_the_same_port(netns, tmp_path):
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     for index in (0, 1):
         assert "MGPU_TASK_READY" in (tmp_path / "mgpu-runs" / run_id / f"worker-{index}.log").read_text()
+    assert not run_processes(run_id)
+
+
+def mgpu(netns, tmp_path, *args, timeout=240):
+    """`mgpu ARGS` run from the root namespace against the lab's ssh config and known hosts."""
+    _, known, config, _ = netns
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    command, *rest = args
+    return subprocess.run(
+        [PYTHON, "-m", "launcher", command, "--ssh-config", str(config), "--known-hosts", str(known), *rest],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+TRAINER_ARGS = ["--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "5", "--log-every", "1"]
+# A user's TensorFlow program that does nothing but join the cluster.
+STRATEGY_ONLY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy(); print('joined')"
+
+
+@pytest.mark.slow
+def test_hosts_known_only_as_ssh_config_aliases_train(netns, tmp_path):
+    lab, *_ = netns
+    run_id = unique_run_id("alias")
+    done = mgpu(netns, tmp_path, "launch", "--workers", "gpu-h1:2222,gpu-h2:2222", "--python", PYTHON,
+                "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--", *TRAINER_ARGS)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    expected = [f"{lab.hosts['h1']}:2222", f"{lab.hosts['h2']}:2222"]
+    assert [p["tf_config"]["cluster"]["worker"] for p in record["plans"]] == [expected, expected]
+    assert done.stdout.splitlines()[-1].startswith("[mgpu] done: 2 tasks succeeded in ")
+    assert not run_processes(run_id)
+
+
+def test_an_alias_kept_as_written_is_named_as_unresolvable(netns, tmp_path):
+    done = mgpu(netns, tmp_path, "check", "--workers", "gpu-h1:2222,gpu-h2:2222", "--keep-host-names",
+                "--", PYTHON, "-c", "pass", timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "mgpu: error: tasks cannot reach each other:"
+    assert "worker:0 on gpu-h1 cannot resolve gpu-h2 (worker:1 at gpu-h2:2222)" in lines
+    assert "worker:1 on gpu-h2 cannot resolve gpu-h1 (worker:0 at gpu-h1:2222)" in lines
+    assert lines[-1].startswith("hint: ") and "--keep-host-names" in lines[-1]
+
+
+@pytest.fixture
+def port_blocked_on_h2(netns):
+    """h2 drops every packet to its port 2222, as a firewall would."""
+    require_tools("iptables")
+    lab, *_ = netns
+    rule = ["INPUT", "-p", "tcp", "--dport", "2222", "-j", "DROP"]
+    namespace = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
+    subprocess.run([*namespace, "-A", *rule], check=True)
+    try:
+        yield lab
+    finally:
+        subprocess.run([*namespace, "-D", *rule], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", [TRAINER_ARGS, [PYTHON, "-c", STRATEGY_ONLY]], ids=["trainer", "user-program"])
+def test_a_firewalled_port_is_named_before_anything_starts(port_blocked_on_h2, netns, tmp_path, program):
+    lab = port_blocked_on_h2
+    run_id = unique_run_id("blocked")
+    started = time.monotonic()
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
+                str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--", *program, timeout=120)
+    assert time.monotonic() - started < 90
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert (f"worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s ({lab.hosts['h2']})"
+            in lines), done.stderr
+    assert not any("on h2 cannot connect" in line for line in lines)  # h2 reaches h1 fine
+    assert not (tmp_path / "mgpu-runs" / run_id / "worker-0.log").exists()  # nothing started
+    assert not run_processes(run_id)
+
+
+@pytest.mark.slow
+def test_without_the_check_the_watchdog_names_the_trainer_that_never_joined(port_blocked_on_h2, netns, tmp_path):
+    run_id = unique_run_id("blocked")
+    started = time.monotonic()
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
+                str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--no-check",
+                "--start-timeout", "30", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=120)
+    assert time.monotonic() - started < 90
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.stderr[done.stderr.index("mgpu: error: start timeout: "):]
+    assert "never joined the cluster" in report, report
+    assert not run_processes(run_id)
+
+
+def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
+    # No ready line: the session wrapper on each host reports the listening port.
+    listen = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('0.0.0.0', 2222)); s.listen(); time.sleep(6)")
+    run_id = unique_run_id("listen")
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check",
+                "--start-timeout", "3", "--", PYTHON, "-c", listen, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    assert all(task["ready_at"] for task in record["attempts"][0]["tasks"].values())
+    assert "MGPU_REMOTE_LISTENING" not in done.stdout + done.stderr
+    assert not run_processes(run_id)
+
+
+def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
+    run_id = unique_run_id("silent")
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check",
+                "--start-timeout", "3", "--grace-period", "1", "--",
+                PYTHON, "-c", "import time; print('reading the data set', flush=True); time.sleep(60)", timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert "mgpu: error: start timeout: worker:0, worker:1 not ready after 3 s" in lines
+    for index, host in enumerate(("h1", "h2")):
+        log = f"mgpu-runs/{run_id}/worker-{index}.log"  # under the launcher's working directory
+        assert f"worker:{index} on {host} never listened on port 2222 (log: {log})" in lines
+    assert lines.count("    reading the data set") == 2
     assert not run_processes(run_id)
 
 
