@@ -29,13 +29,16 @@ def cluster_options(func):
     """Options that say which tasks make up the cluster: shared by launch, tf-config and check."""
     options = [
         click.option("--workers", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
-                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port."),
+                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port; "
+                          "Slurm hostlists such as node[01-04]:2222 expand."),
         click.option("--chief", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST:PORT", help="A chief task (task type 'chief'). With --local, no value."),
         click.option("--evaluator", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST", help="A sidecar evaluator (not part of the cluster). With --local, no value."),
         click.option("--port", type=params.PORT, default=2222, show_default=True,
                      help="Port for hosts listed without one."),
+        click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
+                     help="Workers as Horovod's -H writes them: SLOTS tasks per host, on ports from --port upward."),
         click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
                      help="Workers from a file: 'host[:port]' per line, or 'host slots=N' (N tasks on consecutive ports)."),
         click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
@@ -73,12 +76,13 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     from launcher.config.spec import build_tasks, expand_slots, local_tasks
     from launcher.config.spec_file import load_spec_text
 
-    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hostfile", opts.get("hostfile")),
-                                        ("--spec", opts.get("spec_file")), ("--local", local is not None)) if given]
+    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hosts", opts.get("slot_hosts")),
+                                        ("--hostfile", opts.get("hostfile")), ("--spec", opts.get("spec_file")),
+                                        ("--local", local is not None)) if given]
     if len(sources) > 1:
         raise UsageError(f"give only one of {' and '.join(sources)}")
     if not sources:
-        raise UsageError("no hosts: give --workers, --hostfile, --spec or --local")
+        raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec or --local")
     chief, evaluator = opts.get("chief"), opts.get("evaluator")
     for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
         if local is None and value is THIS_MACHINE:
@@ -102,6 +106,8 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     if opts.get("hostfile"):
         path = opts["hostfile"]
         workers = expand_slots(parse_hostfile(read_text(path, "--hostfile"), path), opts["port"])
+    elif opts.get("slot_hosts"):
+        workers = expand_slots(opts["slot_hosts"], opts["port"])
     else:
         workers = opts["workers"]
     return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)

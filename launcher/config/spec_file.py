@@ -10,6 +10,7 @@ import shlex
 from typing import Mapping, NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
+from launcher.config.hostlist import expand_entry
 from launcher.config.spec import CHIEF, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks
 from launcher.errors import SpecError
 
@@ -90,7 +91,7 @@ class _Reader:
         found = []
         for item in items:
             try:
-                found.append(parse_endpoint(self.string(item, what)))
+                found += [parse_endpoint(entry) for entry in expand_entry(self.string(item, what).strip())]
             except ValueError as exc:
                 self.fail(f"{what}: {exc}")
         return found

@@ -125,6 +125,7 @@ def _check_env(env: Mapping[str, str]) -> None:
 def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
     is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
+    _reject_shared_sockets(tasks, is_local)
     loopback = [task.host for task in tasks if is_loopback(task.host)]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
@@ -133,6 +134,21 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bo
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
     return is_local
+
+
+def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) -> None:
+    """Refuse two names of this machine with one port (localhost:P and 127.0.0.1:P): TensorFlow's
+    server listens on every interface, so both tasks would bind one socket."""
+    seen: dict[int, tuple[str, str]] = {}
+    for task, (task_type, index), local in zip(tasks, task_names(tasks), is_local):
+        if not local or task.port is None:
+            continue
+        address, name = format_address(task.host, task.port), f"{task_type}:{index}"
+        if task.port in seen:
+            first_address, first_name = seen[task.port]
+            raise SpecError(f"{first_address} ({first_name}) and {address} ({name}) are one socket on this "
+                            f"machine: give each task its own port")
+        seen[task.port] = (address, name)
 
 
 def _thread_env(threads_per_task: int | None) -> dict[str, str]:

@@ -102,7 +102,7 @@ def test_installed_cli_bad_input_exit_2_no_traceback():
 
 
 def test_python_dash_m_launcher():
-    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:1", "--task-index", "0"],
+    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:2222", "--task-index", "0"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["task"] == {"type": "worker", "index": 0}
