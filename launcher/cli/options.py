@@ -70,25 +70,32 @@ def ssh_options(func):
     return func
 
 
-def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
-    """The ClusterSpec that the options describe. Exactly one source of hosts must be given."""
+def read_spec(opts: dict, local: int | None = None, slurm: str | None = None) -> ClusterSpec:
+    """The ClusterSpec that the options describe. Exactly one source of hosts must be given.
+
+    `slurm` is "--slurm" (the tasks of the allocation) or "--from-slurm" (of the current step).
+    """
     from launcher.config.hostfile import parse_hostfile
     from launcher.config.spec import build_tasks, expand_slots, local_tasks
     from launcher.config.spec_file import load_spec_text
 
     sources = [name for name, given in (("--workers", opts.get("workers")), ("--hosts", opts.get("slot_hosts")),
                                         ("--hostfile", opts.get("hostfile")), ("--spec", opts.get("spec_file")),
-                                        ("--local", local is not None)) if given]
+                                        ("--local", local is not None), (slurm, slurm)) if given]
     if len(sources) > 1:
         raise UsageError(f"give only one of {' and '.join(sources)}")
     if not sources:
-        raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec or --local")
+        raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec, --local or --slurm")
     chief, evaluator = opts.get("chief"), opts.get("evaluator")
+    flag_mode = "--local" if local is not None else slurm  # where --chief and --evaluator take no value
     for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
-        if local is None and value is THIS_MACHINE:
-            raise UsageError(f"{flag} needs a host here (it takes no value only with --local)")
-        if local is not None and value not in (None, THIS_MACHINE):
-            raise UsageError(f"with --local, {flag} takes no value: every task runs on this machine")
+        if flag_mode is None and value is THIS_MACHINE:
+            raise UsageError(f"{flag} needs a host here (it takes no value only with --local or --slurm)")
+        if flag_mode is not None and value not in (None, THIS_MACHINE):
+            raise UsageError(f"with {flag_mode}, {flag} takes no value: "
+                             + ("every task runs on this machine" if local is not None else "the allocation says where"))
+    if slurm:
+        return _slurm_spec(opts, slurm == "--from-slurm", chief is THIS_MACHINE, evaluator is THIS_MACHINE)
     ssh_defaults = SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"),
                                identity_file=opts.get("identity"))
 
@@ -113,6 +120,16 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
 
 
+def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
+    """The tasks of the Slurm allocation (or job step) this process runs in."""
+    from launcher.config.slurm_env import read_allocation
+    from launcher.config.spec import slurm_tasks
+
+    allocation = read_allocation(os.environ, step=step)
+    tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, opts["port"], with_chief, with_evaluator)
+    return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
+
+
 def read_text(path: str, option: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:
@@ -123,8 +140,9 @@ def read_text(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: not a text file") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
-    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: bool = False):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown;
+    `slurm` plans every task as one task of a Slurm job step (this machine's GPUs do not matter)."""
     from launcher.host.gpus import detect_gpus
     from launcher.host.names import local_host_names
     from launcher.plan.planner import plan_tasks
@@ -134,7 +152,8 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
         run_id=run_id,
         local_hosts=local_host_names(),
         launcher_python=sys.executable,
-        local_gpu_count=detect_gpus() if count_gpus else 0,
+        local_gpu_count=detect_gpus() if count_gpus and not slurm else 0,
+        slurm=slurm,
     )
 
 

@@ -30,6 +30,7 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
 
     @property
     def name(self) -> str:
@@ -74,20 +75,24 @@ def plan_tasks(
     local_hosts: frozenset[str],
     launcher_python: str,
     local_gpu_count: int = 0,
+    slurm: bool = False,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine.
+    `local_gpu_count` is the number of GPUs on this machine. With `slurm`, every task is one
+    task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
+    an allocation share its installation).
     """
     _check_env(spec.env)
-    is_local = _locality(spec.tasks, local_hosts)
+    is_local = [False] * len(spec.tasks) if slurm else _locality(spec.tasks, local_hosts)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
     plans = []
-    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+    for rank, (task, (task_type, index), local, visible) in enumerate(
+            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
         env = {
             "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
             ENV_RUN_ID: run_id,
@@ -106,11 +111,12 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
-                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
+                ssh=None if local or slurm else task.ssh.merged_over(spec.ssh_defaults),
+                argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=env,
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                slurm_rank=rank if slurm else None,
             )
         )
     return plans
