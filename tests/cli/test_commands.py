@@ -40,7 +40,7 @@ def test_tf_config_evaluator(mgpu):
     (["--task-index", "0", "--task-type", "chief"], "the cluster has no chief task"),
     (["--task-index", "0", "--task-type", "ps"], "'ps' is not one of"),
     (["--task-index", "-1"], "-1 is not in the range"),
-    ([], "Missing option '--task-index'"),
+    ([], "give --task-index (or --from-slurm inside a Slurm job step)"),
     (["--task-index", "0", "--format", "yaml"], "'yaml' is not one of"),
 ])
 def test_tf_config_errors(mgpu, args, message):
