@@ -102,6 +102,8 @@ class SlurmStep:
         self._lock = threading.Lock()
         self._signalled: dict[int, float] = {}
         self._released: set[int] = set()
+        self._end_order: list[int] = []  # ranks in the order srun reported their ends
+        self._reported: set[int] = set()  # ranks whose status poll() has returned
         pipes = [os.pipe() for _ in range(2 * self.count)]
         self.readers = [pipe_reader(read) for read, _ in pipes]  # rank r: stdout 2r, stderr 2r+1
         self._writers = [write for _, write in pipes]
@@ -154,10 +156,9 @@ class SlurmStep:
             except ValueError:
                 pass
             status = task_status(ended.group(3))
-            with self._lock:
-                for rank in ranks:
-                    if status is not None and rank < self.count:
-                        self.statuses.setdefault(rank, status)
+            for rank in ranks:
+                if status is not None and rank < self.count:
+                    self._record(rank, status)
             if status == 0:
                 return
         if _WORTH_SHOWING.match(text):
@@ -182,13 +183,25 @@ class SlurmStep:
     # -- status and signals ----------------------------------------------------------
 
     def poll(self, rank: int) -> int | None:
+        """The task's status once srun reported it, and once every task that ended before it has
+        been reported too: srun may tell of several ends at once, and the first failure must be
+        seen first (a task stopped by Slurm's fail-fast is not the one that failed)."""
+        if rank not in self.statuses and self.popen.poll() is not None and self._stderr_done.is_set():
+            self._record(rank, self.popen.returncode)  # srun ended without a word on this task
         with self._lock:
-            if rank in self.statuses:
-                return self.statuses[rank]
-        if self.popen.poll() is None or not self._stderr_done.is_set():
-            return None
-        with self._lock:  # srun has ended without a word on this task: its status stands for it
-            return self.statuses.setdefault(rank, self.popen.returncode)
+            if rank not in self.statuses:
+                return None
+            earlier = self._end_order[:self._end_order.index(rank)]
+            if not all(other in self._reported for other in earlier):
+                return None
+            self._reported.add(rank)
+            return self.statuses[rank]
+
+    def _record(self, rank: int, status: int) -> None:
+        with self._lock:
+            if rank not in self.statuses:
+                self.statuses[rank] = status
+                self._end_order.append(rank)
 
     def signal(self, signum: int) -> None:
         """Send `signum` to every task of the step (once, however many tasks ask for it)."""
