@@ -16,7 +16,6 @@ turn a SIGTERM into a SIGKILL of every task.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import re
 import signal
@@ -32,11 +31,11 @@ from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.runners.base import Runner, TaskProcess
 from launcher.runners.local import pipe_reader
-from launcher.runners.slurm_task import ENV_PLAN, plan_document
+from launcher.runners.slurm_task import plan_document, plan_environment
 
 BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
-# A single environment string may hold 128 KiB on Linux; the plan must fit with room to spare.
-MAX_PLAN_BYTES = 100_000
+# Linux gives a program's arguments and environment together 2 MiB or more; the plans take at most half.
+MAX_PLAN_BYTES = 1_000_000
 SCANCEL_TIMEOUT = 15.0
 _PR_SET_PDEATHSIG = 1
 
@@ -73,13 +72,13 @@ def srun_argv(plans: Sequence[TaskPlan], python: str) -> list[str]:
 def step_environment(plans: Sequence[TaskPlan], attempt: int, environ: dict[str, str]) -> dict[str, str]:
     """srun's environment: the launcher's, less its CUDA_VISIBLE_DEVICES (so that one in a task
     means Slurm bound GPUs to the step), plus the plans."""
-    document = json.dumps(plan_document(plans), separators=(",", ":"))
-    if len(document) > MAX_PLAN_BYTES:
-        raise UsageError(f"the plan of {len(plans)} tasks takes {len(document)} bytes, more than the "
-                         f"{MAX_PLAN_BYTES} that the environment of a Slurm step can carry")
+    handover = plan_environment(plan_document(plans))
+    size = sum(len(value) for value in handover.values())
+    if size > MAX_PLAN_BYTES:
+        raise UsageError(f"the plan of {len(plans)} tasks takes {size} bytes, more than the "
+                         f"{MAX_PLAN_BYTES} that mgpu hands to a Slurm step in its environment")
     env = {k: v for k, v in environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env.update({ENV_PLAN: document, protocol.ENV_ATTEMPT: str(attempt),
-                protocol.ENV_RUN_ID: plans[0].env[protocol.ENV_RUN_ID]})
+    env.update({**handover, protocol.ENV_ATTEMPT: str(attempt), protocol.ENV_RUN_ID: plans[0].env[protocol.ENV_RUN_ID]})
     return env
 
 

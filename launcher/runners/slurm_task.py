@@ -19,7 +19,11 @@ import os
 import sys
 from typing import Mapping
 
+# The plans travel in the environment, which every node of a step receives (no shared file
+# system needed): MGPU_SLURM_PLAN holds the number of parts, MGPU_SLURM_PLAN_0... the JSON, in
+# parts because Linux limits one environment string to 128 KiB.
 ENV_PLAN = "MGPU_SLURM_PLAN"
+PART_CHARS = 100_000
 EXIT_MISPLACED = 2
 EXIT_CANNOT_START = 127
 
@@ -43,6 +47,18 @@ def plan_document(plans) -> dict:
             "argv": list(plans[0].argv), "workdir": plans[0].workdir}
 
 
+def plan_environment(document: dict) -> dict[str, str]:
+    """The document as environment variables (launcher side)."""
+    text = json.dumps(document, separators=(",", ":"))
+    parts = [text[start:start + PART_CHARS] for start in range(0, len(text), PART_CHARS)]
+    return {ENV_PLAN: str(len(parts)), **{f"{ENV_PLAN}_{i}": part for i, part in enumerate(parts)}}
+
+
+def read_plan_environment(environ: Mapping[str, str]) -> dict:
+    """The document back from the environment; KeyError or ValueError when it is not there."""
+    return json.loads("".join(environ[f"{ENV_PLAN}_{i}"] for i in range(int(environ[ENV_PLAN]))))
+
+
 def tf_config_text(cluster: Mapping, task_type: str, index: int) -> str:
     """TF_CONFIG exactly as the planner writes it."""
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}, separators=(",", ":"))
@@ -51,7 +67,7 @@ def tf_config_text(cluster: Mapping, task_type: str, index: int) -> str:
 def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str | None]:
     """(argv, environment, workdir) of task `rank`, over this process's environment."""
     task = document["tasks"][rank]
-    env = {k: v for k, v in environ.items() if k != ENV_PLAN}
+    env = {k: v for k, v in environ.items() if k != ENV_PLAN and not k.startswith(ENV_PLAN + "_")}
     slurm_devices = environ.get("CUDA_VISIBLE_DEVICES")
     env.update(document["env"])
     env.update(task["env"])
@@ -63,7 +79,7 @@ def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tupl
 
 def main() -> int:
     try:
-        document = json.loads(os.environ[ENV_PLAN])
+        document = read_plan_environment(os.environ)
         rank = int(os.environ["SLURM_PROCID"])
         task = document["tasks"][rank]
     except (KeyError, ValueError, IndexError) as exc:
