@@ -126,7 +126,14 @@ def _conf_of(proc: psutil.Process) -> str | None:
 
 
 def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
-    return ["ip", "netns", "exec", netns, *argv] if netns else argv
+    """argv in the network namespace, with its /etc/netns/<ns>/hosts as /etc/hosts.
+
+    Not `ip netns exec`: that mounts a fresh /sys without the cgroup file systems slurmd needs.
+    """
+    if not netns:
+        return argv
+    return ["nsenter", f"--net=/run/netns/{netns}", "--", "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", f'mount --bind /etc/netns/{netns}/hosts /etc/hosts && exec "$@"', "sh", *argv]
 
 
 def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str, munge_socket: pathlib.Path,
@@ -162,7 +169,8 @@ def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: st
     require_slurm()
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o755)
-    (directory / "state").mkdir(exist_ok=True)
+    for folder in ["state", *(f"spool-{node.name}" for node in nodes)]:
+        (directory / folder).mkdir(exist_ok=True)
     munge_socket = directory / "munge.socket"
     conf = _write_config(directory, nodes, controller, munge_socket, cpus)
     lab = SlurmLab(directory, nodes, conf)
