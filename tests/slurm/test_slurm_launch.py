@@ -206,7 +206,9 @@ def test_scancel_stops_everything(slurm, tmp_path):
         time.sleep(0.2)
     assert slurm.run("scancel", job).returncode == 0
     assert_nothing_left(slurm, rid)
-    assert run_record(tmp_path, rid)["status"] in ("interrupted", "failed")
+    # Slurm sent SIGTERM to the batch script (mgpu) and to the step; mgpu stopped every task.
+    assert run_record(tmp_path, rid)["status"] == "interrupted"
+    assert all("got SIGTERM" in log.read_text() for log in logs)
 
 
 @pytest.mark.slow
@@ -236,3 +238,15 @@ def test_tf_config_from_slurm_in_a_step(slurm, tmp_path):
     for rank, task in enumerate([("chief", 0), ("worker", 0), ("worker", 1)]):
         tf_config = json.loads(lines[str(rank)].split("=", 1)[1].strip("'"))
         assert tf_config == {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+
+
+def test_a_dozen_tasks_each_get_their_own_lines(slurm, tmp_path):
+    """srun pads labels (" 3: ") once there are ten tasks or more; no line may land in another's log."""
+    rid = run_id("dozen")
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--", "sh", "-c",
+                                                      'for i in 1 2 3; do echo "line $i of $SLURM_PROCID"; done; '
+                                                      'echo "err of $SLURM_PROCID" >&2'), tasks=12)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(12):
+        log = (tmp_path / "runs" / rid / f"worker-{rank}.log").read_text().splitlines()
+        assert sorted(log) == sorted([f"line {i} of {rank}" for i in (1, 2, 3)] + [f"err of {rank}"]), log
