@@ -56,9 +56,14 @@ def tagged_processes(rid: str) -> list[psutil.Process]:
     return found
 
 
-def assert_nothing_left(slurm: SlurmLab, rid: str) -> None:
+def assert_nothing_left(slurm: SlurmLab, rid: str, job_alive: bool = False) -> None:
+    """No process of the run and no job step remain (nor any job, unless `job_alive`)."""
+    def left():
+        return tagged_processes(rid) or slurm.run("squeue", "-h", "-s").stdout.strip() or (
+            not job_alive and slurm.run("squeue", "-h").stdout.strip())
+
     deadline = time.monotonic() + 20
-    while (tagged_processes(rid) or slurm.run("squeue", "-h", "-s").stdout.strip()) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert tagged_processes(rid) == []
     assert slurm.run("squeue", "-h", "-s").stdout.strip() == ""
@@ -163,12 +168,18 @@ def test_restart_runs_a_new_step(slurm, tmp_path):
     assert log.count("SEEN") == 2 and "----- mgpu: attempt 1 started" in log
 
 
-def test_sigterm_to_the_launcher_reaches_every_task(slurm, tmp_path):
-    rid = run_id("sigterm")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_launcher_stops_every_task(slurm, tmp_path, signum):
+    """SIGTERM: each task gets SIGTERM and mgpu exits 143. SIGKILL: srun, bound to the launcher's
+    life, ends the step at once, while the allocation itself lives on."""
+    rid = run_id("signal")
     env_plan = json.dumps({"0": "forever", "1": "forever"})
-    pid_file = tmp_path / "mgpu.pid"
+    pid_file, gone_file, sleep_file = tmp_path / "mgpu.pid", tmp_path / "launcher-gone", tmp_path / "sleep.pid"
     argv = launch_argv(tmp_path, rid, "--env", f"TEST_ORDERS={env_plan}", "--", *program(tmp_path))
-    script = f"{shlex.join(argv)} & echo $! > {pid_file}; wait $!"
+    script = f"{shlex.join(argv)} & echo $! > {pid_file}; wait $!; code=$?; "
+    if signum == signal.SIGKILL:  # keep the allocation while the test looks
+        script += f"sleep 60 & echo $! > {sleep_file}; touch {gone_file}; wait $!; "
+    script += "exit $code"
     proc = subprocess.Popen(["salloc", "--quiet", "--ntasks=2", "--time=10", "sh", "-c", script], env=slurm.env,
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -177,16 +188,24 @@ def test_sigterm_to_the_launcher_reaches_every_task(slurm, tmp_path):
         while not all(log.exists() and "SEEN" in log.read_text() for log in logs):
             assert time.monotonic() < deadline and proc.poll() is None, "the tasks did not start"
             time.sleep(0.2)
-        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        os.kill(int(pid_file.read_text()), signum)
+        if signum == signal.SIGKILL:
+            deadline = time.monotonic() + 20
+            while not gone_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert_nothing_left(slurm, rid, job_alive=True)
+            assert slurm.run("squeue", "-h").stdout.strip(), "the allocation should still be there"
+            os.kill(int(sleep_file.read_text()), signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 143, out + err
-    assert all("got SIGTERM" in log.read_text() for log in logs)
-    assert run_record(tmp_path, rid)["status"] == "interrupted"
     assert_nothing_left(slurm, rid)
+    if signum == signal.SIGTERM:
+        assert proc.returncode == 143, out + err
+        assert all("got SIGTERM" in log.read_text() for log in logs)
+        assert run_record(tmp_path, rid)["status"] == "interrupted"
 
 
 def test_scancel_stops_everything(slurm, tmp_path):
