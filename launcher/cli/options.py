@@ -40,7 +40,8 @@ def cluster_options(func):
         click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
                      help="Workers as Horovod's -H writes them: SLOTS tasks per host, on ports from --port upward."),
         click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N' (N tasks on consecutive ports)."),
+                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N [max_slots=M]' "
+                          "(N tasks on consecutive ports; a host on several lines adds its slots up)."),
         click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
                      help="A YAML or JSON cluster spec (see the README for its schema)."),
     ]

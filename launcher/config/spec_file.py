@@ -159,7 +159,8 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     host_ssh = {}
     for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
         try:
-            host_ssh[parse_host(name)] = read.ssh_settings(settings, f"hosts.{name}")
+            for host in expand_entry(name):  # a hostlist key sets every host it names
+                host_ssh[parse_host(host)] = read.ssh_settings(settings, f"hosts.{name}")
         except ValueError as exc:
             read.fail(f"hosts: {exc}")
     default_port = read.optional(top, "port", read.port)

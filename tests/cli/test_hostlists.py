@@ -121,6 +121,9 @@ def test_hostlist_in_spec(mgpu, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert result.json()["tasks"][0]["tf_config"]["cluster"] == {
         "chief": ["c1:2222"], "worker": ["w1:2222", "w2:2222", "x:3000"]}
+    path.write_text(json.dumps({"cluster": {"worker": ["w[1-2]:2222"]}, "hosts": {"w[1-2]": {"user": "bob"}}}))
+    text = mgpu("launch", "--spec", str(path), "--dry-run").stdout
+    assert "(ssh bob@w1)" in text and "(ssh bob@w2)" in text
     path.write_text(json.dumps({"cluster": {"chief": "c[1-2]:2222", "worker": ["w"]}}))
     result = mgpu("launch", "--spec", str(path), "--dry-run")
     assert result.exit_code == 2 and "cluster.chief lists 2 hosts" in result.stderr
