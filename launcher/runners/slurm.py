@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -69,17 +70,25 @@ def srun_argv(plans: Sequence[TaskPlan], python: str) -> list[str]:
     ]
 
 
-def step_environment(plans: Sequence[TaskPlan], attempt: int, environ: dict[str, str]) -> dict[str, str]:
+def step_environment(plans: Sequence[TaskPlan], environ: dict[str, str]) -> dict[str, str]:
     """srun's environment: the launcher's, less its CUDA_VISIBLE_DEVICES (so that one in a task
-    means Slurm bound GPUs to the step), plus the plans."""
+    means Slurm bound GPUs to the step), plus the plans. Raises UsageError when they do not fit."""
     handover = plan_environment(plan_document(plans))
     size = sum(len(value) for value in handover.values())
     if size > MAX_PLAN_BYTES:
         raise UsageError(f"the plan of {len(plans)} tasks takes {size} bytes, more than the "
                          f"{MAX_PLAN_BYTES} that mgpu hands to a Slurm step in its environment")
     env = {k: v for k, v in environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env.update({**handover, protocol.ENV_ATTEMPT: str(attempt), protocol.ENV_RUN_ID: plans[0].env[protocol.ENV_RUN_ID]})
+    env.update({**handover, protocol.ENV_RUN_ID: plans[0].env[protocol.ENV_RUN_ID]})
     return env
+
+
+def _allow_open_files(needed: int) -> None:
+    """Two pipes per task (four descriptors) plus a log each: raise the soft limit if it is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _die_with_parent() -> None:
@@ -93,9 +102,9 @@ def _die_with_parent() -> None:
 class SlurmStep:
     """One running `srun`: splits its output per task and records each task's end."""
 
-    def __init__(self, plans: Sequence[TaskPlan], attempt: int, python: str):
+    def __init__(self, argv: list[str], env: dict[str, str], count: int, attempt: int):
         self.attempt = attempt
-        self.count = len(plans)
+        self.count = count
         self.step_id: str | None = None
         self.statuses: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -108,7 +117,7 @@ class SlurmStep:
         self._writers = [write for _, write in pipes]
         try:
             self.popen = subprocess.Popen(
-                srun_argv(plans, python), env=step_environment(plans, attempt, dict(os.environ)),
+                argv, env={**env, protocol.ENV_ATTEMPT: str(attempt)},
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, preexec_fn=_die_with_parent)
         except BaseException as exc:
@@ -275,15 +284,18 @@ class SlurmRunner(Runner):
     """Starts every task of an attempt as one step: the first start() of an attempt runs srun."""
 
     def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):
-        self._plans = list(plans)
-        self._python = python
+        """Checks that the plans can be handed to a step; nothing starts until start()."""
+        self._count = len(plans)
+        self._argv = srun_argv(plans, python)
+        self._env = step_environment(plans, dict(os.environ))
         self._step: SlurmStep | None = None
+        _allow_open_files(6 * self._count + 256)
 
     def start(self, task: TaskPlan, attempt: int) -> SlurmTaskProcess:
         if task.slurm_rank is None:
             raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
         if self._step is None or self._step.attempt != attempt:
-            self._step = SlurmStep(self._plans, attempt, self._python)
+            self._step = SlurmStep(self._argv, self._env, self._count, attempt)
         return SlurmTaskProcess(self._step, task.slurm_rank)
 
     def close(self) -> None:

@@ -136,7 +136,7 @@ def test_the_plan_of_a_thousand_tasks_travels_in_the_environment(mgpu):
                       argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
              for rank, t in enumerate(result.json()["tasks"])]
     assert len(plans) == 1024
-    step_env = step_environment(plans, 0, {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/root"})
+    step_env = step_environment(plans, {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/root"})
     assert "CUDA_VISIBLE_DEVICES" not in step_env and step_env["HOME"] == "/root"
     assert max(len(value) for value in step_env.values()) < 128 * 1024  # Linux's limit for one string
     _, task_env, _ = task_start(read_plan_environment(step_env), 1023, step_env)
