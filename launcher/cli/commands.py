@@ -112,7 +112,7 @@ Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
-  srun sh -c 'TF_CONFIG=$(mgpu tf-config --from-slurm) exec python train.py'
+  srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
 
 
