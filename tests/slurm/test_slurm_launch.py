@@ -269,3 +269,15 @@ def test_a_dozen_tasks_each_get_their_own_lines(slurm, tmp_path):
     for rank in range(12):
         log = (tmp_path / "runs" / rid / f"worker-{rank}.log").read_text().splitlines()
         assert sorted(log) == sorted([f"line {i} of {rank}" for i in (1, 2, 3)] + [f"err of {rank}"]), log
+
+
+def test_tf_config_from_slurm_as_the_readme_writes_it(slurm, tmp_path):
+    """`eval "$(mgpu tf-config --from-slurm --format env)"` in each task of a hand-written step."""
+    mgpu = shlex.join(MGPU)
+    done = in_allocation(slurm, tmp_path, ["srun", "--label", "sh", "-c",
+                                           f'eval "$({mgpu} tf-config --from-slurm --format env)"; '
+                                           'exec python3 -c "import os; print(os.environ[\'TF_CONFIG\'])"'])
+    assert done.returncode == 0, done.stderr
+    seen = {rank: json.loads(text) for rank, text in (line.split(": ", 1) for line in done.stdout.splitlines())}
+    assert {rank: tf["task"]["index"] for rank, tf in seen.items()} == {"0": 0, "1": 1}
+    assert seen["1"]["cluster"] == {"worker": [f"{NODE}:2222", f"{NODE}:2223"]}
