@@ -145,7 +145,6 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
         f"SlurmctldHost={controller}\n"
         f"SlurmctldPort={free_port()}\n"
         f"SlurmdPort={free_port()}\n"
-        f"SrunPortRange={free_port() // 2 + 20000}-{free_port() // 2 + 20100}\n"
         f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={munge_socket}\n"
         f"SlurmUser=root\nSlurmdUser=root\n"
         f"StateSaveLocation={directory}/state\n"
