@@ -113,17 +113,20 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def parse_endpoint_list(text: str) -> tuple[Endpoint, ...]:
-    """A comma-separated host list, as in `--workers h1:2222,h2:2222` or `node[01-04]:2222`.
-
-    Slurm hostlist ranges expand in place; a port below 1024 is refused, since `host:4` is how
-    Horovod's `-H` writes 4 slots, not a port.
-    """
+    """A comma-separated host list, as in `h1:2222,h2:2222`; Slurm hostlist ranges such as
+    `node[01-04]:2222` expand in place."""
     if not text.strip():
         raise ValueError("the host list is empty")
     parts = split_top_level(text)
     if any(not part.strip() for part in parts):
         raise ValueError(f"{text!r} has an empty entry")
-    endpoints = tuple(parse_endpoint(entry) for part in parts for entry in expand_entry(part.strip()))
+    return tuple(parse_endpoint(entry) for part in parts for entry in expand_entry(part.strip()))
+
+
+def parse_worker_list(text: str) -> tuple[Endpoint, ...]:
+    """`--workers`: a host list in which a port below 1024 is refused, since `host:4` is how
+    Horovod's `-H` writes 4 slots, not a port."""
+    endpoints = parse_endpoint_list(text)
     for endpoint in endpoints:
         if endpoint.port is not None and endpoint.port < PRIVILEGED_PORTS:
             raise ValueError(
