@@ -16,6 +16,11 @@ from launcher.cli.options import (
 from launcher.config.spec import ROLES, WORKER
 from launcher.errors import UsageError
 
+legacy_keras_option = click.option(
+    "--legacy-keras", is_flag=True,
+    help="Run Keras programs with tf_keras (Keras 2): sets TF_USE_LEGACY_KERAS=1 in every task. "
+         "Keras 3's model.fit does not run under MultiWorkerMirroredStrategy; tf_keras's does. "
+         "Every host needs tf-keras of its TensorFlow's series (checked before the launch).")
 
 LAUNCH_HELP = """Start one process per task, locally or over SSH, and supervise them.
 
@@ -68,6 +73,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Pass this variable of the launcher's environment on to every task (repeatable).")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
 @click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
@@ -149,6 +155,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @cluster_options
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
@@ -156,7 +163,8 @@ def check_command(**opts) -> None:
 
     command = opts.pop("command")
     spec = with_command_line(read_spec(opts), command)
-    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
+    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
+                               legacy_keras=opts["legacy_keras"] or spec.legacy_keras)
     plans = make_plans(spec, run_id="check")
     ssh_runner = None
     if any(not plan.local for plan in plans):
