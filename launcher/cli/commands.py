@@ -138,14 +138,18 @@ CHECK_HELP = """Check every host of the cluster, in parallel, without starting a
 For each host: SSH login (host key, user, key), the task's program and Python,
 whether TensorFlow imports (and the built-in trainer, when tasks run it) with
 the same TensorFlow version as this machine, whether the tasks' ports are
-free, and how many GPUs nvidia-smi lists. One table row per host.
-`mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
+free, and how many GPUs nvidia-smi lists. With --legacy-keras, also whether
+tf_keras imports and matches TensorFlow's series (with the pip command that
+fixes it). One table row per host. `mgpu launch` runs the same checks on
+remote hosts first, and with --legacy-keras on this machine too (--no-check
+skips them).
 
 \b
 Examples:
   mgpu check --workers h1:2222,h2:2222
   mgpu check --spec cluster.yaml --known-hosts ./known_hosts
   mgpu check --workers h1,h2 -- python train.py
+  mgpu check --workers h1,h2 --legacy-keras -- python train.py
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
