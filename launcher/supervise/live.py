@@ -50,11 +50,12 @@ class LiveLines:
         self._latest[key] = text
 
     def remove(self, key: str) -> str | None:
-        """Stop showing `key`; its latest text, if the console never showed it."""
+        """Stop showing `key`; its latest text to print as an ordinary line, if any: on a terminal
+        always (its line in the block goes away), elsewhere only if it was never shown."""
         latest = self._latest.pop(key, None)
         shown = self._shown.pop(key, None)
         self._shown_at.pop(key, None)
-        return latest if latest is not None and latest != shown else None
+        return latest if latest is not None and (self.terminal or latest != shown) else None
 
     def next_due(self, now: float) -> float | None:
         """Seconds until a changed line may be shown; None when nothing changed."""

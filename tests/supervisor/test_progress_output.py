@@ -95,6 +95,8 @@ def test_live_lines_are_rate_limited_and_end_as_ordinary_lines():
     terminal.update("w0", "[w0] 2/9")
     assert terminal.render(["[w1] hello\n"], now=0.5) == "\x1b[1A\x1b[J[w1] hello\n[w0] 1/9\n"
     assert terminal.render([], now=1.0) == "\x1b[1A\x1b[J[w0] 2/9\n"
+    assert terminal.remove("w0") == "[w0] 2/9"  # its block line goes away: the console prints it
+    assert terminal.render(["[w0] 2/9\n"], now=1.5) == "\x1b[1A\x1b[J[w0] 2/9\n"
     assert latest_redraw("\r 1/3 [=  ]\r 2/3 [== ]\r") == " 2/3 [== ]"
 
 
