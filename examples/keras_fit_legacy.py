@@ -31,6 +31,8 @@ def parse_args(argv):
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--batch-size-per-replica", type=int, default=32)
     parser.add_argument("--examples", type=int, default=2048, help="Size of the synthetic training set.")
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=0,
+                        help="Keras' own output: 1 is its progress bar, redrawn with \\r (mgpu shows it live).")
     return parser.parse_args(argv)
 
 
@@ -44,7 +46,8 @@ def synthetic_data(examples, features=32, classes=4, seed=0):
 
 
 class EpochLog(tf.keras.callbacks.Callback):
-    """One plain line per epoch (Keras' own bar redraws with \\r), and the epoch fit started at."""
+    """One plain line per epoch, and the epoch fit started at. On stderr: Keras' bar (--verbose 1)
+    is still on its line on stdout when on_epoch_end runs."""
 
     def __init__(self):
         super().__init__()
@@ -53,10 +56,11 @@ class EpochLog(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if self.first is None:
             self.first = epoch
-            print(f"fit: starting at epoch {epoch + 1}", flush=True)
+            print(f"fit: starting at epoch {epoch + 1}", file=sys.stderr, flush=True)
 
     def on_epoch_end(self, epoch, logs=None):
-        print(f"fit: epoch {epoch + 1} done, loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}", flush=True)
+        print(f"fit: epoch {epoch + 1} done, loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}",
+              file=sys.stderr, flush=True)
 
 
 def is_chief(strategy):
@@ -90,7 +94,7 @@ def main(argv=None):
 
     backup = tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(args.model_dir, "backup"))
     model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-              callbacks=[backup, EpochLog()], verbose=0)
+              callbacks=[backup, EpochLog()], verbose=args.verbose)
 
     # Every worker must save (saving is a collective); only the chief's copy is kept.
     chief = is_chief(strategy)

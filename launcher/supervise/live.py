@@ -23,8 +23,10 @@ _UP_AND_CLEAR = "\x1b[{}A\x1b[J"  # cursor up N lines, clear to the end of the s
 
 
 def latest_redraw(text: str) -> str:
-    """What a line redrawn with carriage returns shows last: its last non-blank part."""
+    """What a line redrawn with carriage returns shows last: its last non-blank part, without the
+    backspaces some bars (Keras') send before each redraw."""
     for part in reversed(text.split("\r")):
+        part = part.replace("\b", "")
         if part.strip():
             return part
     return ""

@@ -57,12 +57,17 @@ def test_legacy_keras_fit_trains_on_two_workers(tmp_path):
     assert {plan["env"]["TF_USE_LEGACY_KERAS"] for plan in record["plans"]} == {"1"}
 
 
-def test_legacy_keras_fit_with_a_chief(tmp_path):
+def test_legacy_keras_fit_with_a_chief_and_keras_progress_bar(tmp_path):
     model_dir = tmp_path / "model"
-    code, out = finish(launch(["--local", "1", "--chief", "--legacy-keras",
-                               *fit_command(model_dir, "--epochs", "1", "--steps-per-epoch", "2")], tmp_path))
+    code, out = finish(launch(["--local", "1", "--chief", "--legacy-keras", "--run-id", "chief",
+                               *fit_command(model_dir, "--epochs", "1", "--steps-per-epoch", "4", "--verbose", "1")],
+                              tmp_path))
     assert code == 0, out[-3000:]
     assert "[chief:0] fit: model saved to" in out and "[worker:0] fit: epoch 1 done" in out
+    # Keras redraws its bar with \r and backspaces: the console gets its final state as one clean line.
+    assert "\r" not in out and "\b" not in out
+    assert [line for line in out.splitlines() if line.startswith("[chief:0] 4/4 [====")]
+    assert "\r" in (tmp_path / "runs" / "chief" / "chief-0.log").read_bytes().decode()
 
 
 def wait_for_line(path, text, proc, timeout=180):

@@ -98,6 +98,7 @@ def test_live_lines_are_rate_limited_and_end_as_ordinary_lines():
     assert terminal.remove("w0") == "[w0] 2/9"  # its block line goes away: the console prints it
     assert terminal.render(["[w0] 2/9\n"], now=1.5) == "\x1b[1A\x1b[J[w0] 2/9\n"
     assert latest_redraw("\r 1/3 [=  ]\r 2/3 [== ]\r") == " 2/3 [== ]"
+    assert latest_redraw("\r 1/3 [=  ]\b\b\b\b\b\b\b\b\b\b\b") == " 1/3 [=  ]"  # Keras erases with backspaces
 
 
 def test_progress_lines_render_as_a_bar_with_step_rate_and_eta():
