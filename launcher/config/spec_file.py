@@ -28,6 +28,7 @@ class SpecFile:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    legacy_keras: bool = False
 
     def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
         """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
@@ -41,12 +42,13 @@ class SpecFile:
             python=self.python,
             threads_per_task=self.threads_per_task,
             gpus_per_task=self.gpus_per_task,
+            legacy_keras=self.legacy_keras,
         )
 
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 
@@ -78,6 +80,11 @@ class _Reader:
     def count(self, value: object, what: str, minimum: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             self.fail(f"{what} must be a whole number >= {minimum}")
+        return value
+
+    def flag(self, value: object, what: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(f"{what} must be true or false")
         return value
 
     def port(self, value: object, what: str) -> int:
@@ -135,6 +142,7 @@ def parse_spec(data: object, source: str) -> SpecFile:
         python=read.optional(top, "python", read.string),
         threads_per_task=read.optional(top, "threads_per_task", read.count, 1),
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0),
+        legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
     )
 
 
