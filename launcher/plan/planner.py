@@ -33,6 +33,7 @@ class TaskPlan:
     # Where the other tasks reach this one (TF_CONFIG), when it differs from `host`:
     # the ssh config's HostName of an alias, or the spec's `address:`.
     address: str | None = None
+    slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
 
     @property
     def reach_host(self) -> str:
@@ -50,6 +51,10 @@ class TaskPlan:
 
 TRAINER_MODULE = "launcher.trainer"
 REMOTE_PYTHON = "python3"
+# TensorFlow's switch that makes `tf.keras` mean tf_keras (Keras 2) instead of Keras 3.
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+
 def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict:
     """TF_CONFIG for one task. The evaluator is not in `cluster` but still has a task entry."""
     return {"cluster": {role: list(addresses) for role, addresses in cluster.items()},
@@ -87,24 +92,28 @@ def plan_tasks(
     launcher_python: str,
     local_gpu_count: int = 0,
     resolved: Mapping[str, str] | None = None,
+    slurm: bool = False,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine. `resolved` maps remote host names
-    to the addresses they really are (the ssh config's HostName); the spec's own `addresses`
-    win over it. TF_CONFIG lists those addresses, so that the tasks can dial each other.
+    `local_gpu_count` is the number of GPUs on this machine. With `slurm`, every task is one
+    task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
+    an allocation share its installation). `resolved` maps remote host names to the addresses
+    they really are (the ssh config's HostName); the spec's own `addresses` win over it.
+    TF_CONFIG lists those addresses, so that the tasks can dial each other.
     """
     _check_env(spec.env)
     addresses = {**(resolved or {}), **spec.addresses}
     addresses = {host: address for host, address in addresses.items() if address != host}
-    is_local = _locality(spec.tasks, local_hosts, addresses)
+    is_local = [False] * len(spec.tasks) if slurm else _locality(spec.tasks, local_hosts, addresses)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks, addresses)
     plans = []
-    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+    for rank, (task, (task_type, index), local, visible) in enumerate(
+            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
         env = {
             "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
             ENV_RUN_ID: run_id,
@@ -115,6 +124,8 @@ def plan_tasks(
         }
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        if spec.legacy_keras:
+            env[LEGACY_KERAS_ENV] = "1"
         env.update(spec.env)
         plans.append(
             TaskPlan(
@@ -123,12 +134,13 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
-                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
+                ssh=None if local or slurm else task.ssh.merged_over(spec.ssh_defaults),
+                argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=env,
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
                 address=addresses.get(task.host),
+                slurm_rank=rank if slurm else None,
             )
         )
     return plans
@@ -144,6 +156,7 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str], addresses:
     """Whether each task runs on this machine. Loopback addresses (after `addresses`) mixed with
     remote hosts are refused."""
     is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
+    _reject_shared_sockets(tasks, is_local)
     reached = [addresses.get(task.host, task.host) for task in tasks]
     loopback = [address for address in reached if is_loopback(address)]
     remote = [address for address, local in zip(reached, is_local) if not local and not is_loopback(address)]
@@ -153,6 +166,21 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str], addresses:
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
     return is_local
+
+
+def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) -> None:
+    """Refuse two names of this machine with one port (localhost:P and 127.0.0.1:P): TensorFlow's
+    server listens on every interface, so both tasks would bind one socket."""
+    seen: dict[int, tuple[str, str]] = {}
+    for task, (task_type, index), local in zip(tasks, task_names(tasks), is_local):
+        if not local or task.port is None:
+            continue
+        address, name = format_address(task.host, task.port), f"{task_type}:{index}"
+        if task.port in seen:
+            first_address, first_name = seen[task.port]
+            raise SpecError(f"{first_address} ({first_name}) and {address} ({name}) are one socket on this "
+                            f"machine: give each task its own port")
+        seen[task.port] = (address, name)
 
 
 def _thread_env(threads_per_task: int | None) -> dict[str, str]:
