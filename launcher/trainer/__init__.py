@@ -61,6 +61,8 @@ def _run(opts, started: float) -> int:
     from launcher.trainer import datasets  # numpy: only once the options are good
     arrays = datasets.load(opts.dataset, opts.data_dir)
     # Keep TensorFlow's C++ INFO/WARNING logs (after its start-up banner) out of the log.
+    if opts.tf_log_level is not None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(opts.tf_log_level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from launcher.trainer import run
     return run.run(opts, info, arrays, started)

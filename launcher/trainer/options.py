@@ -67,6 +67,7 @@ class TrainOptions:
     evaluator_timeout: float
     # diagnostics
     debug: bool = False
+    tf_log_level: int | None = None  # TensorFlow's C++ log threshold; None: 2, or TF_CPP_MIN_LOG_LEVEL
 
 
 class ParserExit(Exception):
@@ -160,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_loop_options(parser.add_argument_group("training loop"))
     _add_output_options(parser.add_argument_group("outputs"))
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    parser.add_argument("--tf-log-level", type=int, choices=range(4), default=None, metavar="{0,1,2,3}",
+                        help="TensorFlow's C++ logs shown: 0 all, 1 no INFO, 2 errors only, 3 none "
+                             "(default: TF_CPP_MIN_LOG_LEVEL, else 2)")
     return parser
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 import time
+from typing import NoReturn
 
 import keras
 import tensorflow as tf
@@ -33,9 +34,17 @@ def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -
     except tf.errors.OpError as exc:
         first_line = (exc.message or str(exc)).strip().splitlines()[0]
         raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
-    # All workers have passed the final barrier. Leave now: tearing TensorFlow down takes
-    # seconds and ends at different times on each worker. The chief hosts the coordination
-    # service, so it leaves last: a worker whose heartbeat finds it gone logs errors.
+    leave(info, code)
+
+
+def leave(info: ClusterInfo, code: int) -> NoReturn:
+    """End the process once every worker has passed the final barrier.
+
+    Called where training ends, not after returning from it: unwinding the training frames
+    destroys TensorFlow objects (iterators, collectives) that wait seconds for peers that have
+    already left. The chief hosts the coordination service, so it leaves last: a worker whose
+    heartbeat finds it gone logs errors.
+    """
     if info.is_chief:
         wait_until_closed(info.peer_addresses(), timeout=PEER_EXIT_TIMEOUT)
     sys.stdout.flush()
@@ -100,9 +109,9 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
         # tasks with SIGTERM as soon as one exits 42, and that must not turn this exit 42
         # into a death by signal while the chief waits for its peers.
         reporter.close()
-        strategy_lib.barrier(strategy)
+        strategy_lib.final_barrier(strategy)
         log(f"{info.name}: preempted; checkpoint saved at step {preempted.step}")
-        return protocol.EXIT_PREEMPTED
+        leave(info, protocol.EXIT_PREEMPTED)
     watcher.close()
     return _finish(opts, info, strategy, state.model, outcome, reporter, started)
 
@@ -141,9 +150,9 @@ def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Out
         log(f"done step={outcome.step} accuracy={outcome.final_eval['accuracy']:.4f} "
             f"examples/sec={outcome.examples_per_sec:.1f} fingerprints={','.join(fingerprints)}")
     reporter.close()
-    strategy_lib.barrier(strategy)  # nobody exits while another still needs the cluster
+    strategy_lib.final_barrier(strategy)  # nobody exits while another still needs the cluster
     if len(set(fingerprints)) > 1:
         print(f"{PROG}: error: replicas ended with different weights: fingerprints "
               f"{', '.join(fingerprints)}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+        leave(info, EXIT_FAILED)
+    leave(info, EXIT_OK)

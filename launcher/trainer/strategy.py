@@ -68,6 +68,24 @@ def build(opts: TrainOptions, info: cluster_lib.ClusterInfo, num_gpus: int) -> t
     return tf.distribute.get_strategy()
 
 
+FINAL_BARRIER_TIMEOUT_MS = 3600 * 1000  # the chief may export a large model first
+
+
+def final_barrier(strategy: tf.distribute.Strategy) -> None:
+    """Return once every worker got here, through the coordination service: prompt where a
+    collective all-reduce takes seconds to set up. The last barrier of the process only
+    (its id is fixed); without a coordination service, the all-reduce barrier."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        from tensorflow.python.eager import context  # wait_at_barrier has no public API
+
+        try:
+            context.context().wait_at_barrier("mgpu-final", FINAL_BARRIER_TIMEOUT_MS)
+            return
+        except tf.errors.FailedPreconditionError:  # "Coordination service is not enabled": one worker
+            pass
+    barrier(strategy)
+
+
 def barrier(strategy: tf.distribute.Strategy) -> None:
     """Return once every replica of every worker got here (a tiny all-reduce)."""
     @tf.function
