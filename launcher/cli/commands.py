@@ -63,7 +63,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--grace-period", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
               help="Time between TERM and KILL when stopping tasks.")
 @click.option("--start-timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True, metavar="SECONDS",
-              help="Stop the cluster if a task has not reported ready by then.")
+              help="Stop the cluster if a task has not started by then: printed the ready line (the "
+                   "built-in trainer) or, for other programs, listened on its port.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times.")
 @click.option("--threads-per-task", type=click.IntRange(min=1), metavar="K",
