@@ -223,7 +223,7 @@ def check_command(**opts) -> None:
     raise_for_failures(reports)
     if problems:
         raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(problems) + "\n" + REACH_HINT)
-    click.echo("every task reached every other task's TF_CONFIG address")
+    click.echo("mgpu: every task reached every other task's TF_CONFIG address", err=True)  # stdout: the table
 
 
 # ---------------------------------------------------------------------------

@@ -21,16 +21,18 @@ from typing import Iterable, Sequence
 _NO_ADDRESS = re.compile(r"No address added out of total \d+ resolved for '[^']*?:(\d+)'")
 _BIND_FAILURE = re.compile(r"Address already in use|Failed to bind|Could not start gRPC server")
 
-# A C++ log record: glog/absl style "I0000 00:00:1700000000.123 1234 file.cc:12] text",
+# A C++ log record: absl style "I1123 12:00:05.123 1234 file.cc:12] text" (TF 2.21 writes
+# "I0000 00:00:1795436902.221261" before absl's clock is set up),
 # or the older "2024-01-01 12:00:00.123456: W tensorflow/core/....cc:12] text".
 _CPP_RECORD = re.compile(
-    r"^(?:(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]"
+    r"^(?:(?P<level>[IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: (?P<old_level>[IWEF]) \S+:\d+\])"
 )
 # Error records TensorFlow prints on every machine without a GPU or with duplicate plugins.
 _CPP_ERROR_NOISE = re.compile(
     r"failed call to cuInit|Unable to register cu(?:DNN|FFT|BLAS) factory|computation placer already registered"
     r"|TF-TRT Warning|Could not find cuda drivers|cuda_executor|kernel driver does not appear to be running"
+    r"|oneDNN supports DT_HALF only on platforms with AVX-512"
 )
 # Plain lines of the same start-up notices (continuations of a record, or Python-side warnings).
 _PLAIN_NOISE = re.compile(

@@ -167,3 +167,19 @@ def test_pgid_line_parsing():
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
     assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
+
+
+def test_the_listening_marker_is_taken_out_of_stderr_wherever_it_arrives():
+    from launcher.runners.ssh.stream import ChannelStream
+
+    marker = remote_command.LISTENING_MARKER.encode() + b"\n"
+    # The marker split over two reads, behind a partial line of the task's own output.
+    chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data " + marker[:9], marker[9:] + b"done\n", b""]
+    stream = ChannelStream(lambda size: chunks.pop(0))
+    assert stream.readline() == b"MGPU_REMOTE_PGID 7\n"
+    seen = []
+    stream.watch(marker, lambda: seen.append(True))
+    data = b""
+    while chunk := stream.read1(65536):
+        data += chunk
+    assert data == b"loading data done\n" and seen == [True]

@@ -115,10 +115,6 @@ def parse_pgid_line(line: bytes) -> int | None:
     return None
 
 
-def is_listening_line(line: bytes) -> bool:
-    return line.strip() == LISTENING_MARKER.encode()
-
-
 def signal_command(pgids: Iterable[int], signum: int) -> str:
     """Signal remote tasks' whole process groups; quiet for groups already gone."""
     name = signal.Signals(signum).name.removeprefix("SIG")

@@ -42,13 +42,10 @@ class SshTaskProcess(TaskProcess):
         self.stderr = stderr
         stderr.on_eof = self._eof_note
         self._listening = False
-        stderr.swallow = self._swallow
+        stderr.watch(remote_command.LISTENING_MARKER.encode() + b"\n", self._on_listening)
 
-    def _swallow(self, line: bytes) -> bool:
-        if remote_command.is_listening_line(line):
-            self._listening = True
-            return True
-        return False
+    def _on_listening(self) -> None:
+        self._listening = True
 
     def listens_on(self, port: int) -> bool:
         """Reported by the remote wrapper, which watches the task's port (see remote_command.py)."""
