@@ -44,6 +44,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
+@click.option("--show-secrets", is_flag=True,
+              help="Show the values of --env, --env-file and --forward-env in the dry run and run.json "
+                   "(hidden as *** by default).")
 @click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
@@ -81,14 +84,13 @@ def launch_command(**opts) -> None:
     plans = make_plans(spec, run_id)
 
     if opts["dry_run"]:
-        from launcher.plan.render import plan_to_json, render_plan_text
+        from launcher.plan.render import iter_plan_json, iter_plan_text
 
-        if opts["as_json"]:
-            import json
-
-            click.echo(json.dumps(plan_to_json(plans), indent=2))
-        else:
-            click.echo(render_plan_text(plans))
+        render = iter_plan_json if opts["as_json"] else iter_plan_text
+        out = sys.stdout
+        for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
+            out.write(piece)
+        out.flush()
         return
 
     from launcher.launch import launch

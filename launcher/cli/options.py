@@ -133,7 +133,8 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    """The time, for sorting, and 128 random bits, so that no one can guess the next run's id."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(16)
 
 
 def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpec:
@@ -152,18 +153,20 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     """The spec with launch's --env, --env-file, --forward-env, --workdir, --python, threads and GPUs over it."""
     from launcher.config.envfile import parse_env_file
 
-    env = dict(spec.env)
+    given: dict[str, str] = {}
     if opts.get("env_file"):
-        env.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
+        given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
     for name in opts.get("forward_env", ()):
         if name not in os.environ:
             raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
-        env[name] = os.environ[name]
-    env.update(opts.get("env_pairs", ()))
+        given[name] = os.environ[name]
+    given.update(opts.get("env_pairs", ()))
+    env = {**spec.env, **given}
     gpus = opts.get("gpus_per_task")
     return dataclasses.replace(
         spec,
         env=env,
+        secret_env=spec.secret_env | frozenset(given),
         workdir=opts.get("workdir") or spec.workdir,
         python=opts.get("python") or spec.python,
         threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
@@ -195,6 +198,7 @@ def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],
+            show_secrets=opts["show_secrets"],
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

@@ -61,6 +61,9 @@ class ClusterSpec:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    # Names in `env` whose values came from --env, --env-file or --forward-env: often credentials,
+    # so dry-run and run.json hide them.
+    secret_env: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------

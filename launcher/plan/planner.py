@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
@@ -30,6 +30,7 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
 
     @property
     def name(self) -> str:
@@ -37,11 +38,45 @@ class TaskPlan:
 
     @property
     def tf_config(self) -> dict:
+        if isinstance(self.env, TaskEnv):
+            return self.env.tf_config
         return json.loads(self.env["TF_CONFIG"])
+
+
+class TaskEnv(Mapping[str, str]):
+    """A task's env, TF_CONFIG first. TF_CONFIG is made when read, from the cluster's JSON that
+    every task of the plan shares: planning N tasks takes O(N) memory and time, not O(N^2)."""
+
+    def __init__(self, cluster: dict[str, list[str]], cluster_json: str, task: dict, rest: Mapping[str, str]):
+        self.cluster = cluster  # shared by every task: never modified
+        self.cluster_json = cluster_json
+        self.task = task
+        self._rest = rest
+
+    def __getitem__(self, name: str) -> str:
+        if name == "TF_CONFIG":
+            return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
+        return self._rest[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "TF_CONFIG"
+        yield from self._rest
+
+    def __len__(self) -> int:
+        return 1 + len(self._rest)
+
+    def __repr__(self) -> str:
+        return f"TaskEnv(task={self.task!r}, {len(self.cluster_json)} bytes of cluster, {self._rest!r})"
+
+    @property
+    def tf_config(self) -> dict:
+        return {"cluster": {role: list(hosts) for role, hosts in self.cluster.items()}, "task": dict(self.task)}
 
 
 TRAINER_MODULE = "launcher.trainer"
 REMOTE_PYTHON = "python3"
+
+
 def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict:
     """TF_CONFIG for one task. The evaluator is not in `cluster` but still has a task entry."""
     return {"cluster": {role: list(addresses) for role, addresses in cluster.items()},
@@ -86,10 +121,10 @@ def plan_tasks(
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
+    cluster_json = json.dumps(cluster, separators=(",", ":"))
     plans = []
     for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
         env = {
-            "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
@@ -108,9 +143,10 @@ def plan_tasks(
                 local=local,
                 ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
                 argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
-                env=env,
+                env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                secret_env=frozenset(spec.secret_env) & frozenset(env),
             )
         )
     return plans

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import os
 import pathlib
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import BinaryIO, TextIO
 from launcher import protocol
 from launcher.plan.planner import TaskPlan
 from launcher.supervise import diagnosis
+from launcher.supervise.rundir import RunDir
 
 CHUNK = 64 * 1024  # a longer line is shown in pieces
 TAIL_LINES = 20
@@ -104,6 +106,7 @@ class TaskOutput:
         plan: TaskPlan,
         attempt: int,
         log_path: pathlib.Path,
+        log: BinaryIO,
         console: Console | None,
         timestamps: bool,
     ):
@@ -118,7 +121,7 @@ class TaskOutput:
         self._prefix = f"[{plan.name}] "
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._log = open(log_path, "ab")
+        self._log = log  # opened in the run dir by RunOutput (rundir.RunDir.open_log)
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             self._log.write(f"----- mgpu: attempt {attempt} started {started} -----\n".encode())
@@ -183,7 +186,7 @@ class TaskOutput:
 class RunOutput:
     """Output of a whole run: the console and the run directory's log files."""
 
-    def __init__(self, run_dir: pathlib.Path, console: TextIO, timestamps: bool, show: frozenset[str] | None):
+    def __init__(self, run_dir: RunDir, console: TextIO, timestamps: bool, show: frozenset[str] | None):
         self.run_dir = run_dir
         self._console = Console(console)
         self._timestamps = timestamps
@@ -194,7 +197,8 @@ class RunOutput:
 
     def open_task(self, plan: TaskPlan, attempt: int) -> TaskOutput:
         console = self._console if self.shows(plan) else None
-        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), console, self._timestamps)
+        log = os.fdopen(self.run_dir.open_log(log_name(plan)), "ab")
+        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), log, console, self._timestamps)
 
     def notice(self, text: str) -> None:
         """A line from the launcher itself; always shown."""
