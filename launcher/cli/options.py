@@ -59,7 +59,7 @@ def ssh_options(func):
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
                           "A changed key is always refused."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
     ]
     for option in reversed(options):
@@ -107,14 +107,52 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
 
 
+MAX_INPUT_BYTES = 16 * 1024 * 1024  # spec files, hostfiles and env files; a 10,000-host spec is ~300 KB
+
+
 def read_text(path: str, option: str) -> str:
+    """A UTF-8 text file of at most MAX_INPUT_BYTES (reading stops there: /dev/zero ends too)."""
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        with open(path, "rb") as file:
+            data = file.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise UsageError(f"{option} {path}: larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    if b"\0" in data:
+        raise UsageError(f"{option} {path}: not a text file (it contains NUL bytes)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{option} {path}: not a text file") from None
+        raise UsageError(f"{option} {path}: not a text file (not UTF-8)") from None
+
+
+def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:
+    """Refuse arguments with NUL characters or bytes that are not UTF-8: the environment and the
+    console cannot carry them, and remote hosts would get something else than what was written."""
+    names = {"env_pairs": "--env", "spec_file": "--spec"}
+    values = [(names.get(key, f"--{key.replace('_', '-')}"), value) for key, value in opts.items()]
+    values += [("the command", arg) for arg in command]
+    for option, value in values:
+        for text in _strings(value):
+            _check_one_text(option, text)
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, list, frozenset)):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def _check_one_text(option: str, text: str) -> None:
+    if "\0" in text:
+        raise UsageError(f"{option}: {text!r} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{option}: {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
 
 
 def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
@@ -159,6 +197,7 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     for name in opts.get("forward_env", ()):
         if name not in os.environ:
             raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
+        _check_one_text(f"--forward-env {name}", os.environ[name])
         given[name] = os.environ[name]
     given.update(opts.get("env_pairs", ()))
     env = {**spec.env, **given}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.config.addresses import Endpoint, parse_endpoint
+from launcher.config.addresses import Endpoint, is_number, parse_endpoint
 from launcher.errors import SpecError
 
 
@@ -24,7 +24,7 @@ def parse_hostfile(text: str, source: str) -> tuple[tuple[Endpoint, int], ...]:
             key, sep, value = option.partition("=")
             if key not in ("slots", "max_slots") or not sep:
                 raise SpecError(f"{where}: unknown setting {option!r} (expected slots=N)")
-            if not value.isdigit() or int(value) < 1:
+            if not is_number(value) or int(value) < 1:
                 raise SpecError(f"{where}: {key} must be a positive number, not {value!r}")
             if key == "slots":  # max_slots is an MPI oversubscription limit; one task per slot ignores it
                 slots = int(value)

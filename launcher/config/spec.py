@@ -66,6 +66,12 @@ class ClusterSpec:
     secret_env: frozenset[str] = frozenset()
 
 
+# Upper bounds on counts: far above any real machine, low enough that no plan explodes.
+MAX_GPUS_PER_TASK = 1024
+MAX_THREADS_PER_TASK = 4096
+MAX_LOCAL_TASKS = 4096
+
+
 # ---------------------------------------------------------------------------
 # Building task lists from what the user wrote, and checking them.
 

@@ -129,7 +129,7 @@ def parse_pgid_line(line: bytes) -> int | None:
     """The process group from the wrapper's first stderr line, or None if it is another line."""
     text = line.decode("utf-8", "replace").strip()
     prefix = PGID_MARKER + " "
-    if text.startswith(prefix) and text[len(prefix):].isdigit():
+    if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
         return int(text[len(prefix):])
     return None
 
