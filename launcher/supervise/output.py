@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import re
 import os
 import pathlib
 import threading
@@ -30,6 +31,18 @@ CHUNK = 64 * 1024  # a longer line is shown in pieces
 TAIL_LINES = 20
 CONSOLE_BUFFER_CHARS = 8 * 1024 * 1024
 LAUNCHER_PREFIX = "[mgpu] "
+
+
+# C0 controls but tab, DEL, C1 controls, and the bidirectional overrides that reorder what follows.
+_UNSAFE_ON_CONSOLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def console_safe(text: str) -> str:
+    """A task's line as the console may show it: control characters (ESC, CR, BEL, ...) written
+    as visible escapes, so a task cannot move the cursor, retitle the terminal or forge the
+    launcher's own lines. The logs keep the raw bytes."""
+    return _UNSAFE_ON_CONSOLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                  else f"\\u{ord(m.group()):04x}", text)
 
 
 def log_name(plan: TaskPlan) -> str:
@@ -180,7 +193,7 @@ class TaskOutput:
             self.tail.append(text)
         if self._console is not None and not is_ready_line:  # the supervisor announces readiness once for all
             stamp = _clock() if self._timestamps else ""
-            self._console.write_line(f"{stamp}{self._prefix}{text}\n")
+            self._console.write_line(f"{stamp}{self._prefix}{console_safe(text)}\n")
 
 
 class RunOutput:

@@ -36,7 +36,7 @@ from launcher.host.probe import port_in_use
 from launcher.host import proctree
 from launcher.supervise import runrecord
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
-from launcher.supervise.output import RunOutput, TaskOutput, log_name
+from launcher.supervise.output import RunOutput, TaskOutput, console_safe, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
@@ -372,7 +372,7 @@ class _Supervisor:
         tail = list(task.output.tail)
         if tail:
             lines.append(f"last {len(tail)} lines of {task.output.log_path}:")
-            lines.extend("  " + line for line in tail)
+            lines.extend("  " + console_safe(line) for line in tail)
         else:
             lines.append(f"no output (log: {task.output.log_path})")
         return "\n".join(lines)
