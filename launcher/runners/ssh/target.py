@@ -24,6 +24,7 @@ class SshTarget:
     user: str
     identity_files: tuple[str, ...]
     proxy_jump: tuple[Endpoint, ...]  # jump hosts, outermost first
+    proxy_command: str | None = None  # ssh config's ProxyCommand (%h, %p expanded); ProxyJump wins
 
     @property
     def label(self) -> str:
@@ -69,7 +70,10 @@ def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SS
             except ValueError as e:  # e names the hop; name the whole list when there are several
                 shown = f"{jump!r}: {e}" if "," in jump else str(e)
                 raise UsageError(f"{alias}: bad ProxyJump {shown}") from None
-    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps))
+    proxy_command = found.get("proxycommand")
+    if jumps or not proxy_command or proxy_command.lower() == "none":
+        proxy_command = None
+    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps), proxy_command)
 
 
 
