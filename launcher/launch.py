@@ -36,6 +36,7 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         runners.append(ssh_runner)
     else:
         _warn_about_exposure(plans, None, options)
+    _check_local_tf_keras(plans, options)
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner
@@ -66,6 +67,16 @@ def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOpti
     if not options.allow_public:
         for warning in exposure_warnings(plans, resolve):
             print(f"mgpu: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
+    """With --legacy-keras, this machine's tasks need tf_keras too: check it before starting anything."""
+    from launcher.plan.planner import LEGACY_KERAS_ENV
+    from launcher.preflight.check import run_checks
+
+    local = [plan for plan in plans if plan.local and plan.env.get(LEGACY_KERAS_ENV) == "1"]
+    if local and options.check_hosts:
+        run_checks(local, None)
 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):

@@ -16,6 +16,11 @@ from launcher.cli.options import (
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 
+legacy_keras_option = click.option(
+    "--legacy-keras", is_flag=True,
+    help="Run Keras programs with tf_keras (Keras 2): sets TF_USE_LEGACY_KERAS=1 in every task. "
+         "Keras 3's model.fit does not run under MultiWorkerMirroredStrategy; tf_keras's does. "
+         "Every host needs tf-keras of its TensorFlow's series (checked before the launch).")
 
 LAUNCH_HELP = """Start one process per task, locally or over SSH, and supervise them.
 
@@ -71,6 +76,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Pass this variable of the launcher's environment on to every task (repeatable).")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
 @click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
@@ -136,14 +142,18 @@ CHECK_HELP = """Check every host of the cluster, in parallel, without starting a
 For each host: SSH login (host key, user, key), the task's program and Python,
 whether TensorFlow imports (and the built-in trainer, when tasks run it) with
 the same TensorFlow version as this machine, whether the tasks' ports are
-free, and how many GPUs nvidia-smi lists. One table row per host.
-`mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
+free, and how many GPUs nvidia-smi lists. With --legacy-keras, also whether
+tf_keras imports and matches TensorFlow's series (with the pip command that
+fixes it). One table row per host. `mgpu launch` runs the same checks on
+remote hosts first, and with --legacy-keras on this machine too (--no-check
+skips them).
 
 \b
 Examples:
   mgpu check --workers h1:2222,h2:2222
   mgpu check --spec cluster.yaml --known-hosts ./known_hosts
   mgpu check --workers h1,h2 -- python train.py
+  mgpu check --workers h1,h2 --legacy-keras -- python train.py
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
@@ -153,6 +163,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @cluster_options
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
@@ -161,7 +172,8 @@ def check_command(**opts) -> None:
     command = opts.pop("command")
     check_text(opts, command)
     spec = with_command_line(read_spec(opts), command)
-    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
+    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
+                               legacy_keras=opts["legacy_keras"] or spec.legacy_keras)
     plans = make_plans(spec, run_id="check")
     ssh_runner = None
     if any(not plan.local for plan in plans):

@@ -210,6 +210,7 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
         python=opts.get("python") or spec.python,
         threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
         gpus_per_task=gpus if gpus is not None else spec.gpus_per_task,
+        legacy_keras=bool(opts.get("legacy_keras")) or spec.legacy_keras,
     )
 
 

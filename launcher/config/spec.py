@@ -61,6 +61,8 @@ class ClusterSpec:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    # Run Keras programs with tf_keras (Keras 2): TF_USE_LEGACY_KERAS=1 in every task.
+    legacy_keras: bool = False
     # Names in `env` whose values came from --env, --env-file or --forward-env: often credentials,
     # so dry-run and run.json hide them.
     secret_env: frozenset[str] = frozenset()

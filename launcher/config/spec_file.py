@@ -30,6 +30,7 @@ class SpecFile:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    legacy_keras: bool = False
 
     def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
         """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
@@ -43,12 +44,13 @@ class SpecFile:
             python=self.python,
             threads_per_task=self.threads_per_task,
             gpus_per_task=self.gpus_per_task,
+            legacy_keras=self.legacy_keras,
         )
 
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 
@@ -83,6 +85,11 @@ class _Reader:
     def count(self, value: object, what: str, minimum: int, maximum: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
             self.fail(f"{what} must be a whole number >= {minimum} and <= {maximum}")
+        return value
+
+    def flag(self, value: object, what: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(f"{what} must be true or false")
         return value
 
     def port(self, value: object, what: str) -> int:
@@ -140,6 +147,7 @@ def parse_spec(data: object, source: str) -> SpecFile:
         python=read.optional(top, "python", read.string),
         threads_per_task=read.optional(top, "threads_per_task", read.count, 1, MAX_THREADS_PER_TASK),
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
+        legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
     )
 
 

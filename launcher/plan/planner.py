@@ -75,6 +75,8 @@ class TaskEnv(Mapping[str, str]):
 
 TRAINER_MODULE = "launcher.trainer"
 REMOTE_PYTHON = "python3"
+# TensorFlow's switch that makes `tf.keras` mean tf_keras (Keras 2) instead of Keras 3.
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict:
@@ -133,6 +135,8 @@ def plan_tasks(
         }
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        if spec.legacy_keras:
+            env[LEGACY_KERAS_ENV] = "1"
         env.update(spec.env)
         plans.append(
             TaskPlan(

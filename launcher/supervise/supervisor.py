@@ -36,7 +36,8 @@ from launcher.host.probe import port_in_use
 from launcher.host import proctree
 from launcher.supervise import runrecord
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
-from launcher.supervise.output import RunOutput, TaskOutput, console_safe, log_name
+from launcher.supervise.console_text import console_safe
+from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper

@@ -50,6 +50,42 @@ class Outcome:
     stopped_early: bool
 
 
+@dataclasses.dataclass
+class Throughput:
+    """Steps and seconds spent in training calls: since the last log line, after warm-up
+    (for the final figure), and in all."""
+
+    warmup_end: int
+    window_steps: int = 0
+    window_seconds: float = 0.0
+    timed_steps: int = 0
+    timed_seconds: float = 0.0
+    total_steps: int = 0
+    total_seconds: float = 0.0
+
+    def add(self, first_step: int, steps: int, seconds: float) -> None:
+        if first_step >= self.warmup_end:
+            self.timed_steps += steps
+            self.timed_seconds += seconds
+        self.window_steps += steps
+        self.window_seconds += seconds
+        self.total_steps += steps
+        self.total_seconds += seconds
+
+    def window_rate(self, global_batch_size: int) -> float:
+        """Examples per second since the last call; starts a new window."""
+        rate = self.window_steps * global_batch_size / max(self.window_seconds, 1e-9)
+        self.window_steps, self.window_seconds = 0, 0.0
+        return rate
+
+    def final_rate(self, global_batch_size: int) -> float:
+        """Examples per second after warm-up; of every step if the run was too short to warm up."""
+        steps, seconds = self.timed_steps, self.timed_seconds
+        if steps == 0:
+            steps, seconds = self.total_steps, self.total_seconds
+        return steps * global_batch_size / seconds if seconds else 0.0
+
+
 class Controller:
     def __init__(self, *, schedule: Schedule, global_batch_size: int, train: TrainLoop,
                  evaluate: EvalLoop, iterator, checkpointer: Checkpointer,
@@ -66,29 +102,19 @@ class Controller:
     def train_and_evaluate(self, start_step: int) -> Outcome:
         s = self.schedule
         step = start_step
-        warmup_end = start_step + WARMUP_STEPS
-        timed_steps, timed_seconds = 0, 0.0  # after warm-up, for the final figure
-        window_steps, window_seconds = 0, 0.0  # since the last log line
-        total_steps, total_seconds = 0, 0.0
+        throughput = Throughput(warmup_end=start_step + WARMUP_STEPS)
         last_eval: dict | None = None
         last_eval_step = None
         stopped_early = False
         self.train.sums.reset()
 
         while step < s.train_steps:
-            target = s.next_stop(step, warmup_end)
+            target = s.next_stop(step, throughput.warmup_end)
             started = time.perf_counter()
             new_step = self.train.run(self.iterator, target - step)
-            elapsed = time.perf_counter() - started
+            throughput.add(step, target - step, time.perf_counter() - started)
             if new_step != target:
                 raise RuntimeError(f"step counter is {new_step}, expected {target}")
-            if step >= warmup_end:
-                timed_steps += target - step
-                timed_seconds += elapsed
-            window_steps += target - step
-            window_seconds += elapsed
-            total_steps += target - step
-            total_seconds += elapsed
             step = target
             self.reporter.progress.update(step)
 
@@ -97,14 +123,7 @@ class Controller:
                 raise Preempted(step)
 
             if s.due(s.log_every, step) or step == s.train_steps:
-                values = self.train.sums.result()
-                self.train.sums.reset()
-                rate = window_steps * self.global_batch_size / max(window_seconds, 1e-9)
-                window_steps, window_seconds = 0, 0.0
-                metrics = {"loss": values["loss"], "accuracy": values["accuracy"],
-                           "examples/sec": rate}
-                self.reporter.line(f"train step={step}/{s.train_steps} {format_metrics(metrics)}")
-                self.reporter.scalars("train", step, metrics)
+                self._log_training(step, throughput.window_rate(self.global_batch_size))
 
             evaluate_now = s.due(s.eval_every, step)
             if evaluate_now:
@@ -122,10 +141,15 @@ class Controller:
         if last_eval_step != step:
             last_eval = self._evaluate(step)
         self.checkpointer.save(step)
-        if timed_steps == 0:  # too short to warm up: report what there is
-            timed_steps, timed_seconds = total_steps, total_seconds
-        rate = timed_steps * self.global_batch_size / timed_seconds if timed_seconds else 0.0
-        return Outcome(step, last_eval, rate, stopped_early)
+        return Outcome(step, last_eval, throughput.final_rate(self.global_batch_size), stopped_early)
+
+    def _log_training(self, step: int, rate: float) -> None:
+        """Collective (reads the training sums): every worker logs at the same steps."""
+        values = self.train.sums.result()
+        self.train.sums.reset()
+        metrics = {"loss": values["loss"], "accuracy": values["accuracy"], "examples/sec": rate}
+        self.reporter.line(f"train step={step}/{self.schedule.train_steps} {format_metrics(metrics)}")
+        self.reporter.scalars("train", step, metrics)
 
     def _evaluate(self, step: int) -> dict:
         values = self.evaluate.run()

@@ -15,12 +15,11 @@ import time
 import tensorflow as tf
 
 from launcher import protocol
-from launcher.trainer import inputs, models, results
+from launcher.trainer import builders, models, results
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.datasets import Arrays
-from launcher.trainer.options import DEFAULT_BATCH_SIZE_PER_REPLICA, TrainOptions
+from launcher.trainer.options import TrainOptions, global_batch_size
 from launcher.trainer.reporting import format_metrics, log, write_scalars
-from launcher.trainer.steps import EvalLoop
 
 POLL_INTERVAL_S = 1.0
 RESULTS_FILE = "eval_results.json"
@@ -50,15 +49,12 @@ def _load_results(path: str) -> list[dict]:
 def run(opts: TrainOptions, arrays: Arrays) -> int:
     strategy_lib.configure_runtime(opts)
     strategy = tf.distribute.get_strategy()
-    batch = opts.global_batch_size or opts.batch_size_per_replica or DEFAULT_BATCH_SIZE_PER_REPLICA
     model = models.build(opts.model)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     checkpoint = tf.train.Checkpoint(model=model, step=step)
-    num_steps = inputs.eval_steps(len(arrays.test_labels), batch, opts.eval_steps)
-    data = strategy.distribute_datasets_from_function(
-        lambda ctx: inputs.eval_dataset(arrays.test_images, arrays.test_labels, steps=num_steps,
-                                        global_batch_size=batch, input_context=ctx))
-    evaluate = EvalLoop(strategy, model, data, num_steps)
+    # One replica: the global batch is the training run's global batch, or its per-replica one.
+    evaluate = builders.eval_loop(strategy, model, arrays, global_batch_size(opts, replicas=1),
+                                  opts.eval_steps)
     writer = tf.summary.create_file_writer(os.path.join(opts.model_dir, "evaluator"))
     results_path = os.path.join(opts.model_dir, RESULTS_FILE)
     evaluations = _load_results(results_path)

@@ -65,6 +65,8 @@ class TrainOptions:
     keep_checkpoints: int
     export_dir: str | None
     evaluator_timeout: float
+    # diagnostics
+    debug: bool = False
 
 
 class ParserExit(Exception):
@@ -146,13 +148,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    parser = _Parser(
         prog=PROG,
         description="Train an image classifier with tf.distribute, one process per worker. "
         "The cluster comes from TF_CONFIG (or --worker-hosts/--task-index).",
         formatter_class=_HelpFormatter,
     )
-    g = p.add_argument_group("cluster and strategy")
+    _add_cluster_options(parser.add_argument_group("cluster and strategy"))
+    _add_device_options(parser.add_argument_group("devices"))
+    _add_model_options(parser.add_argument_group("model and data"))
+    _add_loop_options(parser.add_argument_group("training loop"))
+    _add_output_options(parser.add_argument_group("outputs"))
+    parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    return parser
+
+
+def _add_cluster_options(g) -> None:
     g.add_argument("--worker-hosts", type=_host_list, default=None,
                    help="comma-separated host:port of all workers; used only when TF_CONFIG is unset")
     g.add_argument("--task-index", type=_non_negative_int, default=None,
@@ -179,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype of the factors exchange on the wire and in the rebuild "
                    "(float32: exact up to rounding)")
 
-    g = p.add_argument_group("devices")
+
+def _add_device_options(g) -> None:
     g.add_argument("--mixed-precision", choices=MIXED_PRECISION, default=None,
                    help="Keras mixed-precision policy (default: float32)")
     g.add_argument("--xla", action="store_true", help="compile the forward and backward pass with XLA")
@@ -187,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="intra- and inter-op threads (default: TF_NUM_INTRAOP_THREADS / "
                    "TF_NUM_INTEROP_THREADS, else TensorFlow's choice)")
 
-    g = p.add_argument_group("model and data")
+
+def _add_model_options(g) -> None:
     g.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn: 2 conv + dense 1024 + dropout (3.27M params); small: for quick tests")
     g.add_argument("--dataset", choices=DATASETS, default="fashion_mnist", help="what to train on")
@@ -204,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=_non_negative_int, default=42,
                    help="seed of weight initialisation and data order")
 
-    g = p.add_argument_group("training loop")
+
+def _add_loop_options(g) -> None:
     g.add_argument("--train-steps", type=_positive_int, default=1000, help="training steps in all")
     g.add_argument("--steps-per-loop", type=_positive_int, default=10,
                    help="steps run per call into TensorFlow; preemption is checked between calls")
@@ -216,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-at-accuracy", type=_fraction, default=None,
                    help="stop once an evaluation reaches this accuracy")
 
-    g = p.add_argument_group("outputs")
+
+def _add_output_options(g) -> None:
     g.add_argument("--model-dir", default=None,
                    help="checkpoints, TensorBoard summaries and metrics.json (on the chief's host)")
     g.add_argument("--checkpoint-every", type=_positive_int, default=None,
@@ -226,7 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the chief exports a SavedModel here at the end")
     g.add_argument("--evaluator-timeout", type=_positive_float, default=1800.0,
                    help="an evaluator task stops after this many seconds without a new checkpoint")
-    return p
 
 
 def parse(argv: list[str]) -> TrainOptions:
@@ -241,7 +255,6 @@ def parse(argv: list[str]) -> TrainOptions:
     if ns.checkpoint_every is not None and ns.model_dir is None:
         raise UsageError("--checkpoint-every needs --model-dir")
     return TrainOptions(**vars(ns))
-
 
 
 def global_batch_size(opts: TrainOptions, replicas: int) -> int:

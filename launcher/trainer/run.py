@@ -12,17 +12,16 @@ import tensorflow as tf
 
 from launcher import protocol
 from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
-from launcher.trainer import evaluator, export, inputs, models, optimizers, results
+from launcher.trainer import builders, evaluator, export, results
 from launcher.trainer import strategy as strategy_lib
-from launcher.trainer.allreduce import AllReduceSettings, choose_factored_layers, describe_exchange
+from launcher.trainer.allreduce import describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
 from launcher.trainer.cluster import ClusterInfo
-from launcher.trainer.controller import Controller, Schedule
+from launcher.trainer.controller import Controller, Outcome, Schedule
 from launcher.trainer.datasets import Arrays
 from launcher.trainer.options import PROG, TrainOptions, global_batch_size
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, log
-from launcher.trainer.steps import EvalLoop, TrainLoop
 
 
 def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
@@ -78,39 +77,15 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
             f"global batch {batch}, model {opts.model}, dataset {opts.dataset}, "
             f"precision {keras.mixed_precision.global_policy().name}, xla {opts.xla}")
 
-    keras.utils.set_random_seed(opts.seed)
-    with strategy.scope():
-        model = models.build(opts.model)
-        optimizer = optimizers.build(opts.optimizer, opts.learning_rate,
-                                     loss_scaling=opts.mixed_precision == "mixed_float16")
-        optimizer.build(model.trainable_variables)
-        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-    checkpointer = Checkpointer(checkpoint, opts.model_dir, info.is_chief, info.worker_index,
-                                opts.keep_checkpoints)
-    restored = checkpointer.restore_latest()
-    broadcast_from_first_replica(strategy, [*model.variables, *optimizer.variables, step])
-    start_step = int(step.numpy())
-    if restored and info.is_chief:
-        log(f"resumed from {restored} at step {start_step}")
-
-    train_data = strategy.distribute_datasets_from_function(
-        lambda ctx: inputs.train_dataset(arrays.train_images, arrays.train_labels, seed=opts.seed,
-                                         start_step=start_step, global_batch_size=batch,
-                                         input_context=ctx))
-    eval_steps = inputs.eval_steps(len(arrays.test_labels), batch, opts.eval_steps)
-    eval_data = strategy.distribute_datasets_from_function(
-        lambda ctx: inputs.eval_dataset(arrays.test_images, arrays.test_labels, steps=eval_steps,
-                                        global_batch_size=batch, input_context=ctx))
-    allreduce = AllReduceSettings(opts.allreduce_dtype,
-                                  strategy_lib.communication_options(opts, len(gpus)),
-                                  opts.gradient_exchange, opts.factor_dtype)
-    factored = choose_factored_layers(allreduce, model, batch // replicas, replicas)
+    state = builders.train_state(opts, strategy)
+    checkpointer = _restore(opts, info, strategy, state)
+    start_step = int(state.step.numpy())
+    train_data = builders.train_data(strategy, arrays, seed=opts.seed, start_step=start_step,
+                                     global_batch_size=batch)
+    train_loop = builders.train_loop(opts, strategy, state, batch, len(gpus))
     if info.is_chief:
-        log(f"gradient exchange: {describe_exchange(allreduce, factored)}")
-    train_loop = TrainLoop(strategy, model, optimizer, step, batch, allreduce, factored,
-                           loss_scaling=opts.mixed_precision == "mixed_float16", xla=opts.xla)
-    eval_loop = EvalLoop(strategy, model, eval_data, eval_steps)
+        log(f"gradient exchange: {describe_exchange(train_loop.allreduce, train_loop.factored)}")
+    eval_loop = builders.eval_loop(strategy, state.model, arrays, batch, opts.eval_steps)
     reporter = Reporter(info.is_chief, opts.model_dir, opts.train_steps)
     watcher = PreemptionWatcher(strategy)
     controller = Controller(
@@ -129,7 +104,24 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
         log(f"{info.name}: preempted; checkpoint saved at step {preempted.step}")
         return protocol.EXIT_PREEMPTED
     watcher.close()
+    return _finish(opts, info, strategy, state.model, outcome, reporter, started)
 
+
+def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.TrainState) -> Checkpointer:
+    """Restore the latest checkpoint on the chief and hand its state to every worker."""
+    checkpoint = tf.train.Checkpoint(model=state.model, optimizer=state.optimizer, step=state.step)
+    checkpointer = Checkpointer(checkpoint, opts.model_dir, info.is_chief, info.worker_index,
+                                opts.keep_checkpoints)
+    restored = checkpointer.restore_latest()
+    broadcast_from_first_replica(strategy, state.variables)
+    if restored and info.is_chief:
+        log(f"resumed from {restored} at step {int(state.step.numpy())}")
+    return checkpointer
+
+
+def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Outcome,
+            reporter: Reporter, started: float) -> int:
+    """Check that every replica ended with the same weights; the chief writes the results."""
     fingerprints = results.gather_fingerprints(
         strategy, results.local_fingerprints(strategy, model.weights))
     if info.is_chief:
@@ -139,7 +131,7 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
                 "accuracy": outcome.final_eval["accuracy"],
                 "global_step": outcome.step,
                 "wall_time_s": round(time.time() - started, 3),
-                "num_replicas": replicas,
+                "num_replicas": strategy.num_replicas_in_sync,
                 "examples_per_sec": round(outcome.examples_per_sec, 2),
                 "replica_fingerprints": fingerprints,
             })

