@@ -6,6 +6,7 @@ Dry-run renders the plan (render.py); launch executes the same plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Iterator, Mapping, Sequence
 
@@ -124,6 +125,7 @@ def plan_tasks(
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
+    merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
         env = {
@@ -145,7 +147,7 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
+                ssh=None if local else merged_ssh(task.ssh),
                 argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
                 env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
@@ -164,8 +166,9 @@ def _check_env(env: Mapping[str, str]) -> None:
 
 def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
-    is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
-    loopback = [task.host for task in tasks if is_loopback(task.host)]
+    loopback_hosts = {host for host in {task.host for task in tasks} if is_loopback(host)}
+    is_local = [task.host in local_hosts or task.host in loopback_hosts for task in tasks]
+    loopback = [task.host for task in tasks if task.host in loopback_hosts]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
         raise SpecError(
