@@ -123,3 +123,15 @@ def test_default_run_ids_carry_128_random_bits():
     ids = {new_run_id() for _ in range(100)}
     assert len(ids) == 100
     assert all(len(run_id.rsplit("-", 1)[1]) == 32 for run_id in ids)
+
+
+def test_run_json_hides_given_env_values_unless_asked(tmp_path):
+    for extra, shown in (((), False), (("--show-secrets",), True)):
+        run_id = f"secrets-{int(shown)}"
+        result = launch("--log-dir", str(tmp_path / "runs"), "--run-id", run_id, "--env", "TOKEN=s3cret-value",
+                        *extra, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        record = (tmp_path / "runs" / run_id / "run.json").read_text()
+        assert ("s3cret-value" in record) == shown
+        assert '"TOKEN": "***"' in record or shown
+        assert "TF_CONFIG" in record and run_id in record
