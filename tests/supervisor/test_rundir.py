@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -135,3 +136,25 @@ def test_run_json_hides_given_env_values_unless_asked(tmp_path):
         assert ("s3cret-value" in record) == shown
         assert '"TOKEN": "***"' in record or shown
         assert "TF_CONFIG" in record and run_id in record
+
+
+def test_renaming_the_run_dir_during_a_run_redirects_nothing(tmp_path):
+    # What a rename swap would do: the path now names another folder; the run keeps writing to its own.
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([str(MGPU), "launch", "--local", "1", "--log-dir", str(runs), "--run-id", "swap", "--",
+                             sys.executable, "-c", "import sys, time; time.sleep(2); print('late')"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        for _ in range(400):  # up to 20 s for the run to start
+            if (runs / "swap" / "run.json").exists():
+                break
+            time.sleep(0.05)
+        (runs / "swap").rename(runs / "moved")
+        (runs / "swap").mkdir()
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list((runs / "swap").iterdir()) == []
+    assert (runs / "moved" / "worker-0.log").read_text() == "late\n"
+    assert '"status": "succeeded"' in (runs / "moved" / "run.json").read_text()
