@@ -25,6 +25,9 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     from launcher.supervise.supervisor import supervise
 
     check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
+    if any(plan.slurm_rank is not None for plan in plans):
+        _launch_slurm(plans, options)
+        return
 
     local_runner = LocalRunner()
     runners = [local_runner]
@@ -58,6 +61,19 @@ def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -
         if size > MAX_COMMAND_BYTES:
             raise UsageError(f"{plan.name}: the command line is {size} bytes; a remote host takes at most "
                              f"{MAX_COMMAND_BYTES} (pass long arguments in a file)")
+
+
+def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
+    """Every task in one srun step of the allocation this launcher runs in."""
+    from launcher.runners.slurm import SlurmRunner
+    from launcher.supervise.supervisor import supervise
+
+    _warn_about_exposure(plans, None, options)
+    runner = SlurmRunner(plans)
+    try:
+        supervise(plans, lambda plan: runner, options.supervise)
+    finally:
+        runner.close()
 
 
 def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:

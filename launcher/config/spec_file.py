@@ -11,6 +11,7 @@ import shlex
 from typing import Mapping, NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
+from launcher.config.hostlist import expand_entry
 from launcher.config.spec import (
     CHIEF, MAX_GPUS_PER_TASK, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
@@ -103,7 +104,7 @@ class _Reader:
         found = []
         for item in items:
             try:
-                found.append(parse_endpoint(self.string(item, what)))
+                found += [parse_endpoint(entry) for entry in expand_entry(self.string(item, what).strip())]
             except ValueError as exc:
                 self.fail(f"{what}: {exc}")
         return found
@@ -172,7 +173,8 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     host_ssh = {}
     for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
         try:
-            host_ssh[parse_host(name)] = read.ssh_settings(settings, f"hosts.{name}")
+            for host in expand_entry(name):  # a hostlist key sets every host it names
+                host_ssh[parse_host(host)] = read.ssh_settings(settings, f"hosts.{name}")
         except ValueError as exc:
             read.fail(f"hosts: {exc}")
     default_port = read.optional(top, "port", read.port)

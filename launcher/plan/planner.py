@@ -31,6 +31,7 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
 
     @property
@@ -112,14 +113,17 @@ def plan_tasks(
     local_hosts: frozenset[str],
     launcher_python: str,
     local_gpu_count: int = 0,
+    slurm: bool = False,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine.
+    `local_gpu_count` is the number of GPUs on this machine. With `slurm`, every task is one
+    task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
+    an allocation share its installation).
     """
     _check_env(spec.env)
-    is_local = _locality(spec.tasks, local_hosts)
+    is_local = [False] * len(spec.tasks) if slurm else _locality(spec.tasks, local_hosts)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
@@ -127,7 +131,8 @@ def plan_tasks(
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
-    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+    for rank, (task, (task_type, index), local, visible) in enumerate(
+            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
         env = {
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
@@ -147,11 +152,12 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else merged_ssh(task.ssh),
-                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
+                ssh=None if local or slurm else merged_ssh(task.ssh),
+                argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
             )
         )
@@ -168,6 +174,7 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bo
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
     loopback_hosts = {host for host in {task.host for task in tasks} if is_loopback(host)}
     is_local = [task.host in local_hosts or task.host in loopback_hosts for task in tasks]
+    _reject_shared_sockets(tasks, is_local)
     loopback = [task.host for task in tasks if task.host in loopback_hosts]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
@@ -176,6 +183,21 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bo
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
     return is_local
+
+
+def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) -> None:
+    """Refuse two names of this machine with one port (localhost:P and 127.0.0.1:P): TensorFlow's
+    server listens on every interface, so both tasks would bind one socket."""
+    seen: dict[int, tuple[str, str]] = {}
+    for task, (task_type, index), local in zip(tasks, task_names(tasks), is_local):
+        if not local or task.port is None:
+            continue
+        address, name = format_address(task.host, task.port), f"{task_type}:{index}"
+        if task.port in seen:
+            first_address, first_name = seen[task.port]
+            raise SpecError(f"{first_address} ({first_name}) and {address} ({name}) are one socket on this "
+                            f"machine: give each task its own port")
+        seen[task.port] = (address, name)
 
 
 def _thread_env(threads_per_task: int | None) -> dict[str, str]:
