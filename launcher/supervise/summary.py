@@ -10,6 +10,7 @@ import pathlib
 from typing import Sequence
 
 from launcher.supervise import diagnosis
+from launcher.supervise.console_text import console_safe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,7 @@ def failure_summary(head: str, task: TaskView) -> str:
     known-failure hints, and where its log is."""
     lines = [head]
     title, shown = diagnosis.cause(task.lines)
+    shown = [console_safe(line) for line in shown]  # task output may carry terminal control sequences
     if not shown:
         lines.append(f"no output (log: {task.log_path})")
     elif title.startswith("last "):
@@ -61,7 +63,7 @@ def start_timeout_summary(head: str, missing: Sequence[TaskView]) -> str:
         last = diagnosis.last_words(task.lines)
         if last:
             lines.append("  it printed last:")
-            lines.extend("    " + line for line in last)
+            lines.extend("    " + console_safe(line) for line in last)
         else:
             lines.append("  it printed nothing" + (" but TensorFlow's start-up notices" if task.lines else ""))
         hints.extend(h for h in diagnosis.hints(task.lines) if h not in hints)

@@ -27,7 +27,6 @@ The rules:
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import signal
 import sys
 import time
@@ -43,7 +42,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.signals import Signals
-from launcher.supervise.rundir import make_run_dir
+from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import TaskView, closing_line, failure_summary, start_timeout_summary
 from launcher.runners.base import Runner, TaskProcess
 
@@ -68,7 +67,10 @@ def supervise(
     if not plans:
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
-    _Supervisor(plans, runner_for, options, console, run_dir).run()
+    try:
+        _Supervisor(plans, runner_for, options, console, run_dir).run()
+    finally:
+        run_dir.close()
 
 
 def describe_exit(returncode: int) -> str:
@@ -119,7 +121,7 @@ class _Supervisor:
         runner_for: Callable[[TaskPlan], Runner],
         options: SuperviseOptions,
         console: TextIO,
-        run_dir: pathlib.Path,
+        run_dir: RunDir,
     ):
         self.plans = list(plans)
         self.runner_for = runner_for
@@ -140,7 +142,7 @@ class _Supervisor:
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
-        self.record = runrecord.RunRecord(run_dir / "run.json", options.run_id, self.plans, recorded_options)
+        self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
 
@@ -153,12 +155,13 @@ class _Supervisor:
         try:
             with self.signals:
                 if self.any_local:
-                    reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir / "reaper.log")
+                    reaper = Reaper.start(self.options.run_id, self.options.grace_period,
+                                          self.run_dir.create("reaper.log", append=True))
                 self._check_ports()
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
                 succeeded = sum(t.returncode == 0 for t in tasks)
-                self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir))
+                self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir.path))
         except Interrupted as e:
             final = (runrecord.INTERRUPTED, str(e))
             raise
@@ -278,6 +281,7 @@ class _Supervisor:
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
+            self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
                     task.output.flush()
