@@ -180,7 +180,7 @@ def test_a_firewalled_port_is_named_before_anything_starts(port_blocked_on_h2, n
 
 
 @pytest.mark.slow
-def test_without_the_check_the_watchdog_names_the_trainer_that_never_joined(port_blocked_on_h2, netns, tmp_path):
+def test_without_the_check_a_firewalled_trainer_is_named_by_the_watchdog_or_its_error(port_blocked_on_h2, netns, tmp_path):
     run_id = unique_run_id("blocked")
     started = time.monotonic()
     done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
@@ -188,9 +188,14 @@ def test_without_the_check_the_watchdog_names_the_trainer_that_never_joined(port
                 "--start-timeout", "30", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=120)
     assert time.monotonic() - started < 90
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "mgpu: error: start timeout: " in done.stderr, done.stderr[-3000:]
-    report = done.stderr[done.stderr.index("mgpu: error: start timeout: "):]
-    assert "never joined the cluster" in report, report
+    report = done.stderr[done.stderr.index("mgpu: error: "):]
+    # Either the watchdog fires first, or TensorFlow gives up on the first collective: both say why.
+    if report.startswith("mgpu: error: start timeout: "):
+        assert "never joined the cluster" in report, report
+    else:
+        assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
+        assert f"{port_blocked_on_h2.hosts['h2']}:2222" in report, report
+        assert "\nhint: a task could not reach another" in report, report
     assert not run_processes(run_id)
 
 
