@@ -79,19 +79,27 @@ def measure_collectives(args):
     """CPU seconds per call of the all-reduce and the all-gather at each size, on this worker."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    result = {"allreduce": {}, "allgather": {}}
-    for kind, sizes in (("allreduce", ALLREDUCE_MB), ("allgather", ALLGATHER_MB)):
+    kinds = {"allreduce": (ALLREDUCE_MB, tf.float32), "allgather": (ALLGATHER_MB, tf.float16),
+             # 16-bit all-reduces of the same numbers of values as the float32 ones
+             "allreduce_bfloat16": ([mb / 2 for mb in ALLREDUCE_MB], tf.bfloat16),
+             "allreduce_float16": ([mb / 2 for mb in ALLREDUCE_MB], tf.float16)}
+    result = {kind: {} for kind in kinds}
+    for kind, (sizes, dtype) in kinds.items():
+        width = dtype.size
         for mb in sizes:
-            dtype, width = (tf.float32, 4) if kind == "allreduce" else (tf.float16, 2)
+            # Variables are broadcast at creation, which has no bfloat16 kernel: the bfloat16
+            # all-reduce casts from float32 each call, as the trainer does with its gradients.
             with strategy.scope():
-                source = tf.Variable(tf.cast(tf.random.normal([int(mb * 1e6 / width)]), dtype))
+                source = tf.Variable(tf.cast(tf.random.normal([int(mb * 1e6 / width)]),
+                                             tf.float32 if dtype == tf.bfloat16 else dtype))
 
-            def replica(source=source, kind=kind):
+            def replica(source=source, kind=kind, dtype=dtype):
                 ctx = tf.distribute.get_replica_context()
-                if kind == "allreduce":
-                    out = ctx.all_reduce(tf.distribute.ReduceOp.SUM, source.read_value())
+                value = tf.cast(source.read_value(), dtype)
+                if kind.startswith("allreduce"):
+                    out = ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
                 else:
-                    out = ctx.all_gather(source.read_value(), axis=0)
+                    out = ctx.all_gather(value, axis=0)
                 return out[:1]
 
             step = tf.function(lambda replica=replica: strategy.run(replica))
@@ -115,7 +123,7 @@ def fit(collectives):
     """CPU seconds per byte each worker receives, 2 workers: an all-reduce of N bytes brings
     2(R-1)/R x N = N bytes to each; an all-gather of n bytes per worker brings (R-1) x n = n."""
     per_worker = {kind: {mb: statistics.mean(w[kind][mb] for w in collectives) for mb in collectives[0][kind]}
-                  for kind in ("allreduce", "allgather")}
+                  for kind in collectives[0]}
     return {f"{kind}_s_per_byte": slope([(float(mb) * 1e6, s) for mb, s in cpu.items()])
             for kind, cpu in per_worker.items()}, per_worker
 
