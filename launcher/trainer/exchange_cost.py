@@ -47,7 +47,8 @@ class CostConstants:
 # thread; 2 workers on 127.0.0.1, one intra-op and one inter-op thread each; TF 2.21, oneDNN on)
 # on a 2-core AMD EPYC with AVX-512 BF16, 2026-11-23, three runs:
 # - all-reduce 1.9 ms and all-gather 1.6 ms of CPU per MB a worker receives (slopes over
-#   3.3-13.1 MB float32 all-reduces and 1.1-4.4 MB 16-bit all-gathers);
+#   3.3-13.1 MB float32 all-reduces and 1.1-4.4 MB 16-bit all-gathers); bfloat16 and float16
+#   all-reduces cost about the same per byte (1.7-2.0 ns), so one constant serves every dtype;
 # - one-thread matmuls X^T dY with in x out = 3136 x 1024: float32 at 128 rows 25.7 ps per
 #   multiply-add; bfloat16 at 256-1024 rows 11.4-12.8 ps; the bfloat16 -> float32 cast of
 #   the kernel gradient 0.31 ns per value.
