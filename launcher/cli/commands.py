@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import click
@@ -10,10 +11,10 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
+    check_text, cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
     with_command_line, with_task_settings,
 )
-from launcher.config.spec import ROLES, WORKER
+from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 
 legacy_keras_option = click.option(
@@ -25,7 +26,8 @@ legacy_keras_option = click.option(
 LAUNCH_HELP = """Start one process per task, locally or over SSH, and supervise them.
 
 \b
-Hosts come from exactly one of --workers, --hostfile, --spec or --local.
+Hosts come from exactly one of --workers, --hosts, --hostfile, --spec, --local
+or --slurm.
 With no COMMAND, every task runs the built-in trainer (`mgpu train`) with this
 launcher's Python (remote hosts: --python, default python3). Arguments after
 `--` that start with a dash are passed to the trainer; anything else is a
@@ -38,6 +40,7 @@ Examples:
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
   mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
+  salloc -N 2 --ntasks-per-node 2 mgpu launch --slurm -- --train-steps 500
 
 Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 """
@@ -45,25 +48,30 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 
 @cli.command("launch", help=LAUNCH_HELP)
 @cluster_options
-@click.option("--local", type=click.IntRange(min=1), metavar="N",
+@click.option("--local", type=click.IntRange(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
+@click.option("--slurm", is_flag=True,
+              help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
+@click.option("--show-secrets", is_flag=True,
+              help="Show the values of --env, --env-file and --forward-env in the dry run and run.json "
+                   "(hidden as *** by default).")
 @click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
 @click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
 @click.option("--show", type=params.TASK_SELECTORS, metavar="TYPE[:INDEX],...",
               help="Show only these tasks on the console (logs still get everything), e.g. chief,worker:0.")
-@click.option("--grace-period", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--grace-period", type=params.Seconds(0), default=10.0, show_default=True, metavar="SECONDS",
               help="Time between TERM and KILL when stopping tasks.")
-@click.option("--start-timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True, metavar="SECONDS",
+@click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not reported ready by then.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times.")
-@click.option("--threads-per-task", type=click.IntRange(min=1), metavar="K",
+@click.option("--threads-per-task", type=click.IntRange(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
-@click.option("--gpus-per-task", type=click.IntRange(min=0), metavar="K",
+@click.option("--gpus-per-task", type=click.IntRange(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
               help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
 @click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable in every task (repeatable).")
@@ -82,19 +90,20 @@ def launch_command(**opts) -> None:
     if opts["as_json"] and not opts["dry_run"]:
         raise UsageError("--json goes with --dry-run")
     command = opts.pop("command")
-    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"]), command), opts)
+    check_text(opts, command)
+    slurm = "--slurm" if opts["slurm"] else None
+    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"], slurm), command), opts)
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id)
+    plans = make_plans(spec, run_id, slurm=bool(slurm))
 
     if opts["dry_run"]:
-        from launcher.plan.render import plan_to_json, render_plan_text
+        from launcher.plan.render import iter_plan_json, iter_plan_text
 
-        if opts["as_json"]:
-            import json
-
-            click.echo(json.dumps(plan_to_json(plans), indent=2))
-        else:
-            click.echo(render_plan_text(plans))
+        render = iter_plan_json if opts["as_json"] else iter_plan_text
+        out = sys.stdout
+        for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
+            out.write(piece)
+        out.flush()
         return
 
     from launcher.launch import launch
@@ -112,21 +121,47 @@ Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
+  srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
 
 
 @cli.command("tf-config", help=TF_CONFIG_HELP)
 @cluster_options
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
-@click.option("--task-index", type=click.IntRange(min=0), required=True)
+@click.option("--task-index", type=click.IntRange(min=0), help="Which task of its type (required without --from-slurm).")
+@click.option("--from-slurm", is_flag=True,
+              help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
+                   "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "
+                   "rank the evaluator).")
 @click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
               help="json, or env: an `export TF_CONFIG='...'` line for a shell.")
-def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None:
+def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config
 
+    check_text(opts)
+    if from_slurm:
+        from launcher.config.slurm_env import step_rank
+
+        plans = make_plans(read_spec(opts, slurm="--from-slurm"), run_id="tf-config", slurm=True)
+        rank = step_rank(os.environ)
+        if rank >= len(plans):
+            raise UsageError(f"SLURM_PROCID {rank} is out of range: the step has {len(plans)} tasks")
+        _check_placement(plans[rank])
+        click.echo(render_tf_config(plans[rank], fmt))
+        return
+    if task_index is None:
+        raise UsageError("give --task-index (or --from-slurm inside a Slurm job step)")
     plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
+
+
+def _check_placement(plan) -> None:
+    """Refuse a task that Slurm placed on another node than block distribution would."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node is not None and node != plan.host:
+        raise UsageError(f"task {plan.slurm_rank} runs on {node}, but block distribution puts it on {plan.host}: "
+                         f"start the step with srun --distribution=block")
 
 
 # ---------------------------------------------------------------------------
@@ -166,6 +201,7 @@ def check_command(**opts) -> None:
     from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
 
     command = opts.pop("command")
+    check_text(opts, command)
     spec = with_command_line(read_spec(opts), command)
     spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
                                legacy_keras=opts["legacy_keras"] or spec.legacy_keras)

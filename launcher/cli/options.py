@@ -29,15 +29,19 @@ def cluster_options(func):
     """Options that say which tasks make up the cluster: shared by launch, tf-config and check."""
     options = [
         click.option("--workers", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
-                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port."),
+                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port; "
+                          "Slurm hostlists such as node[01-04]:2222 expand."),
         click.option("--chief", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST:PORT", help="A chief task (task type 'chief'). With --local, no value."),
         click.option("--evaluator", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST", help="A sidecar evaluator (not part of the cluster). With --local, no value."),
         click.option("--port", type=params.PORT, default=2222, show_default=True,
                      help="Port for hosts listed without one."),
+        click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
+                     help="Workers as Horovod's -H writes them: SLOTS tasks per host, on ports from --port upward."),
         click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N' (N tasks on consecutive ports)."),
+                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N [max_slots=M]' "
+                          "(N tasks on consecutive ports; a host on several lines adds its slots up)."),
         click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
                      help="A YAML or JSON cluster spec (see the README for its schema)."),
     ]
@@ -59,7 +63,7 @@ def ssh_options(func):
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
                           "A changed key is always refused."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
     ]
     for option in reversed(options):
@@ -67,24 +71,32 @@ def ssh_options(func):
     return func
 
 
-def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
-    """The ClusterSpec that the options describe. Exactly one source of hosts must be given."""
+def read_spec(opts: dict, local: int | None = None, slurm: str | None = None) -> ClusterSpec:
+    """The ClusterSpec that the options describe. Exactly one source of hosts must be given.
+
+    `slurm` is "--slurm" (the tasks of the allocation) or "--from-slurm" (of the current step).
+    """
     from launcher.config.hostfile import parse_hostfile
     from launcher.config.spec import build_tasks, expand_slots, local_tasks
     from launcher.config.spec_file import load_spec_text
 
-    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hostfile", opts.get("hostfile")),
-                                        ("--spec", opts.get("spec_file")), ("--local", local is not None)) if given]
+    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hosts", opts.get("slot_hosts")),
+                                        ("--hostfile", opts.get("hostfile")), ("--spec", opts.get("spec_file")),
+                                        ("--local", local is not None), (slurm, slurm)) if given]
     if len(sources) > 1:
         raise UsageError(f"give only one of {' and '.join(sources)}")
     if not sources:
-        raise UsageError("no hosts: give --workers, --hostfile, --spec or --local")
+        raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec, --local or --slurm")
     chief, evaluator = opts.get("chief"), opts.get("evaluator")
+    flag_mode = "--local" if local is not None else slurm  # where --chief and --evaluator take no value
     for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
-        if local is None and value is THIS_MACHINE:
-            raise UsageError(f"{flag} needs a host here (it takes no value only with --local)")
-        if local is not None and value not in (None, THIS_MACHINE):
-            raise UsageError(f"with --local, {flag} takes no value: every task runs on this machine")
+        if flag_mode is None and value is THIS_MACHINE:
+            raise UsageError(f"{flag} needs a host here (it takes no value only with --local or --slurm)")
+        if flag_mode is not None and value not in (None, THIS_MACHINE):
+            raise UsageError(f"with {flag_mode}, {flag} takes no value: "
+                             + ("every task runs on this machine" if local is not None else "the allocation says where"))
+    if slurm:
+        return _slurm_spec(opts, slurm == "--from-slurm", chief is THIS_MACHINE, evaluator is THIS_MACHINE)
     ssh_defaults = SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"),
                                identity_file=opts.get("identity"))
 
@@ -102,23 +114,74 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     if opts.get("hostfile"):
         path = opts["hostfile"]
         workers = expand_slots(parse_hostfile(read_text(path, "--hostfile"), path), opts["port"])
+    elif opts.get("slot_hosts"):
+        workers = expand_slots(opts["slot_hosts"], opts["port"])
     else:
         workers = opts["workers"]
     return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
 
 
+def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
+    """The tasks of the Slurm allocation (or job step) this process runs in."""
+    from launcher.config.slurm_env import read_allocation
+    from launcher.config.spec import slurm_tasks
+
+    allocation = read_allocation(os.environ, step=step)
+    tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, opts["port"], with_chief, with_evaluator)
+    return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
+
+
+MAX_INPUT_BYTES = 16 * 1024 * 1024  # spec files, hostfiles and env files; a 10,000-host spec is ~300 KB
+
+
 def read_text(path: str, option: str) -> str:
+    """A UTF-8 text file of at most MAX_INPUT_BYTES (reading stops there: /dev/zero ends too)."""
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        with open(path, "rb") as file:
+            data = file.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise UsageError(f"{option} {path}: larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    if b"\0" in data:
+        raise UsageError(f"{option} {path}: not a text file (it contains NUL bytes)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{option} {path}: not a text file") from None
+        raise UsageError(f"{option} {path}: not a text file (not UTF-8)") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
-    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
+def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:
+    """Refuse arguments with NUL characters or bytes that are not UTF-8: the environment and the
+    console cannot carry them, and remote hosts would get something else than what was written."""
+    names = {"env_pairs": "--env", "spec_file": "--spec"}
+    values = [(names.get(key, f"--{key.replace('_', '-')}"), value) for key, value in opts.items()]
+    values += [("the command", arg) for arg in command]
+    for option, value in values:
+        for text in _strings(value):
+            _check_one_text(option, text)
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, list, frozenset)):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def _check_one_text(option: str, text: str) -> None:
+    if "\0" in text:
+        raise UsageError(f"{option}: {text!r} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{option}: {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
+
+
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: bool = False):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown;
+    `slurm` plans every task as one task of a Slurm job step (this machine's GPUs do not matter)."""
     from launcher.host.gpus import detect_gpus
     from launcher.host.names import local_host_names
     from launcher.plan.planner import plan_tasks
@@ -128,12 +191,14 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
         run_id=run_id,
         local_hosts=local_host_names(),
         launcher_python=sys.executable,
-        local_gpu_count=detect_gpus() if count_gpus else 0,
+        local_gpu_count=detect_gpus() if count_gpus and not slurm else 0,
+        slurm=slurm,
     )
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    """The time, for sorting, and 128 random bits, so that no one can guess the next run's id."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(16)
 
 
 def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpec:
@@ -152,18 +217,21 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     """The spec with launch's --env, --env-file, --forward-env, --workdir, --python, threads and GPUs over it."""
     from launcher.config.envfile import parse_env_file
 
-    env = dict(spec.env)
+    given: dict[str, str] = {}
     if opts.get("env_file"):
-        env.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
+        given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
     for name in opts.get("forward_env", ()):
         if name not in os.environ:
             raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
-        env[name] = os.environ[name]
-    env.update(opts.get("env_pairs", ()))
+        _check_one_text(f"--forward-env {name}", os.environ[name])
+        given[name] = os.environ[name]
+    given.update(opts.get("env_pairs", ()))
+    env = {**spec.env, **given}
     gpus = opts.get("gpus_per_task")
     return dataclasses.replace(
         spec,
         env=env,
+        secret_env=spec.secret_env | frozenset(given),
         workdir=opts.get("workdir") or spec.workdir,
         python=opts.get("python") or spec.python,
         threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
@@ -196,6 +264,7 @@ def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],
+            show_secrets=opts["show_secrets"],
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

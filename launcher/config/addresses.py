@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import re
 
+from launcher.config.hostlist import expand_entry, split_top_level
 from launcher.protocol import TASK_TYPES
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
@@ -48,8 +49,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_port(text: str) -> int:
-    if not text.isdigit():
+    if not is_number(text):
         raise ValueError(f"port {text!r} is not a number")
     port = int(text)
     if not 1 <= port <= 65535:
@@ -71,7 +77,7 @@ def parse_host(text: str) -> str:
             return str(ipaddress.IPv4Address(text))
         except ValueError:
             raise ValueError(f"{text!r} is not a valid IPv4 address") from None
-    if not _HOSTNAME.match(text):
+    if not _HOSTNAME.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid host name")
     return text
 
@@ -84,7 +90,7 @@ def parse_endpoint(text: str) -> Endpoint:
     user = None
     if "@" in entry:
         user, _, entry = entry.rpartition("@")
-        if not _USER.match(user):
+        if not _USER.fullmatch(user):
             raise ValueError(f"{text!r}: {user!r} is not a valid user name")
     port_text = None
     if entry.startswith("["):
@@ -112,13 +118,51 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def parse_endpoint_list(text: str) -> tuple[Endpoint, ...]:
-    """A comma-separated host list, as in `--workers h1:2222,h2:2222`."""
-    parts = text.split(",")
+    """A comma-separated host list, as in `h1:2222,h2:2222`; Slurm hostlist ranges such as
+    `node[01-04]:2222` expand in place."""
     if not text.strip():
         raise ValueError("the host list is empty")
+    parts = split_top_level(text)
     if any(not part.strip() for part in parts):
         raise ValueError(f"{text!r} has an empty entry")
-    return tuple(parse_endpoint(part) for part in parts)
+    return tuple(parse_endpoint(entry) for part in parts for entry in expand_entry(part.strip()))
+
+
+def parse_worker_list(text: str) -> tuple[Endpoint, ...]:
+    """`--workers`: a host list in which a port below 1024 is refused, since `host:4` is how
+    Horovod's `-H` writes 4 slots, not a port."""
+    endpoints = parse_endpoint_list(text)
+    for endpoint in endpoints:
+        if endpoint.port is not None and endpoint.port < PRIVILEGED_PORTS:
+            raise ValueError(
+                f"{endpoint}: port {endpoint.port} is below {PRIVILEGED_PORTS}; if {endpoint.port} is a number of "
+                f"slots (Horovod's -H host:slots), write --hosts {endpoint.host}:{endpoint.port}, or "
+                f"'{endpoint.host} slots={endpoint.port}' in a --hostfile"
+            )
+    return endpoints
+
+
+PRIVILEGED_PORTS = 1024
+
+
+def parse_slots_list(text: str) -> tuple[tuple[Endpoint, int], ...]:
+    """Horovod's `-H host:slots,...` (hosts may be hostlists): (endpoint without port, slots) per host."""
+    if not text.strip():
+        raise ValueError("the host list is empty")
+    entries = []
+    for part in split_top_level(text):
+        if not part.strip():
+            raise ValueError(f"{text!r} has an empty entry")
+        for entry in expand_entry(part.strip()):
+            split = re.fullmatch(r"(.*[^:]):([^:\]]*)", entry)  # the last colon outside [IPv6]
+            host_text, slots_text = split.groups() if split else (entry, "1")
+            if not slots_text.isdigit() or int(slots_text) < 1:
+                raise ValueError(f"{entry!r}: slots must be a positive number, not {slots_text!r}")
+            endpoint = parse_endpoint(host_text)
+            if endpoint.port is not None:
+                raise ValueError(f"{entry!r}: --hosts takes host:slots; ports come from --port")
+            entries.append((endpoint, int(slots_text)))
+    return tuple(entries)
 
 
 def parse_env_assignment(text: str) -> tuple[str, str]:
@@ -129,7 +173,7 @@ def parse_env_assignment(text: str) -> tuple[str, str]:
 
 
 def parse_env_name(text: str) -> str:
-    if not _ENV_NAME.match(text):
+    if not _ENV_NAME.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid environment variable name")
     return text
 
@@ -139,7 +183,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 def parse_run_id(text: str) -> str:
     """A run id names a folder and tags every process of the run: letters, digits, '.', '_', '-'."""
-    if not _RUN_ID.match(text):
+    if not _RUN_ID.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid run id (letters, digits, '.', '_' and '-', at most 128)")
     return text
 
@@ -149,6 +193,6 @@ def parse_task_selector(text: str) -> str:
     task_type, sep, index = text.partition(":")
     if task_type not in TASK_TYPES:
         raise ValueError(f"{text!r}: task type must be one of {', '.join(TASK_TYPES)}")
-    if sep and not index.isdigit():
+    if sep and not is_number(index):
         raise ValueError(f"{text!r}: task index must be a number")
     return f"{task_type}:{int(index)}" if sep else task_type

@@ -63,6 +63,15 @@ class ClusterSpec:
     gpus_per_task: int | None = None
     # Run Keras programs with tf_keras (Keras 2): TF_USE_LEGACY_KERAS=1 in every task.
     legacy_keras: bool = False
+    # Names in `env` whose values came from --env, --env-file or --forward-env: often credentials,
+    # so dry-run and run.json hide them.
+    secret_env: frozenset[str] = frozenset()
+
+
+# Upper bounds on counts: far above any real machine, low enough that no plan explodes.
+MAX_GPUS_PER_TASK = 1024
+MAX_THREADS_PER_TASK = 4096
+MAX_LOCAL_TASKS = 4096
 
 
 # ---------------------------------------------------------------------------
@@ -144,3 +153,20 @@ def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | No
             raise SpecError(f"{endpoint} with slots={slots} runs past port 65535")
         endpoints += [dataclasses.replace(endpoint, port=port + i) for i in range(slots)]
     return tuple(endpoints)
+
+
+def slurm_tasks(nodes: Sequence[str], tasks_per_node: Sequence[int], port: int, with_chief: bool,
+                with_evaluator: bool) -> tuple[TaskSpec, ...]:
+    """One task per Slurm task, in rank order, on ports from `port` upward on each node.
+
+    With a chief, rank 0 is the chief; with an evaluator, the last rank is the evaluator.
+    """
+    endpoints = [Endpoint(node, port + i) for node, count in zip(nodes, tasks_per_node) for i in range(count)]
+    if port + max(tasks_per_node, default=1) - 1 > 65535:
+        raise SpecError(f"{max(tasks_per_node)} tasks per node from port {port} run past port 65535")
+    if len(endpoints) < 1 + with_evaluator:
+        raise SpecError(f"the allocation has {len(endpoints)} task(s): too few for the evaluator and one "
+                        f"training task (ask Slurm for more with -n or --ntasks-per-node)")
+    evaluator = Endpoint(endpoints.pop().host) if with_evaluator else None
+    chief = endpoints.pop(0) if with_chief else None
+    return build_tasks(chief, endpoints, evaluator, None)

@@ -6,8 +6,9 @@ Dry-run renders the plan (render.py); launch executes the same plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
@@ -30,6 +31,8 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
+    secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
 
     @property
     def name(self) -> str:
@@ -37,7 +40,39 @@ class TaskPlan:
 
     @property
     def tf_config(self) -> dict:
+        if isinstance(self.env, TaskEnv):
+            return self.env.tf_config
         return json.loads(self.env["TF_CONFIG"])
+
+
+class TaskEnv(Mapping[str, str]):
+    """A task's env, TF_CONFIG first. TF_CONFIG is made when read, from the cluster's JSON that
+    every task of the plan shares: planning N tasks takes O(N) memory and time, not O(N^2)."""
+
+    def __init__(self, cluster: dict[str, list[str]], cluster_json: str, task: dict, rest: Mapping[str, str]):
+        self.cluster = cluster  # shared by every task: never modified
+        self.cluster_json = cluster_json
+        self.task = task
+        self._rest = rest
+
+    def __getitem__(self, name: str) -> str:
+        if name == "TF_CONFIG":
+            return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
+        return self._rest[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "TF_CONFIG"
+        yield from self._rest
+
+    def __len__(self) -> int:
+        return 1 + len(self._rest)
+
+    def __repr__(self) -> str:
+        return f"TaskEnv(task={self.task!r}, {len(self.cluster_json)} bytes of cluster, {self._rest!r})"
+
+    @property
+    def tf_config(self) -> dict:
+        return {"cluster": {role: list(hosts) for role, hosts in self.cluster.items()}, "task": dict(self.task)}
 
 
 TRAINER_MODULE = "launcher.trainer"
@@ -78,22 +113,27 @@ def plan_tasks(
     local_hosts: frozenset[str],
     launcher_python: str,
     local_gpu_count: int = 0,
+    slurm: bool = False,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine.
+    `local_gpu_count` is the number of GPUs on this machine. With `slurm`, every task is one
+    task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
+    an allocation share its installation).
     """
     _check_env(spec.env)
-    is_local = _locality(spec.tasks, local_hosts)
+    is_local = [False] * len(spec.tasks) if slurm else _locality(spec.tasks, local_hosts)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
+    cluster_json = json.dumps(cluster, separators=(",", ":"))
+    merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
-    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+    for rank, (task, (task_type, index), local, visible) in enumerate(
+            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
         env = {
-            "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
@@ -112,11 +152,13 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
-                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
-                env=env,
+                ssh=None if local or slurm else merged_ssh(task.ssh),
+                argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
+                env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                slurm_rank=rank if slurm else None,
+                secret_env=frozenset(spec.secret_env) & frozenset(env),
             )
         )
     return plans
@@ -130,8 +172,10 @@ def _check_env(env: Mapping[str, str]) -> None:
 
 def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
-    is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
-    loopback = [task.host for task in tasks if is_loopback(task.host)]
+    loopback_hosts = {host for host in {task.host for task in tasks} if is_loopback(host)}
+    is_local = [task.host in local_hosts or task.host in loopback_hosts for task in tasks]
+    _reject_shared_sockets(tasks, is_local)
+    loopback = [task.host for task in tasks if task.host in loopback_hosts]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
         raise SpecError(
@@ -139,6 +183,21 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bo
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
     return is_local
+
+
+def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) -> None:
+    """Refuse two names of this machine with one port (localhost:P and 127.0.0.1:P): TensorFlow's
+    server listens on every interface, so both tasks would bind one socket."""
+    seen: dict[int, tuple[str, str]] = {}
+    for task, (task_type, index), local in zip(tasks, task_names(tasks), is_local):
+        if not local or task.port is None:
+            continue
+        address, name = format_address(task.host, task.port), f"{task_type}:{index}"
+        if task.port in seen:
+            first_address, first_name = seen[task.port]
+            raise SpecError(f"{first_address} ({first_name}) and {address} ({name}) are one socket on this "
+                            f"machine: give each task its own port")
+        seen[task.port] = (address, name)
 
 
 def _thread_env(threads_per_task: int | None) -> dict[str, str]:

@@ -25,6 +25,19 @@ BAD_INPUTS = [
     (["--workers", "@h1:2222"], "not a valid user name"),
     (["--workers", "a b@h1:2222"], "not a valid user name"),
     (["--workers", "h1:2222,h1:2222"], "h1:2222 is listed twice"),
+    (["--workers", "h1:4"], "port 4 is below 1024; if 4 is a number of slots (Horovod's -H host:slots), "
+                            "write --hosts h1:4, or 'h1 slots=4' in a --hostfile"),
+    (["--workers", "node[3-1]:2222"], "range 3-1 goes backwards"),
+    (["--workers", "node[1-2"], "not a valid host name"),
+    (["--workers", "node[1-2]]"], "unbalanced brackets"),
+    (["--workers", "node[a-b]"], "not a valid host name"),
+    (["--workers", "n[0-99999999]"], "more than 65536 hosts"),
+    (["--workers", "localhost:2222,127.0.0.1:2222"],
+     "localhost:2222 (worker:0) and 127.0.0.1:2222 (worker:1) are one socket on this machine"),
+    (["--workers", "127.0.0.1:2222", "--chief", "localhost:2222"], "are one socket on this machine"),
+    (["--hosts", "h1:x"], "'h1:x': slots must be a positive number"),
+    (["--hosts", "h1:0"], "slots must be a positive number, not '0'"),
+    (["--hosts", "h1:2", "--workers", "h2"], "give only one of --workers and --hosts"),
     (["--workers", "h1:2222", "--chief", "h1:2222"], "h1:2222 is listed twice"),
     (["--workers", "h1", "--port", "0"], "port 0 is out of range"),
     (["--workers", "h1", "--port", "x"], "'x' is not a number"),
@@ -73,7 +86,7 @@ GOOD_INPUTS = [
     ("h1,h2", ["h1:3333", "h2:3333"]),
     ("alice@h1:2222,bob@h2", ["h1:2222", "h2:3333"]),
     ("[fd00::1]:2222,[fd00::2]", ["[fd00::1]:2222", "[fd00::2]:3333"]),
-    ("10.0.0.1:1,10.0.0.1:2", ["10.0.0.1:1", "10.0.0.1:2"]),
+    ("10.0.0.1:1024,10.0.0.1:1025", ["10.0.0.1:1024", "10.0.0.1:1025"]),
     ("node-1.cluster.example.com:65535", ["node-1.cluster.example.com:65535"]),
     (" h1:2222 , h2:2222 ", ["h1:2222", "h2:2222"]),
 ]
@@ -134,10 +147,26 @@ def test_env_file(mgpu, tmp_path):
     path = tmp_path / "env"
     path.write_text("# settings\nA=1\nexport B='two words'\n\nC=x=y\n")
     result = mgpu("launch", "--workers", "h1:2222", "--env-file", str(path), "--env", "A=override",
-                  "--dry-run", "--json")
+                  "--dry-run", "--json", "--show-secrets")
     assert result.exit_code == 0, result.stderr
     env = result.json()["tasks"][0]["env"]
     assert (env["A"], env["B"], env["C"]) == ("override", "two words", "x=y")
+
+
+def test_given_env_values_are_hidden_unless_asked_for(mgpu, tmp_path):
+    path = tmp_path / "env"
+    path.write_text("FROM_FILE=file-secret\n")
+    args = ("launch", "--workers", "h1:2222", "--env-file", str(path), "--env", "FROM_FLAG=flag-secret",
+            "--forward-env", "FORWARDED", "--threads-per-task", "2", "--dry-run")
+    for extra in ((), ("--json",)):
+        result = mgpu(*args, *extra, env={"FORWARDED": "forwarded-secret"})
+        assert result.exit_code == 0, result.stderr
+        assert "secret" not in result.stdout
+        assert result.stdout.count("***") == 3
+        assert "TF_CONFIG" in result.stdout and "MGPU_RUN_ID" in result.stdout and "OMP_NUM_THREADS=2" in (
+            result.stdout.replace('": "', "="))
+    shown = mgpu(*args, "--show-secrets", env={"FORWARDED": "forwarded-secret"})
+    assert {"FROM_FILE=file-secret", "FROM_FLAG=flag-secret", "FORWARDED=forwarded-secret"} <= set(shown.stdout.split())
 
 
 def test_bad_env_file_names_the_line(mgpu, tmp_path):
@@ -150,6 +179,6 @@ def test_bad_env_file_names_the_line(mgpu, tmp_path):
 
 def test_forwarded_variables(mgpu):
     result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "MY_TOKEN", "--dry-run", "--json",
-                  env={"MY_TOKEN": "s3cret", "OTHER": "x"})
+                  "--show-secrets", env={"MY_TOKEN": "s3cret", "OTHER": "x"})
     env = result.json()["tasks"][0]["env"]
     assert env["MY_TOKEN"] == "s3cret" and "OTHER" not in env
