@@ -1,6 +1,7 @@
 # make demo   set up .venv and run a local 2-worker training
 # make test   set up .venv and run the whole test suite
 # make bench  run the benchmarks; results go to benchmarks/results/
+#             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
 
 PYTHON ?= python3
@@ -31,7 +32,7 @@ test: venv
 	$(PY) -m pytest
 
 bench: venv
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(if $(WORKERS),--workers $(WORKERS))
 
 bench-accuracy: venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)

@@ -14,6 +14,11 @@ import os
 import time
 
 
+def process_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -44,14 +49,17 @@ def main() -> None:
     class Timer(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == args.warmup - 1:
-                self.start = time.perf_counter()
+                self.start, self.cpu_start = time.perf_counter(), process_cpu_seconds()
             elif batch == args.steps - 1:
                 self.seconds = time.perf_counter() - self.start
+                self.cpu_seconds = process_cpu_seconds() - self.cpu_start
 
     timer = Timer()
     model.fit(dataset, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[timer])
     timed = args.steps - args.warmup
     print(json.dumps({"examples_per_sec": timed * args.batch_size / timer.seconds, "steps": args.steps,
+                      # every thread of the process, as benchmarks/mwms_scaling.py counts it
+                      "cpu_ms_per_step": round(1000 * timer.cpu_seconds / timed, 2),
                       "batch_size": args.batch_size, "threads": args.threads}))
 
 

@@ -1,6 +1,7 @@
 """Run every benchmark and write benchmarks/results/bench.{json,md} and scaling.png.
 
 Usage: python benchmarks/run_all.py [--quick]
+       python benchmarks/run_all.py --workers 1,2,4,8 [--quick]   (benchmarks/worker_sweep.py)
 
 Measures CLI start-up, launcher overhead, throughput and scaling of the seed CNN through
 `mgpu launch` (1 worker against 2, one intra-op and one inter-op thread each, 128 examples per
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO))
 import cli_startup  # noqa: E402
 import cluster_size  # noqa: E402
 import launcher_overhead  # noqa: E402
+import worker_sweep  # noqa: E402
 
 
 def load() -> float:
@@ -132,7 +134,14 @@ def plot(results: dict, path: pathlib.Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps, to check the pipeline")
+    parser.add_argument("--workers", help="only the scaling sweep at these worker counts, e.g. 1,2,4,8,16 "
+                                          "(writes results/workers-<cores>cores.{json,md,png})")
+    parser.add_argument("--oversubscribe", action="store_true", help="with --workers: run counts above the cores")
+    parser.add_argument("--steps", type=int, help="with --workers: timed steps per run")
     args = parser.parse_args()
+    if args.workers:
+        worker_sweep.main(args.workers, args.quick, RESULTS, args.oversubscribe, steps=args.steps)
+        return
     repeats, steps = (1, 60) if args.quick else (3, 300)
     started = time.time()
     results = {"load_at_start": load()}

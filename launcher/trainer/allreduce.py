@@ -11,8 +11,9 @@ Two methods:
   is X^T @ dY over all replicas' rows, where X are the layer's inputs and dY the
   gradients at its output. When the batch is small next to the kernel, every replica
   all-gathers X and dY (b x (in + out) values) instead of reducing the kernel gradient
-  (in x out values) and rebuilds the sum locally with one matmul. Every other gradient
-  travels flattened in the same single all-gather and is summed locally.
+  (in x out values) and rebuilds the sum locally with one matmul (replicas x b rows).
+  Every other gradient travels flattened in the same single all-gather and is summed
+  locally. Which layers do so: exchange_cost.py weighs bytes and the rebuild's compute.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import dataclasses
 
 import keras
 import tensorflow as tf
+
+from launcher.trainer import exchange_cost
 
 # float16 has a narrow range: gradients are scaled up before the cast so that small
 # ones do not flush to zero, and scaled back after the sum.
@@ -54,16 +57,13 @@ def _linear_dense(layer) -> bool:
             and layer.activation in (None, keras.activations.linear))
 
 
-def factored_layers(model: keras.Model, batch_per_replica: int, replicas: int) -> list:
-    """Dense layers whose factors cost fewer bytes on the wire than their kernel gradient.
-
-    Each worker receives (replicas-1) * b * (in + out) values by all-gather against about
-    2 * (replicas-1)/replicas * in * out by ring all-reduce.
-    """
-    if replicas < 2:
-        return []
-    return [layer for layer in model.layers if _linear_dense(layer)
-            and replicas * batch_per_replica * sum(layer.kernel.shape) < 2 * layer.kernel.shape[0] * layer.kernel.shape[1]]
+def factored_layers(model: keras.Model, batch_per_replica: int, replicas: int,
+                    settings: AllReduceSettings = AllReduceSettings()) -> list:
+    """Dense layers whose factors cost a worker less CPU per step than all-reducing their
+    kernel gradient: wire bytes and the rebuild's multiply-adds, launcher.trainer.exchange_cost."""
+    return [layer for layer in model.layers if _linear_dense(layer) and exchange_cost.factors_cheaper(
+        *layer.kernel.shape, batch_per_replica, replicas, allreduce_dtype=settings.wire_dtype,
+        factor_dtype=settings.factor_dtype, compute_dtype=layer.compute_dtype)]
 
 
 def choose_factored_layers(settings: AllReduceSettings, model: keras.Model,
@@ -73,7 +73,7 @@ def choose_factored_layers(settings: AllReduceSettings, model: keras.Model,
         return []
     if settings.exchange == "factors":
         return [layer for layer in model.layers if _linear_dense(layer)]
-    return factored_layers(model, batch_per_replica, replicas)
+    return factored_layers(model, batch_per_replica, replicas, settings)
 
 
 def exchange_gradients(grads: list[tf.Tensor], factors: list[tuple[tf.Tensor, tf.Tensor]],

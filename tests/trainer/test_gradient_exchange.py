@@ -14,8 +14,8 @@ from trainer_helpers import Trainer, cluster_configs, read_json, wait_all
 pytestmark = pytest.mark.slow
 
 STEPS = 20
-# Small, so the runs are quick; 2 x 16 x (3136 + 1024) is far below 2 x 3136 x 1024, so
-# auto chooses factors for the big Dense layer.
+# Small, so the runs are quick; at 16 per replica on 2 workers the cost model
+# (exchange_cost.py) chooses factors for both Dense layers, the big one and the output one.
 BATCH_PER_REPLICA = 16
 # SGD: the weights move linearly with the gradients, so a gradient error shows in the
 # weights in proportion (Adam's first steps are about sign(gradient), scale-free).
@@ -71,7 +71,7 @@ def relative_difference(runs, name: str) -> float:
 
 
 def test_auto_chooses_factors_with_bfloat16_for_the_cnn_on_two_workers(runs):
-    assert "gradient exchange: factors bfloat16 (dense 3136x1024)" in runs["default"]["log"]
+    assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10)" in runs["default"]["log"]
     assert "gradient exchange: allreduce float32" in runs["allreduce"]["log"]
     assert "gradient exchange: factors float32 (dense 3136x1024, 1024x10)" in runs["float32"]["log"]
 
@@ -96,17 +96,23 @@ def test_bfloat16_factors_stay_close_to_the_allreduce(runs):
     assert error < BFLOAT16_TOLERANCE
 
 
-def test_auto_factors_a_dense_layer_only_when_its_factors_are_smaller_than_its_kernel():
+def test_auto_factors_a_dense_layer_only_when_the_cost_model_finds_factors_cheaper():
     from launcher.trainer import models
     from launcher.trainer.allreduce import AllReduceSettings, choose_factored_layers
     model = models.build("cnn")
     big = [layer for layer in model.layers if getattr(layer, "units", None) == 1024]
+    dense = [layer for layer in model.layers if getattr(layer, "units", None) in (1024, 10)]
     auto = AllReduceSettings(exchange="auto")
     assert choose_factored_layers(auto, model, 128, replicas=1) == []
     assert choose_factored_layers(auto, model, 128, replicas=2) == big
-    # 2 x b x (3136 + 1024) < 2 x 3136 x 1024 holds up to b = 771.
-    assert choose_factored_layers(auto, model, 771, replicas=2) == big
-    assert choose_factored_layers(auto, model, 772, replicas=2) == []
+    # With the measured constants the rebuild (8 x b rows) outweighs the saved bytes from b = 131.
+    assert choose_factored_layers(auto, model, 130, replicas=8) == big
+    assert choose_factored_layers(auto, model, 131, replicas=8) == []
+    assert choose_factored_layers(auto, model, 128, replicas=16) == []
+    # The 1024 x 10 kernel: 40 KB float32 all-reduced against 33 KB of bfloat16 factors at b = 16.
+    assert choose_factored_layers(auto, model, 16, replicas=2) == dense
+    float32_factors = AllReduceSettings(exchange="auto", factor_dtype="float32")
+    assert choose_factored_layers(float32_factors, model, 128, replicas=4) == []
     assert choose_factored_layers(AllReduceSettings(exchange="allreduce"), model, 16, 2) == []
     forced = choose_factored_layers(AllReduceSettings(exchange="factors"), model, 128, 1)
     assert [tuple(layer.kernel.shape) for layer in forced] == [(3136, 1024), (1024, 10)]
