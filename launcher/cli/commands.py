@@ -101,6 +101,10 @@ def launch_command(**opts) -> None:
 
 TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 
+--format env prints shell `export` lines: TF_CONFIG and, for chief and worker
+tasks, the KERAS_DISTRIBUTION_* variables that keras.distribution.initialize()
+reads (Keras 3 on the JAX backend).
+
 \b
 Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
@@ -114,7 +118,7 @@ Examples:
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
 @click.option("--task-index", type=click.IntRange(min=0), required=True)
 @click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
-              help="json, or env: an `export TF_CONFIG='...'` line for a shell.")
+              help="json: TF_CONFIG; env: `export` lines for a shell (TF_CONFIG and KERAS_DISTRIBUTION_*).")
 def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config

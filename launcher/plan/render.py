@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from launcher.config.addresses import format_address
 from launcher.config.spec import SshSettings
 from launcher.plan.planner import TaskPlan
+from launcher.protocol import KERAS_DISTRIBUTION_ENV
 
 # What `--dry-run --json` shows of each task.
 DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "tf_config")
@@ -82,6 +83,9 @@ def _joined(lines: list[str]) -> list[str]:
 
 
 def render_tf_config(plan: TaskPlan, fmt: str) -> str:
+    """`json`: TF_CONFIG alone. `env`: shell exports of TF_CONFIG and, for members of the job, the
+    Keras distribution variables, so that one `eval` sets up a TensorFlow or a Keras-on-JAX program."""
     if fmt == "env":
-        return f"export TF_CONFIG={shlex.quote(plan.env['TF_CONFIG'])}"
+        names = ("TF_CONFIG", *(name for name in KERAS_DISTRIBUTION_ENV if name in plan.env))
+        return "\n".join(f"export {name}={shlex.quote(plan.env[name])}" for name in names)
     return json.dumps(plan.tf_config, indent=2)

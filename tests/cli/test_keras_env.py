@@ -1,0 +1,110 @@
+"""The Keras 3 distribution environment every task gets beside TF_CONFIG, and JAX's CPU collectives."""
+
+import subprocess
+
+import pytest
+
+KERAS_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
+COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+
+
+def dry_run_tasks(mgpu, *args, env=None):
+    result = mgpu("launch", *args, "--dry-run", "--json", env=env)
+    assert result.exit_code == 0, result.stderr
+    return result.json()["tasks"]
+
+
+def keras_env(task):
+    return {name: task["env"][name] for name in KERAS_NAMES if name in task["env"]}
+
+
+def test_workers_in_order_worker_0_coordinates(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2300,h3")
+    assert [keras_env(task) for task in tasks] == [
+        {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "h1:2222,h2:2300,h3:2222",
+         "KERAS_DISTRIBUTION_NUM_PROCESSES": "3", "KERAS_DISTRIBUTION_PROCESS_ID": str(i)}
+        for i in range(3)]
+
+
+def test_the_chief_is_process_0_and_the_evaluator_is_not_in_the_job(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--evaluator", "h9")
+    assert [(t["type"], t["index"], t["env"].get("KERAS_DISTRIBUTION_PROCESS_ID")) for t in tasks] == [
+        ("chief", 0, "0"), ("worker", 0, "1"), ("worker", 1, "2"), ("evaluator", 0, None)]
+    assert tasks[0]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "h0:2222,h1:2222,h2:2222"
+    assert {t["env"]["KERAS_DISTRIBUTION_NUM_PROCESSES"] for t in tasks[:3]} == {"3"}
+    assert keras_env(tasks[3]) == {} and COLLECTIVES not in tasks[3]["env"]
+
+
+def test_job_addresses_are_the_tf_config_addresses(mgpu):
+    """Both routes name the same hosts and ports: whatever TF_CONFIG holds, so do the job addresses."""
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--chief")
+    cluster = tasks[0]["tf_config"]["cluster"]
+    assert tasks[0]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == ",".join(cluster["chief"] + cluster["worker"])
+
+
+def test_ipv6_addresses_keep_their_brackets(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "[fd00::1]:2222,[fd00::2]:2222")
+    assert tasks[1]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "[fd00::1]:2222,[fd00::2]:2222"
+
+
+def test_tasks_without_gpus_get_gloo(mgpu, gpus_on_path):
+    no_gpus = gpus_on_path(0)
+    tasks = dry_run_tasks(mgpu, "--local", "2", env=no_gpus)
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == ["gloo", "gloo"]
+    tasks = dry_run_tasks(mgpu, "--workers", "h1,h2", "--gpus-per-task", "0", env=no_gpus)
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == ["gloo", "gloo"]
+
+
+def test_tasks_with_gpus_or_uncounted_gpus_keep_jax_default(mgpu, gpus_on_path):
+    tasks = dry_run_tasks(mgpu, "--local", "2", env=gpus_on_path(2))
+    assert [task["env"].get("CUDA_VISIBLE_DEVICES") for task in tasks] == ["0", "1"]
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == [None, None]
+    # A remote host's GPUs are not counted at planning time: CUDA_VISIBLE_DEVICES and JAX are left alone.
+    tasks = dry_run_tasks(mgpu, "--workers", "h1,h2", env=gpus_on_path(3))
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == [None, None]
+
+
+def test_the_users_collectives_win(mgpu, gpus_on_path):
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--env", f"{COLLECTIVES}=mpi", env=gpus_on_path(0))
+    assert [task["env"][COLLECTIVES] for task in tasks] == ["mpi", "mpi"]
+
+
+@pytest.mark.parametrize("name", KERAS_NAMES)
+def test_keras_names_are_reserved_in_spec_files(mgpu, tmp_path, name):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {{worker: [h1:2222]}}\nenv: {{{name}: '1'}}\n")
+    result = mgpu("launch", "--spec", str(spec), "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+
+
+def test_text_dry_run_shows_them(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "KERAS_DISTRIBUTION_JOB_ADDRESSES=h1:2222,h2:2222" in result.stdout
+    assert "KERAS_DISTRIBUTION_PROCESS_ID=1" in result.stdout
+
+
+def exported(shell_lines: str, names) -> dict:
+    script = shell_lines + "\n" + "".join(f'printf "%s\\n" "${{{name}-unset}}"\n' for name in names)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10, check=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+def test_tf_config_env_format_exports_the_keras_variables(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--task-index", "1",
+                  "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, KERAS_NAMES) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h0:2222,h1:2222,h2:2222",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "2",
+    }
+
+
+def test_tf_config_env_format_gives_the_evaluator_no_keras_variables(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
+                  "--task-index", "0", "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert set(exported(result.stdout, KERAS_NAMES).values()) == {"unset"}
+    assert "TF_CONFIG=" in result.stdout
