@@ -4,7 +4,9 @@ For every host, in parallel: can we log in; does the task's program exist;
 which Python, and does it import TensorFlow (and the built-in trainer when the
 tasks run it) with the same TensorFlow version as this machine (or, without
 TensorFlow here, as the first host); are the tasks' ports free; how many GPUs
-does nvidia-smi list. One table row per host; any failure raises.
+does nvidia-smi list. One table row per host; any failure raises. TensorFlow
+is required only by the built-in trainer: another program may not use it (a
+Keras 3 program on the JAX backend, say), so there it is shown, not demanded.
 
 This module never imports paramiko or TensorFlow: remote hosts are probed
 through a runner, local ones with a subprocess.
@@ -111,12 +113,13 @@ class _Probe:
     python: str
     python_required: bool
     modules: tuple[str, ...]
+    tensorflow_required: bool = False
 
 
 def _probe_for(plan: TaskPlan) -> _Probe:
     argv = plan.argv
     if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
-        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,))
+        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), tensorflow_required=True)
     if os.path.basename(argv[0]).startswith("python"):
         return _Probe(argv[0], argv[0], True, ())
     # Some other program: Python is only used for the probe itself, and may be absent.
@@ -166,7 +169,8 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
         report.tensorflow = result["tensorflow"]
     elif probe.python_required:
         report.tensorflow = "missing"
-        report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
+        if probe.tensorflow_required:
+            report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
     for module in result.get("missing_modules", []):
         report.problems.append(f"cannot import {module}")
     busy = result.get("busy_ports", [])
