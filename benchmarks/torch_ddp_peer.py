@@ -39,7 +39,6 @@ def parse_args(argv=None):
 def worker(args):
     import torch
     import torch.distributed as dist
-    from torch import nn
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
@@ -47,6 +46,25 @@ def worker(args):
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
         dist.init_process_group("gloo")
+    sync = dist.barrier if world > 1 else (lambda: None)
+    step = training_step(args, world, rank)
+    for i in range(args.warmup):
+        step(i)
+    sync()
+    result = {"rank": rank, **timed_steps(args, step, sync)}
+    # torchrun merges the workers' stdout, so each writes its own file.
+    with open(os.path.join(args.result_dir, f"{rank}.json"), "w") as f:
+        json.dump(result, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def training_step(args, world, rank):
+    """step(i): one training step of the seed CNN on the i-th batch of this worker's data."""
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -72,10 +90,11 @@ def worker(args):
         optimizer.step()
         return loss
 
-    for i in range(args.warmup):
-        step(i)
-    if world > 1:
-        dist.barrier()
+    return step
+
+
+def timed_steps(args, step, sync):
+    """Throughput and CPU cost of --steps steps after the warm-up; `sync` waits for every worker."""
     cpu_before, threads_before = os.times(), thread_cpu_seconds()
     t0 = time.perf_counter()
     step_s = []
@@ -84,25 +103,18 @@ def worker(args):
         loss = step(args.warmup + i)
         step_s.append(time.perf_counter() - started)
     float(loss)
-    if world > 1:
-        dist.barrier()
+    sync()
     wall = time.perf_counter() - t0
     cpu_after = os.times()
     by_name = cpu_by_thread_name(threads_before, thread_cpu_seconds())
     cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-    result = {
-        "rank": rank, "steps": args.steps, "examples_per_s": args.steps * batch / wall,
+    return {
+        "steps": args.steps, "examples_per_s": args.steps * args.batch_per_replica / wall,
         "step_ms": 1000 * wall / args.steps, "cpu_ms_per_step": 1000 * cpu / args.steps,
         "median_step_ms": 1000 * statistics.median(step_s),
         "cpu_ms_per_step_by_thread": {k: round(1000 * v / args.steps, 2)
                                       for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:8]},
     }
-    # torchrun merges the workers' stdout, so each writes its own file.
-    with open(os.path.join(args.result_dir, f"{rank}.json"), "w") as f:
-        json.dump(result, f)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def run_once(args, argv, n, timeout=900):

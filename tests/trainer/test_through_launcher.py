@@ -79,5 +79,5 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     assert {t["exit_code"] for t in attempts[0]["tasks"].values()} == {42}
     saved = int(out.split("preempted; checkpoint saved at step ")[1].split()[0])
     assert 0 < saved < 400
-    assert f"resumed from" in out and f"at step {saved}" in out
+    assert "resumed from" in out and f"at step {saved}" in out
     assert json.loads((model_dir / "metrics.json").read_text())["global_step"] == 400
