@@ -5,7 +5,10 @@ dense 1024, dropout, dense 10 on 28x28x1) at 128 examples per replica on synthet
 thread per worker (XLA's CPU thread pool limited to one thread), 1 and 2 workers interleaved.
 Prints one JSON object: the median examples/sec of each and the scaling ratio
 w2 / (2 x w1). The examples/sec of a run is the one worker 0 reports, over every epoch but the
-first (which compiles).
+first (which compiles). Each run also records worker 0's CPU milliseconds per step (all its
+threads: XLA's flag limits the compute pool, not JAX's and Keras's other threads, so one worker
+alone uses more than one core and CPU time is no clean bound on scaling here). Wall figures need an
+otherwise idle machine.
 
 Usage: python benchmarks/keras_jax_fit.py [--repeats 3] [--steps-per-epoch 10] [--epochs 4]
 """
@@ -46,18 +49,19 @@ def main() -> None:
     parser.add_argument("--steps-per-epoch", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
-    runs: dict[int, list[float]] = {1: [], 2: []}
+    runs: dict[int, list[dict]] = {1: [], 2: []}
     for _ in range(args.repeats):  # interleaved: drifting load hits both alike
         for workers in (1, 2):
             result = run_once(workers, args.steps_per_epoch, args.epochs)
-            runs[workers].append(result["examples_per_sec"])
-            print(f"# keras jax fit, {workers} worker(s): {result['examples_per_sec']:.1f} ex/s, "
-                  f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-    w1, w2 = statistics.median(runs[1]), statistics.median(runs[2])
-    print(json.dumps({"w1_examples_per_sec": w1, "w2_examples_per_sec": w2, "scaling": w2 / (2 * w1),
-                      "runs": {str(n): r for n, r in runs.items()}, "batch_per_replica": 128,
-                      "steps_per_epoch": args.steps_per_epoch, "epochs": args.epochs}))
-
+            runs[workers].append({key: result[key] for key in ("examples_per_sec", "cpu_ms_per_step")})
+            print(f"# keras jax fit, {workers} worker(s): {runs[workers][-1]}, load {os.getloadavg()[0]:.2f}",
+                  file=sys.stderr, flush=True)
+    wall = {n: statistics.median(r["examples_per_sec"] for r in rs) for n, rs in runs.items()}
+    cpu = {n: statistics.median(r["cpu_ms_per_step"] for r in rs) for n, rs in runs.items()}
+    print(json.dumps({"w1_examples_per_sec": wall[1], "w2_examples_per_sec": wall[2],
+                      "scaling": wall[2] / (2 * wall[1]), "cpu_ms_per_step": {str(n): v for n, v in cpu.items()},
+                      "runs": {str(n): r for n, r in runs.items()},
+                      "batch_per_replica": 128, "steps_per_epoch": args.steps_per_epoch, "epochs": args.epochs}))
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,8 @@ without GPUs JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo. Without them the program t
 Every process builds the same synthetic data set and feeds its own shard (every n-th example) to
 `fit`; DataParallel replicates the weights and sums the gradients of all processes each step, so
 every process ends with the same weights. The last line each process prints is `RESULT {json}`
-with the weights' SHA-256, the final loss and accuracy, and the examples per second after the
-first epoch.
+with the weights' SHA-256, the final loss and accuracy, and the examples per second and the
+process's CPU milliseconds per step after the first epoch.
 """
 
 from __future__ import annotations
@@ -83,24 +83,28 @@ def build_model(name: str) -> keras.Model:
 
 
 class Throughput(keras.callbacks.Callback):
-    """Examples per second over every epoch but the first (which compiles)."""
+    """Examples per second, and this process's CPU time per step (every thread), over every epoch
+    but the first (which compiles)."""
 
-    def __init__(self, examples_per_epoch: int):
+    def __init__(self, examples_per_epoch: int, steps_per_epoch: int):
         super().__init__()
         self.examples_per_epoch = examples_per_epoch
-        self.started: float | None = None
+        self.steps_per_epoch = steps_per_epoch
+        self.started: tuple[float, float] | None = None  # wall and CPU clock after the first epoch
         self.epochs = 0
 
     def on_epoch_end(self, epoch, logs=None):
         if self.started is None:
-            self.started = time.perf_counter()
+            self.started = (time.perf_counter(), time.process_time())
         else:
             self.epochs += 1
 
-    def examples_per_sec(self) -> float | None:
+    def summary(self) -> dict:
         if not self.epochs:
-            return None
-        return self.epochs * self.examples_per_epoch / (time.perf_counter() - self.started)
+            return {"examples_per_sec": None, "cpu_ms_per_step": None}
+        wall, cpu = time.perf_counter() - self.started[0], time.process_time() - self.started[1]
+        return {"examples_per_sec": self.epochs * self.examples_per_epoch / wall,
+                "cpu_ms_per_step": 1000 * cpu / (self.epochs * self.steps_per_epoch)}
 
 
 def weights_sha256(model: keras.Model) -> str:
@@ -112,6 +116,10 @@ def weights_sha256(model: keras.Model) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if os.environ.get("MGPU_TASK_TYPE") == "evaluator":
+        # Not a member of the job (mgpu gives it no KERAS_DISTRIBUTION_*): nothing to do here.
+        print("keras_jax_fit.py has no evaluator role; the evaluator task exits", flush=True)
+        return 0
     process_id, num_processes = join_job()
     devices = keras.distribution.list_devices()
     distribution = keras.distribution.DataParallel(devices=devices)
@@ -129,13 +137,13 @@ def main(argv: list[str]) -> int:
     model = build_model(args.model)
     model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    throughput = Throughput(global_batch * args.steps_per_epoch)
+    throughput = Throughput(global_batch * args.steps_per_epoch, args.steps_per_epoch)
     history = model.fit(images, labels, batch_size=local_batch, epochs=args.epochs, shuffle=False,
                         callbacks=[throughput], verbose=2 if process_id == 0 else 0)
     result = {
         "process_id": process_id, "num_processes": num_processes, "replicas": replicas,
         "global_batch_size": global_batch, "loss": history.history["loss"][-1],
-        "accuracy": history.history["accuracy"][-1], "examples_per_sec": throughput.examples_per_sec(),
+        "accuracy": history.history["accuracy"][-1], **throughput.summary(),
         "weights_sha256": weights_sha256(model),
     }
     print("RESULT " + json.dumps(result), flush=True)
