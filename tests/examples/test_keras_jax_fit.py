@@ -4,6 +4,7 @@ one job across the tasks with equal weights at the end, fail-fast and restarts."
 import json
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ MGPU = [sys.executable, "-m", "launcher"]
 class Launch:
     """`mgpu launch ... -- python examples/keras_jax_fit.py ...` as a subprocess."""
 
-    def __init__(self, tmp_path, run_id, launch_args, example_args=()):
+    def __init__(self, tmp_path, name, launch_args, example_args=()):
+        run_id = f"{name}-{secrets.token_hex(4)}"  # unique on this machine: processes are found by it
         self.run_dir = tmp_path / "runs" / run_id
         self.run_id = run_id
         argv = [*MGPU, "launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
@@ -68,9 +70,12 @@ class Launch:
         return self.record()["attempts"][attempt]["tasks"][task]["pid"]
 
     def close(self):
+        """After a failed test: the launcher and every task of the run, without waiting out a grace period."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+        for process in proctree.tagged_processes(self.run_id):
+            process.kill()
 
 
 @pytest.fixture
