@@ -16,7 +16,7 @@ DATA_DIR ?= ../shared/data/fashion-mnist
 $(INSTALLED): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[train,dev,bench,legacy-keras]'
 	touch $@
 
 venv: $(INSTALLED)

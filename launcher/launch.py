@@ -25,6 +25,9 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     from launcher.supervise.supervisor import supervise
 
     check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
+    if any(plan.slurm_rank is not None for plan in plans):
+        _launch_slurm(plans, options)
+        return
 
     local_runner = LocalRunner()
     runners = [local_runner]
@@ -35,6 +38,7 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         runners.append(ssh_runner)
     else:
         _warn_about_exposure(plans, None, options)
+    _check_local_tf_keras(plans, options)
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner
@@ -46,6 +50,19 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
             runner.close()
 
 
+def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
+    """Every task in one srun step of the allocation this launcher runs in."""
+    from launcher.runners.slurm import SlurmRunner
+    from launcher.supervise.supervisor import supervise
+
+    _warn_about_exposure(plans, None, options)
+    runner = SlurmRunner(plans)
+    try:
+        supervise(plans, lambda plan: runner, options.supervise)
+    finally:
+        runner.close()
+
+
 def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:
     """Warn about every task, local ones too: TensorFlow's server listens on all interfaces."""
     from launcher.preflight.exposure import exposure_warnings
@@ -53,6 +70,16 @@ def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOpti
     if not options.allow_public:
         for warning in exposure_warnings(plans, resolve):
             print(f"mgpu: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
+    """With --legacy-keras, this machine's tasks need tf_keras too: check it before starting anything."""
+    from launcher.plan.planner import LEGACY_KERAS_ENV
+    from launcher.preflight.check import run_checks
+
+    local = [plan for plan in plans if plan.local and plan.env.get(LEGACY_KERAS_ENV) == "1"]
+    if local and options.check_hosts:
+        run_checks(local, None)
 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):

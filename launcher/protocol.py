@@ -20,6 +20,25 @@ ENV_TASK_TYPE = "MGPU_TASK_TYPE"
 ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
 
+# A task may report its progress with lines "MGPU_PROGRESS <step>/<total>" on stdout (total 0:
+# unknown). The launcher shows them as a progress bar with rate and ETA; the log keeps the lines.
+PROGRESS_PREFIX = "MGPU_PROGRESS "
+
+
+def progress_line(step: int, total: int) -> str:
+    return f"{PROGRESS_PREFIX}{int(step)}/{int(total)}"
+
+
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(step, total) of a progress line; None for any other line."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    step, _, total = line[len(PROGRESS_PREFIX):].strip().partition("/")
+    if not (step.isdigit() and total.isdigit()):
+        return None
+    return int(step), int(total)
+
+
 # What `keras.distribution.initialize()` reads (Keras 3 on the JAX backend); set for every task that
 # is a member of the cluster, from the same addresses as TF_CONFIG.
 ENV_KERAS_JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # the coordinator (process 0) first

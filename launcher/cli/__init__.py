@@ -6,4 +6,4 @@ Only this package imports click. It never imports TensorFlow or numpy.
 from launcher.cli import commands  # noqa: F401 - registers the commands on the group
 from launcher.cli.main import cli, main
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "commands", "main"]

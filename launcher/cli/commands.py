@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import click
@@ -16,11 +17,17 @@ from launcher.cli.options import (
 from launcher.config.spec import ROLES, WORKER
 from launcher.errors import UsageError
 
+legacy_keras_option = click.option(
+    "--legacy-keras", is_flag=True,
+    help="Run Keras programs with tf_keras (Keras 2): sets TF_USE_LEGACY_KERAS=1 in every task. "
+         "Keras 3's model.fit does not run under MultiWorkerMirroredStrategy; tf_keras's does. "
+         "Every host needs tf-keras of its TensorFlow's series (checked before the launch).")
 
 LAUNCH_HELP = """Start one process per task, locally or over SSH, and supervise them.
 
 \b
-Hosts come from exactly one of --workers, --hostfile, --spec or --local.
+Hosts come from exactly one of --workers, --hosts, --hostfile, --spec, --local
+or --slurm.
 With no COMMAND, every task runs the built-in trainer (`mgpu train`) with this
 launcher's Python (remote hosts: --python, default python3). Arguments after
 `--` that start with a dash are passed to the trainer; anything else is a
@@ -33,6 +40,7 @@ Examples:
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
   mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
+  salloc -N 2 --ntasks-per-node 2 mgpu launch --slurm -- --train-steps 500
 
 Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 """
@@ -42,6 +50,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @cluster_options
 @click.option("--local", type=click.IntRange(min=1), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
+@click.option("--slurm", is_flag=True,
+              help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
 @click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
@@ -68,6 +78,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Pass this variable of the launcher's environment on to every task (repeatable).")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
 @click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
@@ -76,9 +87,10 @@ def launch_command(**opts) -> None:
     if opts["as_json"] and not opts["dry_run"]:
         raise UsageError("--json goes with --dry-run")
     command = opts.pop("command")
-    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"]), command), opts)
+    slurm = "--slurm" if opts["slurm"] else None
+    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"], slurm), command), opts)
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id)
+    plans = make_plans(spec, run_id, slurm=bool(slurm))
 
     if opts["dry_run"]:
         from launcher.plan.render import plan_to_json, render_plan_text
@@ -110,21 +122,46 @@ Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
+  srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
 
 
 @cli.command("tf-config", help=TF_CONFIG_HELP)
 @cluster_options
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
-@click.option("--task-index", type=click.IntRange(min=0), required=True)
+@click.option("--task-index", type=click.IntRange(min=0), help="Which task of its type (required without --from-slurm).")
+@click.option("--from-slurm", is_flag=True,
+              help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
+                   "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "
+                   "rank the evaluator).")
 @click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
               help="json: TF_CONFIG; env: `export` lines for a shell (TF_CONFIG and KERAS_DISTRIBUTION_*).")
-def tf_config_command(task_type: str, task_index: int, fmt: str, **opts) -> None:
+def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config
 
+    if from_slurm:
+        from launcher.config.slurm_env import step_rank
+
+        plans = make_plans(read_spec(opts, slurm="--from-slurm"), run_id="tf-config", slurm=True)
+        rank = step_rank(os.environ)
+        if rank >= len(plans):
+            raise UsageError(f"SLURM_PROCID {rank} is out of range: the step has {len(plans)} tasks")
+        _check_placement(plans[rank])
+        click.echo(render_tf_config(plans[rank], fmt))
+        return
+    if task_index is None:
+        raise UsageError("give --task-index (or --from-slurm inside a Slurm job step)")
     plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
+
+
+def _check_placement(plan) -> None:
+    """Refuse a task that Slurm placed on another node than block distribution would."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node is not None and node != plan.host:
+        raise UsageError(f"task {plan.slurm_rank} runs on {node}, but block distribution puts it on {plan.host}: "
+                         f"start the step with srun --distribution=block")
 
 
 # ---------------------------------------------------------------------------
@@ -136,14 +173,18 @@ CHECK_HELP = """Check every host of the cluster, in parallel, without starting a
 For each host: SSH login (host key, user, key), the task's program and Python,
 whether TensorFlow imports (and the built-in trainer, when tasks run it) with
 the same TensorFlow version as this machine, whether the tasks' ports are
-free, and how many GPUs nvidia-smi lists. One table row per host.
-`mgpu launch` runs the same checks on remote hosts first (--no-check skips them).
+free, and how many GPUs nvidia-smi lists. With --legacy-keras, also whether
+tf_keras imports and matches TensorFlow's series (with the pip command that
+fixes it). One table row per host. `mgpu launch` runs the same checks on
+remote hosts first, and with --legacy-keras on this machine too (--no-check
+skips them).
 
 \b
 Examples:
   mgpu check --workers h1:2222,h2:2222
   mgpu check --spec cluster.yaml --known-hosts ./known_hosts
   mgpu check --workers h1,h2 -- python train.py
+  mgpu check --workers h1,h2 --legacy-keras -- python train.py
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
@@ -153,6 +194,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @cluster_options
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@legacy_keras_option
 @ssh_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
@@ -160,7 +202,8 @@ def check_command(**opts) -> None:
 
     command = opts.pop("command")
     spec = with_command_line(read_spec(opts), command)
-    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python)
+    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
+                               legacy_keras=opts["legacy_keras"] or spec.legacy_keras)
     plans = make_plans(spec, run_id="check")
     ssh_runner = None
     if any(not plan.local for plan in plans):

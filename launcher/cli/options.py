@@ -29,15 +29,19 @@ def cluster_options(func):
     """Options that say which tasks make up the cluster: shared by launch, tf-config and check."""
     options = [
         click.option("--workers", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
-                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port."),
+                     help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port; "
+                          "Slurm hostlists such as node[01-04]:2222 expand."),
         click.option("--chief", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST:PORT", help="A chief task (task type 'chief'). With --local, no value."),
         click.option("--evaluator", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
                      metavar="HOST", help="A sidecar evaluator (not part of the cluster). With --local, no value."),
         click.option("--port", type=params.PORT, default=2222, show_default=True,
                      help="Port for hosts listed without one."),
+        click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
+                     help="Workers as Horovod's -H writes them: SLOTS tasks per host, on ports from --port upward."),
         click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N' (N tasks on consecutive ports)."),
+                     help="Workers from a file: 'host[:port]' per line, or 'host slots=N [max_slots=M]' "
+                          "(N tasks on consecutive ports; a host on several lines adds its slots up)."),
         click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
                      help="A YAML or JSON cluster spec (see the README for its schema)."),
     ]
@@ -67,24 +71,32 @@ def ssh_options(func):
     return func
 
 
-def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
-    """The ClusterSpec that the options describe. Exactly one source of hosts must be given."""
+def read_spec(opts: dict, local: int | None = None, slurm: str | None = None) -> ClusterSpec:
+    """The ClusterSpec that the options describe. Exactly one source of hosts must be given.
+
+    `slurm` is "--slurm" (the tasks of the allocation) or "--from-slurm" (of the current step).
+    """
     from launcher.config.hostfile import parse_hostfile
     from launcher.config.spec import build_tasks, expand_slots, local_tasks
     from launcher.config.spec_file import load_spec_text
 
-    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hostfile", opts.get("hostfile")),
-                                        ("--spec", opts.get("spec_file")), ("--local", local is not None)) if given]
+    sources = [name for name, given in (("--workers", opts.get("workers")), ("--hosts", opts.get("slot_hosts")),
+                                        ("--hostfile", opts.get("hostfile")), ("--spec", opts.get("spec_file")),
+                                        ("--local", local is not None), (slurm, slurm)) if given]
     if len(sources) > 1:
         raise UsageError(f"give only one of {' and '.join(sources)}")
     if not sources:
-        raise UsageError("no hosts: give --workers, --hostfile, --spec or --local")
+        raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec, --local or --slurm")
     chief, evaluator = opts.get("chief"), opts.get("evaluator")
+    flag_mode = "--local" if local is not None else slurm  # where --chief and --evaluator take no value
     for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
-        if local is None and value is THIS_MACHINE:
-            raise UsageError(f"{flag} needs a host here (it takes no value only with --local)")
-        if local is not None and value not in (None, THIS_MACHINE):
-            raise UsageError(f"with --local, {flag} takes no value: every task runs on this machine")
+        if flag_mode is None and value is THIS_MACHINE:
+            raise UsageError(f"{flag} needs a host here (it takes no value only with --local or --slurm)")
+        if flag_mode is not None and value not in (None, THIS_MACHINE):
+            raise UsageError(f"with {flag_mode}, {flag} takes no value: "
+                             + ("every task runs on this machine" if local is not None else "the allocation says where"))
+    if slurm:
+        return _slurm_spec(opts, slurm == "--from-slurm", chief is THIS_MACHINE, evaluator is THIS_MACHINE)
     ssh_defaults = SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"),
                                identity_file=opts.get("identity"))
 
@@ -102,9 +114,21 @@ def read_spec(opts: dict, local: int | None = None) -> ClusterSpec:
     if opts.get("hostfile"):
         path = opts["hostfile"]
         workers = expand_slots(parse_hostfile(read_text(path, "--hostfile"), path), opts["port"])
+    elif opts.get("slot_hosts"):
+        workers = expand_slots(opts["slot_hosts"], opts["port"])
     else:
         workers = opts["workers"]
     return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
+
+
+def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
+    """The tasks of the Slurm allocation (or job step) this process runs in."""
+    from launcher.config.slurm_env import read_allocation
+    from launcher.config.spec import slurm_tasks
+
+    allocation = read_allocation(os.environ, step=step)
+    tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, opts["port"], with_chief, with_evaluator)
+    return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
 
 
 def read_text(path: str, option: str) -> str:
@@ -117,8 +141,9 @@ def read_text(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: not a text file") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
-    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown."""
+def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: bool = False):
+    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown;
+    `slurm` plans every task as one task of a Slurm job step (this machine's GPUs do not matter)."""
     from launcher.host.gpus import detect_gpus
     from launcher.host.names import local_host_names
     from launcher.plan.planner import plan_tasks
@@ -128,7 +153,8 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True):
         run_id=run_id,
         local_hosts=local_host_names(),
         launcher_python=sys.executable,
-        local_gpu_count=detect_gpus() if count_gpus else 0,
+        local_gpu_count=detect_gpus() if count_gpus and not slurm else 0,
+        slurm=slurm,
     )
 
 
@@ -168,6 +194,7 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
         python=opts.get("python") or spec.python,
         threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
         gpus_per_task=gpus if gpus is not None else spec.gpus_per_task,
+        legacy_keras=bool(opts.get("legacy_keras")) or spec.legacy_keras,
     )
 
 

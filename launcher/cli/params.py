@@ -8,8 +8,8 @@ from __future__ import annotations
 import click
 
 from launcher.config.addresses import (
-    parse_endpoint, parse_endpoint_list, parse_env_assignment, parse_env_name, parse_port, parse_run_id,
-    parse_task_selector,
+    parse_endpoint, parse_env_assignment, parse_env_name, parse_port, parse_run_id,
+    parse_slots_list, parse_task_selector, parse_worker_list,
 )
 
 
@@ -34,7 +34,8 @@ def _task_selectors(text: str) -> frozenset[str]:
 
 
 ENDPOINT = ParsedParam("[user@]host[:port]", parse_endpoint)
-ENDPOINT_LIST = ParsedParam("host:port,...", parse_endpoint_list)
+ENDPOINT_LIST = ParsedParam("host:port,...", parse_worker_list)
+SLOTS_LIST = ParsedParam("host:slots,...", parse_slots_list)
 PORT = ParsedParam("port", parse_port)
 ENV_ASSIGNMENT = ParsedParam("NAME=VALUE", parse_env_assignment)
 ENV_NAME = ParsedParam("NAME", parse_env_name)

@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import re
 
+from launcher.config.hostlist import expand_entry, split_top_level
 from launcher.protocol import TASK_TYPES
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
@@ -112,13 +113,51 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def parse_endpoint_list(text: str) -> tuple[Endpoint, ...]:
-    """A comma-separated host list, as in `--workers h1:2222,h2:2222`."""
-    parts = text.split(",")
+    """A comma-separated host list, as in `h1:2222,h2:2222`; Slurm hostlist ranges such as
+    `node[01-04]:2222` expand in place."""
     if not text.strip():
         raise ValueError("the host list is empty")
+    parts = split_top_level(text)
     if any(not part.strip() for part in parts):
         raise ValueError(f"{text!r} has an empty entry")
-    return tuple(parse_endpoint(part) for part in parts)
+    return tuple(parse_endpoint(entry) for part in parts for entry in expand_entry(part.strip()))
+
+
+def parse_worker_list(text: str) -> tuple[Endpoint, ...]:
+    """`--workers`: a host list in which a port below 1024 is refused, since `host:4` is how
+    Horovod's `-H` writes 4 slots, not a port."""
+    endpoints = parse_endpoint_list(text)
+    for endpoint in endpoints:
+        if endpoint.port is not None and endpoint.port < PRIVILEGED_PORTS:
+            raise ValueError(
+                f"{endpoint}: port {endpoint.port} is below {PRIVILEGED_PORTS}; if {endpoint.port} is a number of "
+                f"slots (Horovod's -H host:slots), write --hosts {endpoint.host}:{endpoint.port}, or "
+                f"'{endpoint.host} slots={endpoint.port}' in a --hostfile"
+            )
+    return endpoints
+
+
+PRIVILEGED_PORTS = 1024
+
+
+def parse_slots_list(text: str) -> tuple[tuple[Endpoint, int], ...]:
+    """Horovod's `-H host:slots,...` (hosts may be hostlists): (endpoint without port, slots) per host."""
+    if not text.strip():
+        raise ValueError("the host list is empty")
+    entries = []
+    for part in split_top_level(text):
+        if not part.strip():
+            raise ValueError(f"{text!r} has an empty entry")
+        for entry in expand_entry(part.strip()):
+            split = re.fullmatch(r"(.*[^:]):([^:\]]*)", entry)  # the last colon outside [IPv6]
+            host_text, slots_text = split.groups() if split else (entry, "1")
+            if not slots_text.isdigit() or int(slots_text) < 1:
+                raise ValueError(f"{entry!r}: slots must be a positive number, not {slots_text!r}")
+            endpoint = parse_endpoint(host_text)
+            if endpoint.port is not None:
+                raise ValueError(f"{entry!r}: --hosts takes host:slots; ports come from --port")
+            entries.append((endpoint, int(slots_text)))
+    return tuple(entries)
 
 
 def parse_env_assignment(text: str) -> tuple[str, str]:

@@ -61,6 +61,8 @@ class ClusterSpec:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    # Run Keras programs with tf_keras (Keras 2): TF_USE_LEGACY_KERAS=1 in every task.
+    legacy_keras: bool = False
 
 
 # ---------------------------------------------------------------------------
@@ -142,3 +144,20 @@ def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | No
             raise SpecError(f"{endpoint} with slots={slots} runs past port 65535")
         endpoints += [dataclasses.replace(endpoint, port=port + i) for i in range(slots)]
     return tuple(endpoints)
+
+
+def slurm_tasks(nodes: Sequence[str], tasks_per_node: Sequence[int], port: int, with_chief: bool,
+                with_evaluator: bool) -> tuple[TaskSpec, ...]:
+    """One task per Slurm task, in rank order, on ports from `port` upward on each node.
+
+    With a chief, rank 0 is the chief; with an evaluator, the last rank is the evaluator.
+    """
+    endpoints = [Endpoint(node, port + i) for node, count in zip(nodes, tasks_per_node) for i in range(count)]
+    if port + max(tasks_per_node, default=1) - 1 > 65535:
+        raise SpecError(f"{max(tasks_per_node)} tasks per node from port {port} run past port 65535")
+    if len(endpoints) < 1 + with_evaluator:
+        raise SpecError(f"the allocation has {len(endpoints)} task(s): too few for the evaluator and one "
+                        f"training task (ask Slurm for more with -n or --ntasks-per-node)")
+    evaluator = Endpoint(endpoints.pop().host) if with_evaluator else None
+    chief = endpoints.pop(0) if with_chief else None
+    return build_tasks(chief, endpoints, evaluator, None)

@@ -10,6 +10,7 @@ import shlex
 from typing import Mapping, NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
+from launcher.config.hostlist import expand_entry
 from launcher.config.spec import CHIEF, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks
 from launcher.errors import SpecError
 
@@ -27,6 +28,7 @@ class SpecFile:
     python: str | None = None
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
+    legacy_keras: bool = False
 
     def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
         """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
@@ -40,12 +42,13 @@ class SpecFile:
             python=self.python,
             threads_per_task=self.threads_per_task,
             gpus_per_task=self.gpus_per_task,
+            legacy_keras=self.legacy_keras,
         )
 
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 
@@ -79,6 +82,11 @@ class _Reader:
             self.fail(f"{what} must be a whole number >= {minimum}")
         return value
 
+    def flag(self, value: object, what: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(f"{what} must be true or false")
+        return value
+
     def port(self, value: object, what: str) -> int:
         try:
             return parse_port("" if isinstance(value, bool) else str(value))
@@ -90,7 +98,7 @@ class _Reader:
         found = []
         for item in items:
             try:
-                found.append(parse_endpoint(self.string(item, what)))
+                found += [parse_endpoint(entry) for entry in expand_entry(self.string(item, what).strip())]
             except ValueError as exc:
                 self.fail(f"{what}: {exc}")
         return found
@@ -134,6 +142,7 @@ def parse_spec(data: object, source: str) -> SpecFile:
         python=read.optional(top, "python", read.string),
         threads_per_task=read.optional(top, "threads_per_task", read.count, 1),
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0),
+        legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
     )
 
 
@@ -158,7 +167,8 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     host_ssh = {}
     for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
         try:
-            host_ssh[parse_host(name)] = read.ssh_settings(settings, f"hosts.{name}")
+            for host in expand_entry(name):  # a hostlist key sets every host it names
+                host_ssh[parse_host(host)] = read.ssh_settings(settings, f"hosts.{name}")
         except ValueError as exc:
             read.fail(f"hosts: {exc}")
     default_port = read.optional(top, "port", read.port)

@@ -4,8 +4,9 @@ Standard library only and importing nothing of mgpu: `mgpu check` runs this file
 with the task's Python on every host (over SSH for remote ones), and this machine's
 launcher imports the same functions, so each question has one answer everywhere.
 
-Run as: python probe.py PORTS MODULES, with comma-separated lists; prints one JSON object
-with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error, gpus.
+Run as: python probe.py PORTS MODULES [legacy-keras], with comma-separated lists; prints one
+JSON object with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error,
+gpus, and with legacy-keras also tf_keras or tf_keras_error.
 """
 
 import json
@@ -54,7 +55,7 @@ def _first_line(error):
     return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
-def probe(ports, modules):
+def probe(ports, modules, legacy_keras=False):
     out = {"python": "%d.%d.%d" % sys.version_info[:3]}
     out["busy_ports"] = [port for port in ports if port_in_use(port)]
     missing = []
@@ -69,6 +70,12 @@ def probe(ports, modules):
         out["tensorflow"] = tensorflow.__version__
     except Exception as e:
         out["tensorflow_error"] = _first_line(e)
+    if legacy_keras:  # tf_keras, what `tf.keras` means with TF_USE_LEGACY_KERAS=1
+        try:
+            import tf_keras
+            out["tf_keras"] = tf_keras.__version__
+        except Exception as e:
+            out["tf_keras_error"] = _first_line(e)
     out["gpus"] = gpu_count(timeout=20.0)
     return out
 
@@ -76,7 +83,7 @@ def probe(ports, modules):
 def main(argv):
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]
-    result = probe(ports, modules)
+    result = probe(ports, modules, legacy_keras=argv[3:4] == ["legacy-keras"])
     sys.stdout.flush()
     print(json.dumps(result))
 

@@ -31,6 +31,7 @@ class TaskPlan:
     env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
+    slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
 
     @property
     def name(self) -> str:
@@ -43,6 +44,10 @@ class TaskPlan:
 
 TRAINER_MODULE = "launcher.trainer"
 REMOTE_PYTHON = "python3"
+# TensorFlow's switch that makes `tf.keras` mean tf_keras (Keras 2) instead of Keras 3.
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+
 def build_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict:
     """TF_CONFIG for one task. The evaluator is not in `cluster` but still has a task entry."""
     return {"cluster": {role: list(addresses) for role, addresses in cluster.items()},
@@ -75,20 +80,24 @@ def plan_tasks(
     local_hosts: frozenset[str],
     launcher_python: str,
     local_gpu_count: int = 0,
+    slurm: bool = False,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
     `local_hosts` are the host names that mean this machine; their tasks run as local processes.
-    `local_gpu_count` is the number of GPUs on this machine.
+    `local_gpu_count` is the number of GPUs on this machine. With `slurm`, every task is one
+    task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
+    an allocation share its installation).
     """
     _check_env(spec.env)
-    is_local = _locality(spec.tasks, local_hosts)
+    is_local = [False] * len(spec.tasks) if slurm else _locality(spec.tasks, local_hosts)
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
     plans = []
-    for task, (task_type, index), local, visible in zip(spec.tasks, task_names(spec.tasks), is_local, devices):
+    for rank, (task, (task_type, index), local, visible) in enumerate(
+            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
         keras_env = keras_distribution_env(cluster, task_type, index)
         env = {
             "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
@@ -103,6 +112,8 @@ def plan_tasks(
             env["CUDA_VISIBLE_DEVICES"] = visible
         if keras_env:  # a member of the job: its JAX collectives must work on its hardware
             env.update(collectives_env(visible))
+        if spec.legacy_keras:
+            env[LEGACY_KERAS_ENV] = "1"
         env.update(spec.env)  # the user's values win, JAX_CPU_COLLECTIVES_IMPLEMENTATION included
         plans.append(
             TaskPlan(
@@ -111,11 +122,12 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local else task.ssh.merged_over(spec.ssh_defaults),
-                argv=_argv(spec, launcher_python if local else REMOTE_PYTHON),
+                ssh=None if local or slurm else task.ssh.merged_over(spec.ssh_defaults),
+                argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=env,
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
+                slurm_rank=rank if slurm else None,
             )
         )
     return plans
@@ -130,6 +142,7 @@ def _check_env(env: Mapping[str, str]) -> None:
 def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
     is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
+    _reject_shared_sockets(tasks, is_local)
     loopback = [task.host for task in tasks if is_loopback(task.host)]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
@@ -138,6 +151,21 @@ def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bo
             f"dial their own loopback and hang; use an address the other hosts can reach"
         )
     return is_local
+
+
+def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) -> None:
+    """Refuse two names of this machine with one port (localhost:P and 127.0.0.1:P): TensorFlow's
+    server listens on every interface, so both tasks would bind one socket."""
+    seen: dict[int, tuple[str, str]] = {}
+    for task, (task_type, index), local in zip(tasks, task_names(tasks), is_local):
+        if not local or task.port is None:
+            continue
+        address, name = format_address(task.host, task.port), f"{task_type}:{index}"
+        if task.port in seen:
+            first_address, first_name = seen[task.port]
+            raise SpecError(f"{first_address} ({first_name}) and {address} ({name}) are one socket on this "
+                            f"machine: give each task its own port")
+        seen[task.port] = (address, name)
 
 
 def _thread_env(threads_per_task: int | None) -> dict[str, str]:

@@ -34,6 +34,7 @@ def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
         "tf_config": plan.tf_config,
         "workdir": plan.workdir,
         "waits_for_ready": plan.waits_for_ready,
+        "slurm_rank": plan.slurm_rank,
     }
 
 
@@ -50,6 +51,8 @@ def describe_start(plan: TaskPlan) -> str:
     """How a task would start: `local`, or `ssh [user@]host[:port]` (gaps come from ~/.ssh/config)."""
     if plan.local:
         return "local"
+    if plan.slurm_rank is not None:
+        return f"srun task {plan.slurm_rank}"
     ssh = plan.ssh or SshSettings()
     target = (f"{ssh.user}@" if ssh.user else "") + format_address(plan.host, ssh.port)
     via = f" via {ssh.proxy_jump}" if ssh.proxy_jump else ""

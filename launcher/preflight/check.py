@@ -4,8 +4,9 @@ For every host, in parallel: can we log in; does the task's program exist;
 which Python, and does it import TensorFlow (and the built-in trainer when the
 tasks run it) with the same TensorFlow version as this machine (or, without
 TensorFlow here, as the first host); are the tasks' ports free; how many GPUs
-does nvidia-smi list. One table row per host; any failure raises. TensorFlow
-is required only by the built-in trainer: another program may not use it (a
+does nvidia-smi list; with --legacy-keras (TF_USE_LEGACY_KERAS=1 in the plan), does tf_keras
+import, of the host's TensorFlow series. One table row per host; any failure raises. TensorFlow
+is required by the built-in trainer and by --legacy-keras: another program may not use it (a
 Keras 3 program on the JAX backend, say), so there it is shown, not demanded.
 
 This module never imports paramiko or TensorFlow: remote hosts are probed
@@ -28,7 +29,7 @@ import time
 from typing import Callable, Iterable, Sequence, TextIO, TypeVar
 
 from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
-from launcher.plan.planner import TRAINER_MODULE, TaskPlan
+from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
 from launcher.host import probe as host_probe
 from launcher.runners.ssh import remote_command
 
@@ -46,6 +47,7 @@ class HostReport:
     ssh: str = "-"  # "ok", "local", or "failed"
     python: str = "-"
     tensorflow: str = "-"
+    tf_keras: str = "-"  # checked only when tasks run with --legacy-keras
     ports: str = "-"
     gpus: str = "-"
     problems: list[str] = dataclasses.field(default_factory=list)
@@ -77,6 +79,7 @@ def probe_command(
     ports: Iterable[int],
     workdir: str | None,
     modules: Sequence[str],
+    legacy_keras: bool = False,
 ) -> str:
     """A command that probes a host and prints one JSON object on stdout.
 
@@ -94,7 +97,8 @@ def probe_command(
     lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
     lines.append(
         "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + " ".join(shlex.quote(a) for a in (python, "-c", _probe_source(), port_list, ",".join(modules)))
+        + " ".join(shlex.quote(a) for a in (python, "-c", _probe_source(), port_list, ",".join(modules),
+                                             *(["legacy-keras"] if legacy_keras else [])))
         + " </dev/null"
     )
     return remote_command.sh("\n".join(lines))
@@ -113,17 +117,38 @@ class _Probe:
     python: str
     python_required: bool
     modules: tuple[str, ...]
+    legacy_keras: bool = False
     tensorflow_required: bool = False
 
 
 def _probe_for(plan: TaskPlan) -> _Probe:
     argv = plan.argv
+    legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
     if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
-        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), tensorflow_required=True)
+        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
     if os.path.basename(argv[0]).startswith("python"):
-        return _Probe(argv[0], argv[0], True, ())
+        return _Probe(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
     # Some other program: Python is only used for the probe itself, and may be absent.
-    return _Probe(argv[0], "python3", False, ())
+    return _Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
+
+
+def legacy_keras_fix(tensorflow_version: str | None) -> str:
+    """The pip command that installs the tf-keras of a TensorFlow version's series."""
+    series = ".".join((tensorflow_version or "").split(".")[:2])
+    return f"pip install 'tf-keras~={series}.0'" if series.count(".") == 1 else "pip install tf-keras"
+
+
+def _check_tf_keras(report: HostReport, result: dict) -> None:
+    """tf_keras must import and be of the host's TensorFlow series (each tf-keras requires its own)."""
+    tensorflow = result.get("tensorflow")
+    if "tf_keras" in result:
+        report.tf_keras = result["tf_keras"]
+        if tensorflow and result["tf_keras"].split(".")[:2] != tensorflow.split(".")[:2]:
+            report.problems.append(f"tf_keras {result['tf_keras']} does not match tensorflow {tensorflow} "
+                                   f"(--legacy-keras): {legacy_keras_fix(tensorflow)}")
+    else:
+        report.tf_keras = "missing"
+        report.problems.append(f"tf_keras does not import (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
 
 
 Runner = Callable[[TaskPlan, str, float], "tuple[int, bytes, bytes]"]
@@ -142,7 +167,8 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = _probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
-    command = probe_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules)
+    command = probe_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules,
+                            probe.legacy_keras)
     try:
         code, out, err = run(first, command, PROBE_TIMEOUT)
     except MgpuError as e:
@@ -171,6 +197,8 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
         report.tensorflow = "missing"
         if probe.tensorflow_required:
             report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
+    if probe.legacy_keras:
+        _check_tf_keras(report, result)
     for module in result.get("missing_modules", []):
         report.problems.append(f"cannot import {module}")
     busy = result.get("busy_ports", [])
@@ -266,14 +294,17 @@ COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "pyt
 
 
 def render_table(reports: Sequence[HostReport]) -> str:
-    rows = [[title for title, _ in COLUMNS]]
+    columns = list(COLUMNS)
+    if any(r.tf_keras != "-" for r in reports):  # only runs with --legacy-keras check it
+        columns.insert(5, ("TF_KERAS", "tf_keras"))
+    rows = [[title for title, _ in columns]]
     for r in reports:
         values = []
-        for _, attr in COLUMNS:
+        for _, attr in columns:
             value = getattr(r, attr)
             values.append(",".join(value) if isinstance(value, tuple) else str(value))
         rows.append(values)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows
     )

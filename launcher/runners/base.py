@@ -17,8 +17,9 @@ from launcher.plan.planner import TaskPlan
 class TaskProcess(abc.ABC):
     """A started task.
 
-    `stdout` and `stderr` are binary streams whose `readline()` returns b"" at
-    end of stream. The supervisor reads both concurrently from threads.
+    `stdout` and `stderr` are binary streams whose `read1()` returns what has arrived (a
+    partial line too: progress bars redraw without a newline) and b"" at end of stream.
+    The supervisor reads both concurrently from threads.
     """
 
     stdout: BinaryIO

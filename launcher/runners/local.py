@@ -59,7 +59,8 @@ class _PipeReadEnd(io.RawIOBase):
                 super().close()
 
 
-def _stream(fd: int) -> io.BufferedReader:
+def pipe_reader(fd: int) -> io.BufferedReader:
+    """A buffered reader of a pipe's read end that close() from another thread can interrupt."""
     return io.BufferedReader(_PipeReadEnd(fd), READ_BUFFER)
 
 
@@ -142,4 +143,4 @@ class LocalRunner(Runner):
         finally:
             os.close(out_write)
             os.close(err_write)
-        return LocalTaskProcess(popen, task.env.get(protocol.ENV_RUN_ID), _stream(out_read), _stream(err_read))
+        return LocalTaskProcess(popen, task.env.get(protocol.ENV_RUN_ID), pipe_reader(out_read), pipe_reader(err_read))

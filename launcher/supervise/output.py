@@ -9,6 +9,10 @@ below a "----- mgpu: attempt N started <time> -----" line. The console gets each
 Console lines wait in a bounded buffer written by one thread; if the console
 cannot keep up (a paused pager, a slow terminal), lines are dropped from the
 console, never from the log, and a notice says how many.
+
+A line that a task redraws with carriage returns, and the progress lines of the
+protocol, are shown live at a bounded rate (live.py) instead of whole: the
+console sees the latest state while the line grows, the log gets every byte.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import collections
 import datetime
 import pathlib
+import shutil
 import threading
 import time
 from typing import BinaryIO, TextIO
@@ -23,8 +28,10 @@ from typing import BinaryIO, TextIO
 from launcher import protocol
 from launcher.plan.planner import TaskPlan
 from launcher.supervise import diagnosis
+from launcher.supervise.live import LiveLines, ProgressMeter, latest_redraw
 
 CHUNK = 64 * 1024  # a longer line is shown in pieces
+REDRAW_TAIL = 8 * 1024  # how much of a line being redrawn is searched for its latest state
 TAIL_LINES = 20
 CONSOLE_BUFFER_CHARS = 8 * 1024 * 1024
 LAUNCHER_PREFIX = "[mgpu] "
@@ -41,8 +48,12 @@ def _clock() -> str:
 class Console:
     """Writes whole lines to a text stream from one thread; never blocks the caller."""
 
-    def __init__(self, stream: TextIO, max_pending_chars: int = CONSOLE_BUFFER_CHARS):
+    def __init__(self, stream: TextIO, max_pending_chars: int = CONSOLE_BUFFER_CHARS,
+                 terminal: bool | None = None, live_interval: float | None = None):
         self._stream = stream
+        self.terminal = _is_terminal(stream) if terminal is None else terminal
+        self.width = shutil.get_terminal_size().columns if self.terminal else 0
+        self._live = LiveLines(self.terminal, live_interval, self.width)
         self._max_pending = max_pending_chars
         self._cond = threading.Condition()
         self._pending: collections.deque[str] = collections.deque()
@@ -65,6 +76,22 @@ class Console:
             self._pending_chars += len(line)
             self._cond.notify()
 
+    def set_live(self, key: str, text: str) -> None:
+        """The latest state of a line that redraws in place (shown at a bounded rate)."""
+        with self._cond:
+            self._live.update(key, text)
+            self._cond.notify()
+
+    def end_live(self, key: str, final: str | None = None) -> None:
+        """`key` stops redrawing; `final` (or, if None, a state never shown) becomes an ordinary line."""
+        with self._cond:
+            unseen = self._live.remove(key)
+            line = final if final is not None else unseen
+            if line is not None and not self._broken:
+                self._pending.append(line + "\n")
+                self._pending_chars += len(line) + 1
+            self._cond.notify()
+
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (waiting at most `timeout`) and stop the writer thread."""
         with self._cond:
@@ -76,16 +103,21 @@ class Console:
         while True:
             with self._cond:
                 while not self._pending and not self._closing:
-                    self._cond.wait()
+                    due = self._live.next_due(time.monotonic())
+                    if due == 0.0:
+                        break
+                    self._cond.wait(due)
                 batch = list(self._pending)
                 self._pending.clear()
                 self._pending_chars = 0
                 dropped, self._dropped = self._dropped, 0
                 last = self._closing
-            if dropped:
-                batch.append(f"{LAUNCHER_PREFIX}{dropped} lines not shown here (console too slow); the log files have them\n")
+                if dropped:
+                    batch.append(f"{LAUNCHER_PREFIX}{dropped} lines not shown here (console too slow); "
+                                 f"the log files have them\n")
+                text = self._live.render(batch, force=last)
             try:
-                self._stream.writelines(batch)
+                self._stream.write(text)
                 self._stream.flush()
             except (OSError, ValueError):  # console closed (a pipe reader went away): keep running without it
                 with self._cond:
@@ -94,6 +126,13 @@ class Console:
                 return
             if last:
                 return
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class TaskOutput:
@@ -118,6 +157,8 @@ class TaskOutput:
         self._prefix = f"[{plan.name}] "
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._live_keys: set[str] = set()
+        self._meter = ProgressMeter(console.terminal, console.width) if console is not None else None
         self._log = open(log_path, "ab")
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -150,21 +191,48 @@ class TaskOutput:
     def close(self) -> None:
         with self._lock:
             self._log.close()
+        if self._console is not None:
+            for key in sorted(self._live_keys):  # a progress bar's last state stays on the console
+                self._console.end_live(key)
 
     def _pump(self, stream: BinaryIO, is_stdout: bool) -> None:
+        """Split the stream into lines; a line still being redrawn with \\r is shown live meanwhile."""
+        pending = bytearray()
         try:
             while True:
-                chunk = stream.readline(CHUNK)
-                if not chunk:
+                data = stream.read1(CHUNK)
+                if not data:
+                    if pending:
+                        self._line(bytes(pending), is_stdout)
                     return
-                self._line(chunk, is_stdout)
+                pending += data
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0 or len(pending) - start >= CHUNK:
+                    end = end + 1 if 0 <= end < start + CHUNK else start + CHUNK
+                    self._line(bytes(pending[start:end]), is_stdout)
+                    start = end
+                del pending[:start]
+                if b"\r" in pending and self._console is not None:
+                    self._redraw(bytes(pending[-REDRAW_TAIL:]).decode("utf-8", "replace"), is_stdout)
         except (OSError, ValueError):  # the stream or the log was closed under us
             return
+
+    def _live_key(self, is_stdout: bool) -> str:
+        return self._prefix + ("out" if is_stdout else "err")
+
+    def _stamped(self, text: str) -> str:
+        return f"{_clock() if self._timestamps else ''}{self._prefix}{text}"
+
+    def _redraw(self, partial: str, is_stdout: bool) -> None:
+        text = latest_redraw(partial)
+        if text:
+            self._live_keys.add(self._live_key(is_stdout))
+            self._console.set_live(self._live_key(is_stdout), self._stamped(text))
 
     def _line(self, chunk: bytes, is_stdout: bool) -> None:
         if not chunk.endswith(b"\n"):
             chunk += b"\n"
-        text = chunk.decode("utf-8", "replace").rstrip("\r\n")
+        text = latest_redraw(chunk.decode("utf-8", "replace").rstrip("\r\n"))
         is_ready_line = is_stdout and text.strip() == protocol.READY_LINE
         if is_ready_line:
             self.ready.set()
@@ -175,9 +243,18 @@ class TaskOutput:
         with self._lock:
             self._log.write(chunk)
             self.tail.append(text)
-        if self._console is not None and not is_ready_line:  # the supervisor announces readiness once for all
-            stamp = _clock() if self._timestamps else ""
-            self._console.write_line(f"{stamp}{self._prefix}{text}\n")
+        if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
+            return
+        bar = self._meter.render(text, len(self._prefix)) if is_stdout else None
+        key = self._live_key(is_stdout)
+        if bar is not None:
+            self._live_keys.add(self._prefix + "progress")
+            self._console.set_live(self._prefix + "progress", self._stamped(bar))
+        elif key in self._live_keys:  # the redrawn line ended: its last state is an ordinary line
+            self._live_keys.discard(key)
+            self._console.end_live(key, self._stamped(text))
+        else:
+            self._console.write_line(self._stamped(text) + "\n")
 
 
 class RunOutput:

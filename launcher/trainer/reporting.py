@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import tensorflow as tf
+
+from launcher import protocol
 from tensorflow.core.framework import summary_pb2
 
 # TensorBoard's scalar plugin tag, written directly so TensorBoard need not be installed.
@@ -34,29 +37,39 @@ def format_metrics(values: dict) -> str:
 
 
 class ProgressBar:
-    """A one-line bar redrawn in place; only when stdout is a terminal."""
+    """The chief's progress. Under `mgpu launch`: protocol progress lines, at most one a second,
+    which the launcher draws as a bar with rate and ETA. On a terminal: a tqdm bar. Else nothing."""
 
-    WIDTH = 30
+    INTERVAL = 1.0
 
     def __init__(self, total: int, enabled: bool):
         self._total = total
-        self._enabled = enabled
-        self._drawn = False
+        self._to_launcher = enabled and protocol.ENV_RUN_ID in os.environ
+        self._terminal = enabled and not self._to_launcher and sys.stdout.isatty()
+        self._bar = None
+        self._reported_at = float("-inf")
 
     def update(self, step: int) -> None:
-        if not self._enabled:
-            return
-        done = int(self.WIDTH * step / self._total)
-        sys.stdout.write(f"\r[{'#' * done}{'.' * (self.WIDTH - done)}] step {step}/{self._total}")
-        sys.stdout.flush()
-        self._drawn = True
+        if self._to_launcher:
+            now = time.monotonic()
+            if now - self._reported_at >= self.INTERVAL or step >= self._total:
+                self._reported_at = now
+                print(protocol.progress_line(step, self._total), flush=True)
+        elif self._terminal:
+            if self._bar is None:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=self._total, initial=step, unit=" steps", file=sys.stdout, leave=False)
+            self._bar.update(step - self._bar.n)
 
     def clear(self) -> None:
-        """Erase the bar before a log line is printed."""
-        if self._drawn:
-            sys.stdout.write("\r" + " " * (self.WIDTH + 40) + "\r")
-            sys.stdout.flush()
-            self._drawn = False
+        """Erase the bar before a log line is printed (it comes back at the next update)."""
+        if self._bar is not None:
+            self._bar.clear()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 class Reporter:
@@ -64,7 +77,7 @@ class Reporter:
 
     def __init__(self, is_chief: bool, model_dir: str | None, train_steps: int):
         self._is_chief = is_chief
-        self.progress = ProgressBar(train_steps, enabled=is_chief and sys.stdout.isatty())
+        self.progress = ProgressBar(train_steps, enabled=is_chief)
         self._writers = {}
         if is_chief and model_dir is not None:
             for kind in ("train", "eval"):
@@ -82,6 +95,6 @@ class Reporter:
         write_scalars(writer, step, values)
 
     def close(self) -> None:
-        self.progress.clear()
+        self.progress.close()
         for writer in self._writers.values():
             writer.close()

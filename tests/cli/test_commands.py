@@ -40,7 +40,7 @@ def test_tf_config_evaluator(mgpu):
     (["--task-index", "0", "--task-type", "chief"], "the cluster has no chief task"),
     (["--task-index", "0", "--task-type", "ps"], "'ps' is not one of"),
     (["--task-index", "-1"], "-1 is not in the range"),
-    ([], "Missing option '--task-index'"),
+    ([], "give --task-index (or --from-slurm inside a Slurm job step)"),
     (["--task-index", "0", "--format", "yaml"], "'yaml' is not one of"),
 ])
 def test_tf_config_errors(mgpu, args, message):
@@ -103,7 +103,7 @@ def test_installed_cli_bad_input_exit_2_no_traceback():
 
 
 def test_python_dash_m_launcher():
-    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:1", "--task-index", "0"],
+    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:2222", "--task-index", "0"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["task"] == {"type": "worker", "index": 0}

@@ -27,7 +27,7 @@ def test_too_few_gpus_is_refused(mgpu, gpus_on_path):
 
 def test_remote_hosts_number_their_own_tasks(mgpu, gpus_on_path):
     env = gpus_on_path(0)
-    result = mgpu("launch", "--workers", "h1:1,h1:2,h2:1", "--gpus-per-task", "2", "--dry-run", "--json", env=env)
+    result = mgpu("launch", "--workers", "h1:2222,h1:2223,h2:2222", "--gpus-per-task", "2", "--dry-run", "--json", env=env)
     assert devices(result) == ["0,1", "2,3", "0,1"]
     # Without --gpus-per-task a remote host's GPUs are not known at planning time: leave them alone.
-    assert devices(mgpu("launch", "--workers", "h1:1,h2:1", "--dry-run", "--json", env=env)) == [None, None]
+    assert devices(mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json", env=env)) == [None, None]

@@ -108,3 +108,31 @@ def test_tf_config_env_format_gives_the_evaluator_no_keras_variables(mgpu):
     assert result.exit_code == 0, result.stderr
     assert set(exported(result.stdout, KERAS_NAMES).values()) == {"unset"}
     assert "TF_CONFIG=" in result.stdout
+
+
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+                   "SLURM_GPUS_PER_TASK", "SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                   "SLURMD_NODENAME")
+ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def test_slurm_tasks_get_the_same_variables(mgpu):
+    """Rank r of the srun step is process r of the job (the chief first), as in TF_CONFIG."""
+    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--chief", "--gpus-per-task", "0", env=env)
+    assert [task["env"]["KERAS_DISTRIBUTION_PROCESS_ID"] for task in tasks] == ["0", "1", "2", "3"]
+    assert {task["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] for task in tasks} == {
+        "node1:5000,node1:5001,node2:5000,node2:5001"}
+    assert {task["env"][COLLECTIVES] for task in tasks} == {"gloo"}
+
+
+def test_tf_config_from_slurm_exports_the_keras_variables(mgpu):
+    step = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "env", env=step)
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, KERAS_NAMES) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "node1:4000,node2:4000",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+    }

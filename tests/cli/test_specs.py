@@ -90,6 +90,7 @@ BAD_SPECS = [
     ("cluster: {worker: [h1:2222]}\nenv: {1X: y}", "not a valid environment variable name"),
     ("cluster: {worker: [127.0.0.1:2222, h2:2222]}", "is mixed with remote host h2"),
     ("cluster: {worker: [h1:2222]\n", "line 2"),
+    ("cluster: {worker: [h1:2222]}\nlegacy_keras: yes please", "legacy_keras must be true or false"),
 ]
 
 
@@ -117,6 +118,19 @@ def test_json_spec(mgpu, tmp_path):
     result = mgpu("launch", "--spec", str(path), "--dry-run", "--json")
     assert result.exit_code == 0, result.stderr
     assert [task["env"]["A"] for task in result.json()["tasks"]] == ["1", "1"]
+
+
+def test_legacy_keras_from_the_command_line_or_the_spec_file(mgpu, tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("cluster: {worker: [h1:2222, h2:2222]}\n")
+    plain = mgpu("launch", "--spec", str(path), "--dry-run", "--json")
+    assert [task["env"].get("TF_USE_LEGACY_KERAS") for task in plain.json()["tasks"]] == [None, None]
+    flag = mgpu("launch", "--spec", str(path), "--legacy-keras", "--dry-run", "--json")
+    assert [task["env"]["TF_USE_LEGACY_KERAS"] for task in flag.json()["tasks"]] == ["1", "1"]
+    path.write_text("cluster: {worker: [h1:2222, h2:2222]}\nlegacy_keras: true\n")
+    from_file = mgpu("launch", "--spec", str(path), "--dry-run", "--json")
+    assert [task["env"]["TF_USE_LEGACY_KERAS"] for task in from_file.json()["tasks"]] == ["1", "1"]
+    assert "TF_USE_LEGACY_KERAS=1" in mgpu("launch", "--local", "1", "--legacy-keras", "--dry-run").stdout
 
 
 BAD_HOSTFILES = [

@@ -154,6 +154,18 @@ def test_check_table(ssh_lab, tmp_path):
     assert err.decode().strip().splitlines()[-1] == f"mgpu: error: check failed on sshd-b: port {busy_port} in use"
 
 
+def test_check_with_legacy_keras_probes_tf_keras_on_remote_hosts(ssh_lab, tmp_path):
+    port_a, port_b = pick_free_ports(2)
+    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
+                "--legacy-keras", "--", PYTHON, "train.py")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err.decode()
+    header, row_a, row_b = out.decode().strip().splitlines()
+    assert header.split()[4:6] == ["TENSORFLOW", "TF_KERAS"]
+    for row in (row_a, row_b):
+        assert row.split()[4:6] == [importlib.metadata.version("tensorflow"), importlib.metadata.version("tf-keras")]
+
+
 def test_check_reports_unreachable_hosts(ssh_lab, tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text(ssh_lab.ssh_config.read_text() + "Host nowhere\n  HostName 127.0.0.1\n  Port 1\n")

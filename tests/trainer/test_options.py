@@ -92,7 +92,7 @@ def test_options_load_no_cli_and_nothing_of_the_launcher_beyond_the_shared_modul
     loaded = set(result.stdout.split())
     assert "click" not in loaded and "launcher.cli" not in loaded
     allowed = {"launcher", "launcher.errors", "launcher.protocol", "launcher.config",
-               "launcher.config.addresses"}
+               "launcher.config.addresses", "launcher.config.hostlist"}
     launcher_modules = {name for name in loaded if name.split(".")[0] == "launcher"}
     outside = {name for name in launcher_modules
                if name not in allowed and name.split(".")[:2] != ["launcher", "trainer"]}

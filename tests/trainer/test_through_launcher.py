@@ -50,6 +50,12 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     assert len(set(metrics["replica_fingerprints"])) == 1 and len(metrics["replica_fingerprints"]) == 2
     assert json.loads((model_dir / "eval_results.json").read_text())["final"]["checkpoint"] == "ckpt-60"
     assert "[mgpu] all 3 tasks ready" in out
+    # The chief's progress, drawn by the launcher as a bar with rate and ETA; the log keeps the protocol lines.
+    bars = [line for line in out.splitlines() if line.startswith("[worker:0] ") and " steps/s]" in line]
+    assert bars and bars[-1].startswith("[worker:0] 100%|") and "| 60/60 [" in bars[-1], out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("[worker:1] ") and " steps/s]" in line]
+    assert "MGPU_PROGRESS 60/60" in (log_dir / "r1" / "worker-0.log").read_text()
+    assert "MGPU_PROGRESS" not in out
     assert run_record(log_dir, "r1")["status"] == "succeeded"
     for name in ("worker-0", "worker-1", "evaluator-0"):
         log = (log_dir / "r1" / f"{name}.log").read_text()

@@ -42,15 +42,7 @@ class ChannelStream(io.RawIOBase):
             if self._eof:
                 break
             start = len(self._buffer)
-            try:
-                chunk = self._recv(self._CHUNK)
-            except (OSError, EOFError, paramiko.SSHException) as e:
-                if isinstance(e, socket.timeout):
-                    raise
-                chunk = b""
-            if not chunk:
-                self._eof = True
-            self._buffer += chunk
+            self._fill()
         if self._buffer:
             line = bytes(self._buffer)
             self._buffer.clear()
@@ -59,6 +51,31 @@ class ChannelStream(io.RawIOBase):
             note, self.on_eof = self.on_eof(), None
             return note
         return b""
+
+    def read1(self, size: int = -1) -> bytes:
+        """What has arrived, at most `size` bytes, waiting only when nothing has (a partial line too)."""
+        if not self._buffer and not self._eof:
+            self._fill()
+        if not self._buffer:
+            if self.on_eof is not None:
+                note, self.on_eof = self.on_eof(), None
+                return note
+            return b""
+        size = len(self._buffer) if size is None or size < 0 else size
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def _fill(self) -> None:
+        try:
+            chunk = self._recv(self._CHUNK)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            if isinstance(e, socket.timeout):
+                raise
+            chunk = b""
+        if not chunk:
+            self._eof = True
+        self._buffer += chunk
 
     def readinto(self, buffer) -> int:
         line = self.readline()

@@ -1,0 +1,107 @@
+"""The task side of a Slurm job step: `python -m launcher.runners.slurm_task`, once per task.
+
+srun starts this program on every node of the step. It picks its task from the plan the
+launcher made (passed in MGPU_SLURM_PLAN) by SLURM_PROCID, checks that Slurm placed it on the
+node the plan expects, sets TF_CONFIG and the plan's environment, and then execs the task's
+program, so that Slurm's signals and exit status concern the program itself.
+
+Two hazards of TensorFlow's SlurmClusterResolver are avoided: ranks follow the node list in
+Slurm's own order (never sorted by name, where node10 comes before node9), and a
+CUDA_VISIBLE_DEVICES that Slurm set for the step is kept, never overwritten.
+
+Standard library only: it runs on every node before anything else is known to work there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Mapping
+
+# The plans travel in the environment, which every node of a step receives (no shared file
+# system needed): MGPU_SLURM_PLAN holds the number of parts, MGPU_SLURM_PLAN_0... the JSON, in
+# parts because Linux limits one environment string to 128 KiB.
+ENV_PLAN = "MGPU_SLURM_PLAN"
+PART_CHARS = 100_000
+EXIT_MISPLACED = 2
+EXIT_CANNOT_START = 127
+
+
+def plan_document(plans) -> dict:
+    """The plans of one step as the compact document this program reads (launcher side).
+
+    The TF cluster and whatever every task shares are written once, so the document stays small
+    enough for the environment even with hundreds of tasks.
+    """
+    envs = [{k: v for k, v in plan.env.items() if k != "TF_CONFIG"} for plan in plans]
+    common = {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs)}
+    tasks = []
+    for plan, env in zip(plans, envs):
+        task = {"host": plan.host, "type": plan.type, "index": plan.index,
+                "env": {k: v for k, v in env.items() if k not in common}}
+        if list(plan.argv) != list(plans[0].argv) or plan.workdir != plans[0].workdir:
+            task.update(argv=list(plan.argv), workdir=plan.workdir)
+        tasks.append(task)
+    return {"cluster": plans[0].tf_config["cluster"], "env": common, "tasks": tasks,
+            "argv": list(plans[0].argv), "workdir": plans[0].workdir}
+
+
+def plan_environment(document: dict) -> dict[str, str]:
+    """The document as environment variables (launcher side)."""
+    text = json.dumps(document, separators=(",", ":"))
+    parts = [text[start:start + PART_CHARS] for start in range(0, len(text), PART_CHARS)]
+    return {ENV_PLAN: str(len(parts)), **{f"{ENV_PLAN}_{i}": part for i, part in enumerate(parts)}}
+
+
+def read_plan_environment(environ: Mapping[str, str]) -> dict:
+    """The document back from the environment; KeyError or ValueError when it is not there."""
+    return json.loads("".join(environ[f"{ENV_PLAN}_{i}"] for i in range(int(environ[ENV_PLAN]))))
+
+
+def tf_config_text(cluster: Mapping, task_type: str, index: int) -> str:
+    """TF_CONFIG exactly as the planner writes it."""
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}, separators=(",", ":"))
+
+
+def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    """(argv, environment, workdir) of task `rank`, over this process's environment."""
+    task = document["tasks"][rank]
+    env = {k: v for k, v in environ.items() if k != ENV_PLAN and not k.startswith(ENV_PLAN + "_")}
+    slurm_devices = environ.get("CUDA_VISIBLE_DEVICES")
+    env.update(document["env"])
+    env.update(task["env"])
+    if slurm_devices is not None:  # Slurm bound GPUs to this step: its choice stands
+        env["CUDA_VISIBLE_DEVICES"] = slurm_devices
+    env["TF_CONFIG"] = tf_config_text(document["cluster"], task["type"], task["index"])
+    return list(task.get("argv", document["argv"])), env, task.get("workdir", document["workdir"])
+
+
+def main() -> int:
+    try:
+        document = read_plan_environment(os.environ)
+        rank = int(os.environ["SLURM_PROCID"])
+        task = document["tasks"][rank]
+    except (KeyError, ValueError, IndexError) as exc:
+        print(f"mgpu: this program runs inside `mgpu launch --slurm` steps only ({exc!r})", file=sys.stderr)
+        return EXIT_MISPLACED
+    node = os.environ.get("SLURMD_NODENAME")
+    if node is not None and node != task["host"]:
+        print(f"mgpu: task {rank} ({task['type']}:{task['index']}) runs on {node}, but its TF_CONFIG address is "
+              f"on {task['host']}: the step must use block distribution (srun --distribution=block)",
+              file=sys.stderr, flush=True)
+        return EXIT_MISPLACED
+    argv, env, workdir = task_start(document, rank, os.environ)
+    try:
+        if workdir:
+            os.chdir(workdir)
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"mgpu: {task['type']}:{task['index']}: cannot start {argv[0]!r}: {exc.strerror or exc}",
+              file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
+    return EXIT_CANNOT_START  # not reached: exec replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tests that run the programs in examples/ under the real `mgpu launch`."""

@@ -1,0 +1,61 @@
+"""`mgpu check --legacy-keras` and the launch preflight: every host needs tf_keras of its TensorFlow's series."""
+
+import importlib.metadata
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from launcher.host.ports import pick_free_ports
+
+pytestmark = pytest.mark.slow
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TF_VERSION = importlib.metadata.version("tensorflow")
+SERIES = ".".join(TF_VERSION.split(".")[:2])
+
+
+def mgpu(args, tmp_path, shadow=None):
+    """mgpu with, if `shadow` is given, a tf_keras package of that source first on the path."""
+    path = [str(REPO)]
+    if shadow is not None:
+        package = tmp_path / "shadow" / "tf_keras"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(shadow)
+        path.insert(0, str(package.parent))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path))
+    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+def workers():
+    return ",".join(f"127.0.0.1:{port}" for port in pick_free_ports(2))
+
+
+def test_check_shows_tf_keras_of_every_host(tmp_path):
+    done = mgpu(["check", "--workers", workers(), "--legacy-keras", "--", sys.executable, "train.py"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.strip().splitlines()
+    assert header.split()[4:6] == ["TENSORFLOW", "TF_KERAS"]
+    assert row.split()[4:6] == [TF_VERSION, importlib.metadata.version("tf-keras")]
+
+
+def test_check_names_the_pip_command_when_tf_keras_is_missing(tmp_path):
+    done = mgpu(["check", "--workers", workers(), "--legacy-keras", "--", sys.executable, "train.py"], tmp_path,
+                shadow="raise ModuleNotFoundError(\"No module named 'tf_keras'\")\n")
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[1].split()[5] == "missing"
+    assert done.stderr.strip() == (f"mgpu: error: check failed on 127.0.0.1: tf_keras does not import "
+                                   f"(--legacy-keras needs it): pip install 'tf-keras~={SERIES}.0'")
+
+
+def test_launch_refuses_a_tf_keras_of_another_series_before_starting(tmp_path):
+    done = mgpu(["launch", "--local", "2", "--legacy-keras", "--run-id", "mismatch", "--", sys.executable, "-c",
+                 "open('started', 'w')"], tmp_path, shadow="__version__ = '2.15.1'\n")
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"mgpu: error: check failed on 127.0.0.1: tf_keras 2.15.1 does not match tensorflow {TF_VERSION} "
+                    f"(--legacy-keras): pip install 'tf-keras~={SERIES}.0'")
+    assert not (tmp_path / "started").exists()

@@ -1,0 +1,207 @@
+"""A real Slurm for the tests: munged, slurmctld and slurmd with their own config, state, socket
+and ports in a temporary directory, stopped afterwards.
+
+Without Debian's slurm-wlm and munge these tests skip; with MGPU_REQUIRE_SSHD=1 (CI) they fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import time
+
+import psutil
+import pytest
+
+REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+CLIENTS = ("srun", "sbatch", "scancel", "squeue", "sinfo")
+
+
+def require_slurm() -> None:
+    missing = [d for d in DAEMONS if not os.access(d, os.X_OK)] + [c for c in CLIENTS if shutil.which(c) is None]
+    reason = None
+    if missing:
+        reason = f"needs {', '.join(missing)} (apt-get install slurm-wlm munge)"
+    elif os.geteuid() != 0:
+        reason = "needs root to run slurmd"
+    if reason:
+        if REQUIRE:
+            pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
+        pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    netns: str | None = None  # the network namespace its slurmd runs in
+
+
+@dataclasses.dataclass
+class SlurmLab:
+    directory: pathlib.Path
+    nodes: tuple[Node, ...]
+    conf: pathlib.Path
+    procs: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment in which Slurm's commands talk to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *argv: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(list(argv), env=kwargs.pop("env", self.env), capture_output=True, text=True,
+                              timeout=timeout, **kwargs)
+
+    def wait_idle(self, timeout: float = 30) -> None:
+        """Until every node is idle (slurmd registered, nothing running)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            shown = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+            states = dict(line.split() for line in shown.stdout.splitlines() if line.strip())
+            if len(states) == len(self.nodes) and all(state == "idle" for state in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nodes not idle after {timeout} s: {states} {shown.stderr} "
+                                     f"{self.log_tail()}")
+            time.sleep(0.3)
+
+    def wait_no_jobs(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h").stdout.strip():
+            if time.monotonic() > deadline:
+                raise AssertionError("jobs still queued: " + self.run("squeue").stdout)
+            time.sleep(0.3)
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = []
+        for log in sorted(self.directory.glob("*.log")):
+            text.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(text)
+
+    def stop(self) -> None:
+        """Stop the daemons, and every process still running under a slurmstepd of this cluster."""
+        self.run("scancel", "--full", "--user", "root", timeout=30)
+        stepds = [p for p in psutil.process_iter(["name", "environ"]) if p.info["name"] == "slurmstepd"
+                  and _conf_of(p) in (None, str(self.conf))]
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        leftovers = []
+        for stepd in stepds:
+            try:
+                leftovers += [stepd, *stepd.children(recursive=True)]
+            except psutil.Error:
+                pass
+        for proc in leftovers:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(leftovers, timeout=5)
+
+
+def _conf_of(proc: psutil.Process) -> str | None:
+    try:
+        return (proc.info.get("environ") or {}).get("SLURM_CONF")
+    except psutil.Error:
+        return None
+
+
+def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
+    """argv in the network namespace, with its /etc/netns/<ns>/hosts as /etc/hosts.
+
+    Not `ip netns exec`: that mounts a fresh /sys without the cgroup file systems slurmd needs.
+    """
+    if not netns:
+        return argv
+    return ["nsenter", f"--net=/run/netns/{netns}", "--", "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", f'mount --bind /etc/netns/{netns}/hosts /etc/hosts && exec "$@"', "sh", *argv]
+
+
+def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str, munge_socket: pathlib.Path,
+                  cpus: int) -> pathlib.Path:
+    conf = directory / "slurm.conf"
+    node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN\n" for n in nodes)
+    conf.write_text(
+        f"ClusterName=mgpu-test\n"
+        f"SlurmctldHost={controller}\n"
+        f"SlurmctldPort={free_port()}\n"
+        f"SlurmdPort={free_port()}\n"
+        f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={munge_socket}\n"
+        f"SlurmUser=root\nSlurmdUser=root\n"
+        f"StateSaveLocation={directory}/state\n"
+        f"SlurmdSpoolDir={directory}/spool-%n\n"
+        f"SlurmctldPidFile={directory}/slurmctld.pid\nSlurmdPidFile={directory}/slurmd-%n.pid\n"
+        f"SlurmctldLogFile={directory}/slurmctld.log\nSlurmdLogFile={directory}/slurmd-%n.log\n"
+        f"ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
+        f"JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+        f"SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+        f"SlurmdParameters=config_overrides\nReturnToService=2\nKillWait=5\nMinJobAge=2\n"
+        f"SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nWaitTime=0\n"
+        + node_lines +
+        "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n"
+    )
+    return conf
+
+
+def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str = "localhost",
+                cpus: int = 4) -> SlurmLab:
+    """munged on a private socket, slurmctld here, one slurmd per node (in its namespace, if any)."""
+    require_slurm()
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o755)
+    for folder in ["state", *(f"spool-{node.name}" for node in nodes)]:
+        (directory / folder).mkdir(exist_ok=True)
+    munge_socket = directory / "munge.socket"
+    conf = _write_config(directory, nodes, controller, munge_socket, cpus)
+    lab = SlurmLab(directory, nodes, conf)
+    try:
+        key = directory / "munge.key"
+        key.write_bytes(os.urandom(128))
+        os.chmod(key, 0o400)
+        lab.procs.append(subprocess.Popen(
+            ["/usr/sbin/munged", "-F", "-f", f"--socket={munge_socket}", f"--key-file={key}",
+             f"--pid-file={directory}/munged.pid", f"--log-file={directory}/munged.log",
+             f"--seed-file={directory}/munged.seed"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_for(lambda: munge_socket.exists(), 10, "munged's socket", lab)
+        env = lab.env
+        lab.procs.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for node in nodes:
+            lab.procs.append(subprocess.Popen(_in_netns(node.netns, ["/usr/sbin/slurmd", "-D", "-N", node.name,
+                                                                     "-f", str(conf)]),
+                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        lab.wait_idle()
+    except BaseException:
+        lab.stop()
+        raise
+    return lab
+
+
+def _wait_for(predicate, timeout: float, what: str, lab: SlurmLab) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not there after {timeout} s\n{lab.log_tail()}")
+        if any(proc.poll() is not None for proc in lab.procs):
+            raise AssertionError(f"a daemon exited while waiting for {what}\n{lab.log_tail()}")
+        time.sleep(0.1)

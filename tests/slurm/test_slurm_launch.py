@@ -1,0 +1,283 @@
+"""`mgpu launch --slurm` inside real allocations of a real (one-node) Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from slurm_helpers import SlurmLab
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MGPU = [sys.executable, "-m", "launcher"]
+NODE = socket.gethostname()
+
+
+def run_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+def in_allocation(slurm: SlurmLab, tmp_path: pathlib.Path, argv: list[str], tasks: int = 2,
+                  timeout: float = 120) -> subprocess.CompletedProcess:
+    """`salloc -n TASKS ARGV` with the output of ARGV; fails the test when it runs too long."""
+    try:
+        return slurm.run("salloc", "--quiet", f"--ntasks={tasks}", "--time=10", *argv, timeout=timeout, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{argv} did not finish in {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+
+
+def launch_argv(tmp_path: pathlib.Path, rid: str, *args: str) -> list[str]:
+    return [*MGPU, "launch", "--slurm", "--log-dir", str(tmp_path / "runs"), "--run-id", rid, "--grace-period", "5",
+            *args]
+
+
+def run_record(tmp_path: pathlib.Path, rid: str) -> dict:
+    return json.loads((tmp_path / "runs" / rid / "run.json").read_text())
+
+
+def tagged_processes(rid: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MGPU_RUN_ID") == rid:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_nothing_left(slurm: SlurmLab, rid: str, job_alive: bool = False) -> None:
+    """No process of the run and no job step remain (nor any job, unless `job_alive`)."""
+    def left():
+        return tagged_processes(rid) or slurm.run("squeue", "-h", "-s").stdout.strip() or (
+            not job_alive and slurm.run("squeue", "-h").stdout.strip())
+
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_processes(rid) == []
+    assert slurm.run("squeue", "-h", "-s").stdout.strip() == ""
+
+
+# A task program: prints what it was given, then does what its rank is told to in TEST_ORDERS.
+PROGRAM = r"""
+import json, os, signal, sys, time
+rank = int(os.environ["SLURM_PROCID"])
+attempt = os.environ["MGPU_ATTEMPT"]
+orders = json.loads(os.environ.get("TEST_ORDERS", "{}"))
+order = orders.get(f"{rank}@{attempt}", orders.get(str(rank), "exit0"))
+def on_term(signum, frame):
+    print("got SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+seen = {k: os.environ.get(k) for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "MGPU_TASK_TYPE", "MGPU_TASK_INDEX",
+                                       "SLURMD_NODENAME", "MGPU_SLURM_PLAN", "EXTRA")}
+print("SEEN " + json.dumps(seen), flush=True)
+print(f"to stderr from {rank}", file=sys.stderr, flush=True)
+if order == "fail":
+    time.sleep(0.5)
+    sys.exit(1)
+if order == "forever":
+    while True:
+        time.sleep(0.2)
+"""
+
+
+def program(tmp_path: pathlib.Path) -> list[str]:
+    path = tmp_path / "task.py"
+    path.write_text(PROGRAM)
+    return [sys.executable, str(path)]
+
+
+def seen_by_task(stdout: str) -> dict[str, dict]:
+    """The SEEN line of each task, by its console prefix."""
+    seen = {}
+    for line in stdout.splitlines():
+        prefix, _, rest = line.partition("] SEEN ")
+        if rest:
+            seen[prefix.lstrip("[")] = json.loads(rest)
+    return seen
+
+
+def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
+    rid = run_id("plan")
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--chief", "--env", "EXTRA=x y", "--port", "23400",
+                                                      "--gpus-per-task", "0", "--", *program(tmp_path)), tasks=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = run_record(tmp_path, rid)
+    assert record["status"] == "succeeded"
+    planned = {plan["name"]: plan for plan in record["plans"]}
+    seen = seen_by_task(done.stdout)
+    assert set(seen) == {"chief:0", "worker:0", "worker:1"}
+    for name, task in seen.items():
+        assert task["TF_CONFIG"] == planned[name]["env"]["TF_CONFIG"]  # byte for byte what was planned
+        assert task["SLURMD_NODENAME"] == NODE and task["EXTRA"] == "x y"
+        assert task["CUDA_VISIBLE_DEVICES"] == ""  # Slurm set none, so the plan's stands
+        assert task["MGPU_SLURM_PLAN"] is None  # the launcher's hand-over does not reach the program
+        assert (task["MGPU_TASK_TYPE"], task["MGPU_TASK_INDEX"]) == tuple(name.split(":"))
+    assert json.loads(seen["worker:1"]["TF_CONFIG"]) == {
+        "cluster": {"chief": [f"{NODE}:23400"], "worker": [f"{NODE}:23401", f"{NODE}:23402"]},
+        "task": {"type": "worker", "index": 1}}
+    # Each task's lines, stdout and stderr, land in its own log, and on the console under its name.
+    for rank, name in enumerate(["chief:0", "worker:0", "worker:1"]):
+        log = (tmp_path / "runs" / rid / f"{name.replace(':', '-')}.log").read_text()
+        assert f"to stderr from {rank}" in log and "SEEN" in log
+        assert f"[{name}] to stderr from {rank}" in done.stdout
+        assert all(f"to stderr from {other}" not in log for other in range(3) if other != rank)
+
+
+def test_fail_fast_stops_the_step(slurm, tmp_path):
+    rid = run_id("failfast")
+    env_plan = json.dumps({"0": "forever", "1": "fail"})
+    start = time.monotonic()
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--env", f"TEST_ORDERS={env_plan}",
+                                                      "--", *program(tmp_path)))
+    elapsed = time.monotonic() - start
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "worker:1 on" in done.stderr and "exited with code 1" in done.stderr
+    assert elapsed < 60
+    attempt = run_record(tmp_path, rid)["attempts"][0]["tasks"]
+    assert attempt["worker:1"]["exit_code"] == 1
+    # worker:0 never ends by itself: it was stopped, by its SIGTERM handler or by a signal.
+    assert attempt["worker:0"]["exit_code"] in (143, None) and attempt["worker:0"]["exit_code"] != 0
+    assert run_record(tmp_path, rid)["status"] == "failed"
+    assert_nothing_left(slurm, rid)
+
+
+def test_restart_runs_a_new_step(slurm, tmp_path):
+    rid = run_id("restart")
+    env_plan = json.dumps({"1@0": "fail"})
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--max-restarts", "1", "--env",
+                                                      f"TEST_ORDERS={env_plan}", "--", *program(tmp_path)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = run_record(tmp_path, rid)
+    assert [a["outcome"] for a in record["attempts"]] == ["failed", "succeeded"]
+    assert record["attempts"][0]["tasks"]["worker:1"]["exit_code"] == 1
+    assert record["attempts"][1]["tasks"]["worker:1"]["exit_code"] == 0
+    log = (tmp_path / "runs" / rid / "worker-1.log").read_text()
+    assert log.count("SEEN") == 2 and "----- mgpu: attempt 1 started" in log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_launcher_stops_every_task(slurm, tmp_path, signum):
+    """SIGTERM: each task gets SIGTERM and mgpu exits 143. SIGKILL: srun, bound to the launcher's
+    life, ends the step at once, while the allocation itself lives on."""
+    rid = run_id("signal")
+    env_plan = json.dumps({"0": "forever", "1": "forever"})
+    pid_file, gone_file, sleep_file = tmp_path / "mgpu.pid", tmp_path / "launcher-gone", tmp_path / "sleep.pid"
+    argv = launch_argv(tmp_path, rid, "--env", f"TEST_ORDERS={env_plan}", "--", *program(tmp_path))
+    script = f"{shlex.join(argv)} & echo $! > {pid_file}; wait $!; code=$?; "
+    if signum == signal.SIGKILL:  # keep the allocation while the test looks
+        script += f"sleep 60 & echo $! > {sleep_file}; touch {gone_file}; wait $!; "
+    script += "exit $code"
+    proc = subprocess.Popen(["salloc", "--quiet", "--ntasks=2", "--time=10", "sh", "-c", script], env=slurm.env,
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        logs = [tmp_path / "runs" / rid / f"worker-{i}.log" for i in range(2)]
+        deadline = time.monotonic() + 60
+        while not all(log.exists() and "SEEN" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and proc.poll() is None, "the tasks did not start"
+            time.sleep(0.2)
+        os.kill(int(pid_file.read_text()), signum)
+        if signum == signal.SIGKILL:
+            deadline = time.monotonic() + 20
+            while not gone_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert_nothing_left(slurm, rid, job_alive=True)
+            assert slurm.run("squeue", "-h").stdout.strip(), "the allocation should still be there"
+            os.kill(int(sleep_file.read_text()), signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert_nothing_left(slurm, rid)
+    if signum == signal.SIGTERM:
+        assert proc.returncode == 143, out + err
+        assert all("got SIGTERM" in log.read_text() for log in logs)
+        assert run_record(tmp_path, rid)["status"] == "interrupted"
+
+
+def test_scancel_stops_everything(slurm, tmp_path):
+    rid = run_id("scancel")
+    env_plan = json.dumps({"0": "forever", "1": "forever"})
+    argv = launch_argv(tmp_path, rid, "--env", f"TEST_ORDERS={env_plan}", "--", *program(tmp_path))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
+    submitted = slurm.run("sbatch", "--parsable", "--ntasks=2", "--time=10", f"--output={tmp_path}/job.out",
+                          str(script), cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    logs = [tmp_path / "runs" / rid / f"worker-{i}.log" for i in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(log.exists() and "SEEN" in log.read_text() for log in logs):
+        assert time.monotonic() < deadline, "the tasks did not start: " + slurm.run("squeue").stdout
+        time.sleep(0.2)
+    assert slurm.run("scancel", job).returncode == 0
+    assert_nothing_left(slurm, rid)
+    # Slurm sent SIGTERM to the batch script (mgpu) and to the step; mgpu stopped every task.
+    assert run_record(tmp_path, rid)["status"] == "interrupted"
+    assert all("got SIGTERM" in log.read_text() for log in logs)
+
+
+@pytest.mark.slow
+def test_two_tasks_train_with_the_built_in_trainer(slurm, tmp_path):
+    rid = run_id("train")
+    model_dir = tmp_path / "model"
+    done = in_allocation(slurm, tmp_path, launch_argv(
+        tmp_path, rid, "--threads-per-task", "1", "--port", "23500", "--",
+        "--dataset", "synthetic", "--model", "small", "--train-steps", "4", "--batch-size-per-replica", "16",
+        "--log-every", "2", "--model-dir", str(model_dir)), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "all 2 tasks ready" in done.stdout
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 2 and metrics["global_step"] == 4
+    tasks = run_record(tmp_path, rid)["attempts"][0]["tasks"]
+    assert [tasks[f"worker:{i}"]["exit_code"] for i in range(2)] == [0, 0]
+    assert all(tasks[f"worker:{i}"]["ready_at"] for i in range(2))
+
+
+def test_tf_config_from_slurm_in_a_step(slurm, tmp_path):
+    done = in_allocation(slurm, tmp_path, ["srun", "--label", *MGPU, "tf-config", "--from-slurm", "--port", "3000",
+                                           "--chief", "--format", "env"], tasks=3)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert lines["0"].startswith("export TF_CONFIG=")
+    cluster = {"chief": [f"{NODE}:3000"], "worker": [f"{NODE}:3001", f"{NODE}:3002"]}
+    for rank, task in enumerate([("chief", 0), ("worker", 0), ("worker", 1)]):
+        tf_config = json.loads(lines[str(rank)].split("=", 1)[1].strip("'"))
+        assert tf_config == {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+
+
+def test_a_dozen_tasks_each_get_their_own_lines(slurm, tmp_path):
+    """srun pads labels (" 3: ") once there are ten tasks or more; no line may land in another's log."""
+    rid = run_id("dozen")
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--", "sh", "-c",
+                                                      'for i in 1 2 3; do echo "line $i of $SLURM_PROCID"; done; '
+                                                      'echo "err of $SLURM_PROCID" >&2'), tasks=12)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(12):
+        log = (tmp_path / "runs" / rid / f"worker-{rank}.log").read_text().splitlines()
+        assert sorted(log) == sorted([f"line {i} of {rank}" for i in (1, 2, 3)] + [f"err of {rank}"]), log
+
+
+def test_tf_config_from_slurm_as_the_readme_writes_it(slurm, tmp_path):
+    """`eval "$(mgpu tf-config --from-slurm --format env)"` in each task of a hand-written step."""
+    mgpu = shlex.join(MGPU)
+    done = in_allocation(slurm, tmp_path, ["srun", "--label", "sh", "-c",
+                                           f'eval "$({mgpu} tf-config --from-slurm --format env)"; '
+                                           'exec python3 -c "import os; print(os.environ[\'TF_CONFIG\'])"'])
+    assert done.returncode == 0, done.stderr
+    seen = {rank: json.loads(text) for rank, text in (line.split(": ", 1) for line in done.stdout.splitlines())}
+    assert {rank: tf["task"]["index"] for rank, tf in seen.items()} == {"0": 0, "1": 1}
+    assert seen["1"]["cluster"] == {"worker": [f"{NODE}:2222", f"{NODE}:2223"]}
