@@ -136,3 +136,24 @@ def test_tf_config_from_slurm_exports_the_keras_variables(mgpu):
         "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
         "KERAS_DISTRIBUTION_PROCESS_ID": "1",
     }
+
+
+def test_a_thousand_slurm_tasks_with_an_evaluator_still_fit_in_the_environment(mgpu):
+    """The job addresses are shared by every task but the evaluator: written once, not per task."""
+    from launcher.plan.planner import TaskPlan
+    from launcher.runners.slurm import step_environment
+    from launcher.runners.slurm_task import read_plan_environment, task_start
+
+    env = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "gpu-node-[0001-0128]", "SLURM_TASKS_PER_NODE": "8(x128)"}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--evaluator", "--gpus-per-task", "1", env=env)
+    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
+                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
+             for rank, t in enumerate(tasks)]
+    step_env = step_environment(plans, {"HOME": "/root"})
+    assert sum(len(name) + len(value) for name, value in step_env.items()) < 1024 * 1024
+    document = read_plan_environment(step_env)
+    for rank in (0, 1022, 1023):
+        _, task_env, _ = task_start(document, rank, step_env)
+        assert keras_env({"env": task_env}) == keras_env({"env": plans[rank].env})
+    assert plans[1023].type == "evaluator" and keras_env({"env": plans[1023].env}) == {}
