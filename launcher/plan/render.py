@@ -86,9 +86,11 @@ def _joined(lines: list[str]) -> list[str]:
 
 
 def render_tf_config(plan: TaskPlan, fmt: str) -> str:
-    """`json`: TF_CONFIG alone. `env`: shell exports of TF_CONFIG and, for members of the job, the
-    Keras distribution variables, so that one `eval` sets up a TensorFlow or a Keras-on-JAX program."""
+    """`json`: TF_CONFIG. `env`: its shell `export` line. `keras-env`: `export` lines of the Keras
+    distribution variables, one per line; none for a task outside the job (the evaluator)."""
     if fmt == "env":
-        names = ("TF_CONFIG", *(name for name in KERAS_DISTRIBUTION_ENV if name in plan.env))
-        return "\n".join(f"export {name}={shlex.quote(plan.env[name])}" for name in names)
+        return f"export TF_CONFIG={shlex.quote(plan.env['TF_CONFIG'])}"
+    if fmt == "keras-env":
+        return "\n".join(f"export {name}={shlex.quote(plan.env[name])}"
+                         for name in KERAS_DISTRIBUTION_ENV if name in plan.env)
     return json.dumps(plan.tf_config, indent=2)

@@ -84,7 +84,7 @@ def installed_mgpu():
     ["launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json"],
     ["launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run"],
     ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1"],
-    ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "env"],
+    ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "keras-env"],
     ["train", "--help"],
 ])
 def test_installed_cli_never_imports_tensorflow(poisoned_tensorflow, args):

@@ -91,9 +91,9 @@ def exported(shell_lines: str, names) -> dict:
     return dict(zip(names, out.splitlines()))
 
 
-def test_tf_config_env_format_exports_the_keras_variables(mgpu):
+def test_tf_config_keras_env_format_exports_the_keras_variables(mgpu):
     result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--task-index", "1",
-                  "--format", "env")
+                  "--format", "keras-env")
     assert result.exit_code == 0, result.stderr
     assert exported(result.stdout, KERAS_NAMES) == {
         "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h0:2222,h1:2222,h2:2222",
@@ -102,12 +102,18 @@ def test_tf_config_env_format_exports_the_keras_variables(mgpu):
     }
 
 
-def test_tf_config_env_format_gives_the_evaluator_no_keras_variables(mgpu):
+def test_tf_config_keras_env_format_gives_the_evaluator_nothing(mgpu):
     result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
-                  "--task-index", "0", "--format", "env")
+                  "--task-index", "0", "--format", "keras-env")
     assert result.exit_code == 0, result.stderr
-    assert set(exported(result.stdout, KERAS_NAMES).values()) == {"unset"}
-    assert "TF_CONFIG=" in result.stdout
+    assert result.stdout.strip() == ""
+
+
+def test_tf_config_env_format_stays_one_line_of_tf_config(mgpu):
+    """Scripts read it as one line per task (srun --label, say): the Keras variables have their own format."""
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.startswith("export TF_CONFIG=")
 
 
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
@@ -129,7 +135,7 @@ def test_slurm_tasks_get_the_same_variables(mgpu):
 def test_tf_config_from_slurm_exports_the_keras_variables(mgpu):
     step = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]",
             "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2"}
-    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "env", env=step)
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "keras-env", env=step)
     assert result.exit_code == 0, result.stderr
     assert exported(result.stdout, KERAS_NAMES) == {
         "KERAS_DISTRIBUTION_JOB_ADDRESSES": "node1:4000,node2:4000",
