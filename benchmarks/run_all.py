@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import cli_startup  # noqa: E402
+import cluster_size  # noqa: E402
 import launcher_overhead  # noqa: E402
 
 
@@ -80,7 +81,13 @@ def markdown(results: dict) -> str:
     if cli["ratio_256_vs_tensorflow"] is not None:
         lines.append(f"| dry run, 256 workers, vs `import tensorflow` | {cli['dry_run_256_workers_s'] * 1000:.0f} ms "
                      f"vs {cli['import_tensorflow_s'] * 1000:.0f} ms = {cli['ratio_256_vs_tensorflow']:.1%} | <= 10% |")
+    size = results["cluster_size"]
     lines += [
+        f"| `mgpu tf-config`, one task of {size['workers']:,} workers | {size['tf_config_s'] * 1000:.0f} ms, "
+        f"{size['tf_config_peak_mb']:.0f} MB | well under 1 s |",
+        f"| dry run JSON of {size['workers']:,} workers, streamed | {size['dry_run_json_s']:.1f} s, "
+        f"{size['dry_run_json_peak_mb']:.0f} MB peak | memory flat |",
+        f"| launcher CPU for `--local {size['local_tasks']} -- true` | {size['launcher_cpu_s']:.2f} s | <= 2 s |",
         f"| launcher overhead, start to first step of 2 workers | {overhead['mgpu_s']:.2f} s vs "
         f"{overhead['by_hand_s']:.2f} s by hand = {overhead['ratio']:.3f} | <= 1.05 |",
         f"| mgpu train, 1 worker | {mgpu['w1_examples_per_sec']:.0f} ex/s | |",
@@ -135,6 +142,7 @@ def main() -> None:
     started = time.time()
     results = {"load_at_start": load()}
     results["cli_startup"] = cli_startup.measure(3 if args.quick else 7)
+    results["cluster_size"] = cluster_size.measure(repeats=1 if args.quick else 3)
     results["launcher_overhead"] = launcher_overhead.measure(repeats)
     results["mgpu"] = throughput_and_scaling(repeats, steps)
     results["keras_fit"] = run_json([str(HERE / "keras_fit_baseline.py"), "--steps", str(steps)])

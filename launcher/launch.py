@@ -34,6 +34,7 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
+        _check_remote_command_lengths(remote, options.ssh)
         ssh_runner = _start_ssh(plans, remote, options)
         runners.append(ssh_runner)
     else:
@@ -48,6 +49,18 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     finally:
         for runner in runners:
             runner.close()
+
+
+def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -> None:
+    """A command line the remote shell cannot take is refused before connecting anywhere."""
+    from launcher.errors import UsageError
+    from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+
+    for plan in remote:
+        size = len(task_command(plan.argv, plan.env, plan.workdir, ssh.kill_grace).command.encode("utf-8", "surrogateescape"))
+        if size > MAX_COMMAND_BYTES:
+            raise UsageError(f"{plan.name}: the command line is {size} bytes; a remote host takes at most "
+                             f"{MAX_COMMAND_BYTES} (pass long arguments in a file)")
 
 
 def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:

@@ -11,10 +11,10 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
+    check_text, cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
     with_command_line, with_task_settings,
 )
-from launcher.config.spec import ROLES, WORKER
+from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 
 legacy_keras_option = click.option(
@@ -48,27 +48,30 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 
 @cli.command("launch", help=LAUNCH_HELP)
 @cluster_options
-@click.option("--local", type=click.IntRange(min=1), metavar="N",
+@click.option("--local", type=click.IntRange(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON only.")
+@click.option("--show-secrets", is_flag=True,
+              help="Show the values of --env, --env-file and --forward-env in the dry run and run.json "
+                   "(hidden as *** by default).")
 @click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
 @click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
 @click.option("--show", type=params.TASK_SELECTORS, metavar="TYPE[:INDEX],...",
               help="Show only these tasks on the console (logs still get everything), e.g. chief,worker:0.")
-@click.option("--grace-period", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--grace-period", type=params.Seconds(0), default=10.0, show_default=True, metavar="SECONDS",
               help="Time between TERM and KILL when stopping tasks.")
-@click.option("--start-timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True, metavar="SECONDS",
+@click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not reported ready by then.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times.")
-@click.option("--threads-per-task", type=click.IntRange(min=1), metavar="K",
+@click.option("--threads-per-task", type=click.IntRange(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
-@click.option("--gpus-per-task", type=click.IntRange(min=0), metavar="K",
+@click.option("--gpus-per-task", type=click.IntRange(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
               help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
 @click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable in every task (repeatable).")
@@ -87,20 +90,20 @@ def launch_command(**opts) -> None:
     if opts["as_json"] and not opts["dry_run"]:
         raise UsageError("--json goes with --dry-run")
     command = opts.pop("command")
+    check_text(opts, command)
     slurm = "--slurm" if opts["slurm"] else None
     spec = with_task_settings(with_command_line(read_spec(opts, opts["local"], slurm), command), opts)
     run_id = opts["run_id"] or new_run_id()
     plans = make_plans(spec, run_id, slurm=bool(slurm))
 
     if opts["dry_run"]:
-        from launcher.plan.render import plan_to_json, render_plan_text
+        from launcher.plan.render import iter_plan_json, iter_plan_text
 
-        if opts["as_json"]:
-            import json
-
-            click.echo(json.dumps(plan_to_json(plans), indent=2))
-        else:
-            click.echo(render_plan_text(plans))
+        render = iter_plan_json if opts["as_json"] else iter_plan_text
+        out = sys.stdout
+        for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
+            out.write(piece)
+        out.flush()
         return
 
     from launcher.launch import launch
@@ -143,6 +146,7 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config
 
+    check_text(opts)
     if from_slurm:
         from launcher.config.slurm_env import step_rank
 
@@ -204,6 +208,7 @@ def check_command(**opts) -> None:
     from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
 
     command = opts.pop("command")
+    check_text(opts, command)
     spec = with_command_line(read_spec(opts), command)
     spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
                                legacy_keras=opts["legacy_keras"] or spec.legacy_keras)

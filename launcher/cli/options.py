@@ -63,7 +63,7 @@ def ssh_options(func):
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
                           "A changed key is always refused."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
     ]
     for option in reversed(options):
@@ -131,14 +131,52 @@ def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) 
     return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
 
 
+MAX_INPUT_BYTES = 16 * 1024 * 1024  # spec files, hostfiles and env files; a 10,000-host spec is ~300 KB
+
+
 def read_text(path: str, option: str) -> str:
+    """A UTF-8 text file of at most MAX_INPUT_BYTES (reading stops there: /dev/zero ends too)."""
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        with open(path, "rb") as file:
+            data = file.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise UsageError(f"{option} {path}: larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    if b"\0" in data:
+        raise UsageError(f"{option} {path}: not a text file (it contains NUL bytes)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{option} {path}: not a text file") from None
+        raise UsageError(f"{option} {path}: not a text file (not UTF-8)") from None
+
+
+def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:
+    """Refuse arguments with NUL characters or bytes that are not UTF-8: the environment and the
+    console cannot carry them, and remote hosts would get something else than what was written."""
+    names = {"env_pairs": "--env", "spec_file": "--spec"}
+    values = [(names.get(key, f"--{key.replace('_', '-')}"), value) for key, value in opts.items()]
+    values += [("the command", arg) for arg in command]
+    for option, value in values:
+        for text in _strings(value):
+            _check_one_text(option, text)
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, list, frozenset)):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def _check_one_text(option: str, text: str) -> None:
+    if "\0" in text:
+        raise UsageError(f"{option}: {text!r} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{option}: {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
 
 
 def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: bool = False):
@@ -159,7 +197,8 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: b
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    """The time, for sorting, and 128 random bits, so that no one can guess the next run's id."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(16)
 
 
 def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpec:
@@ -178,18 +217,21 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     """The spec with launch's --env, --env-file, --forward-env, --workdir, --python, threads and GPUs over it."""
     from launcher.config.envfile import parse_env_file
 
-    env = dict(spec.env)
+    given: dict[str, str] = {}
     if opts.get("env_file"):
-        env.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
+        given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
     for name in opts.get("forward_env", ()):
         if name not in os.environ:
             raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
-        env[name] = os.environ[name]
-    env.update(opts.get("env_pairs", ()))
+        _check_one_text(f"--forward-env {name}", os.environ[name])
+        given[name] = os.environ[name]
+    given.update(opts.get("env_pairs", ()))
+    env = {**spec.env, **given}
     gpus = opts.get("gpus_per_task")
     return dataclasses.replace(
         spec,
         env=env,
+        secret_env=spec.secret_env | frozenset(given),
         workdir=opts.get("workdir") or spec.workdir,
         python=opts.get("python") or spec.python,
         threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
@@ -222,6 +264,7 @@ def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],
+            show_secrets=opts["show_secrets"],
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

@@ -5,6 +5,8 @@ Bad input is refused at parse time, before anything is planned or started.
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from launcher.config.addresses import (
@@ -27,6 +29,29 @@ class ParsedParam(click.ParamType):
             return self._parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds within [minimum, MAX_SECONDS] (click's FloatRange takes nan and inf)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if not self.minimum <= number <= MAX_SECONDS:
+            self.fail(f"{value!r} is not between {self.minimum:g} and {MAX_SECONDS:g} seconds", param, ctx)
+        return number
 
 
 def _task_selectors(text: str) -> frozenset[str]:

@@ -49,8 +49,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_port(text: str) -> int:
-    if not text.isdigit():
+    if not is_number(text):
         raise ValueError(f"port {text!r} is not a number")
     port = int(text)
     if not 1 <= port <= 65535:
@@ -72,7 +77,7 @@ def parse_host(text: str) -> str:
             return str(ipaddress.IPv4Address(text))
         except ValueError:
             raise ValueError(f"{text!r} is not a valid IPv4 address") from None
-    if not _HOSTNAME.match(text):
+    if not _HOSTNAME.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid host name")
     return text
 
@@ -85,7 +90,7 @@ def parse_endpoint(text: str) -> Endpoint:
     user = None
     if "@" in entry:
         user, _, entry = entry.rpartition("@")
-        if not _USER.match(user):
+        if not _USER.fullmatch(user):
             raise ValueError(f"{text!r}: {user!r} is not a valid user name")
     port_text = None
     if entry.startswith("["):
@@ -168,7 +173,7 @@ def parse_env_assignment(text: str) -> tuple[str, str]:
 
 
 def parse_env_name(text: str) -> str:
-    if not _ENV_NAME.match(text):
+    if not _ENV_NAME.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid environment variable name")
     return text
 
@@ -178,7 +183,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 def parse_run_id(text: str) -> str:
     """A run id names a folder and tags every process of the run: letters, digits, '.', '_', '-'."""
-    if not _RUN_ID.match(text):
+    if not _RUN_ID.fullmatch(text):
         raise ValueError(f"{text!r} is not a valid run id (letters, digits, '.', '_' and '-', at most 128)")
     return text
 
@@ -188,6 +193,6 @@ def parse_task_selector(text: str) -> str:
     task_type, sep, index = text.partition(":")
     if task_type not in TASK_TYPES:
         raise ValueError(f"{text!r}: task type must be one of {', '.join(TASK_TYPES)}")
-    if sep and not index.isdigit():
+    if sep and not is_number(index):
         raise ValueError(f"{text!r}: task index must be a number")
     return f"{task_type}:{int(index)}" if sep else task_type

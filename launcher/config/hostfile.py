@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from launcher.config.addresses import Endpoint, parse_endpoint
+from launcher.config.addresses import Endpoint, is_number, parse_endpoint
 from launcher.config.hostlist import expand_entry
 from launcher.errors import SpecError
 
@@ -54,7 +54,7 @@ def _settings(options: list[str], where: str) -> dict[str, int]:
         key = key.replace("-", "_")
         if key not in _SETTINGS or not sep:
             raise SpecError(f"{where}: unknown setting {option!r} (expected slots=N)")
-        if not value.isdigit() or int(value) < 1:
+        if not is_number(value) or int(value) < 1:
             raise SpecError(f"{where}: {key} must be a positive number, not {value!r}")
         settings[key] = int(value)
     return settings

@@ -63,6 +63,15 @@ class ClusterSpec:
     gpus_per_task: int | None = None
     # Run Keras programs with tf_keras (Keras 2): TF_USE_LEGACY_KERAS=1 in every task.
     legacy_keras: bool = False
+    # Names in `env` whose values came from --env, --env-file or --forward-env: often credentials,
+    # so dry-run and run.json hide them.
+    secret_env: frozenset[str] = frozenset()
+
+
+# Upper bounds on counts: far above any real machine, low enough that no plan explodes.
+MAX_GPUS_PER_TASK = 1024
+MAX_THREADS_PER_TASK = 4096
+MAX_LOCAL_TASKS = 4096
 
 
 # ---------------------------------------------------------------------------

@@ -6,12 +6,15 @@ Every problem is one SpecError naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from typing import Mapping, NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import expand_entry
-from launcher.config.spec import CHIEF, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks
+from launcher.config.spec import (
+    CHIEF, MAX_GPUS_PER_TASK, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
+)
 from launcher.errors import SpecError
 
 
@@ -75,11 +78,14 @@ class _Reader:
     def string(self, value: object, what: str) -> str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             self.fail(f"{what} must be a string")
-        return str(value)
+        text = str(value)
+        if "\0" in text or not text.isprintable() and any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+            self.fail(f"{what}: {text!r} contains a NUL character or an unpaired surrogate")
+        return text
 
-    def count(self, value: object, what: str, minimum: int) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            self.fail(f"{what} must be a whole number >= {minimum}")
+    def count(self, value: object, what: str, minimum: int, maximum: int) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+            self.fail(f"{what} must be a whole number >= {minimum} and <= {maximum}")
         return value
 
     def flag(self, value: object, what: str) -> bool:
@@ -140,8 +146,8 @@ def parse_spec(data: object, source: str) -> SpecFile:
         env=_env(read, top.get("env", {})),
         workdir=read.optional(top, "workdir", read.string),
         python=read.optional(top, "python", read.string),
-        threads_per_task=read.optional(top, "threads_per_task", read.count, 1),
-        gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0),
+        threads_per_task=read.optional(top, "threads_per_task", read.count, 1, MAX_THREADS_PER_TASK),
+        gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
         legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
     )
 
@@ -205,17 +211,101 @@ def _env(read: _Reader, value: object) -> dict[str, str]:
     return env
 
 
+# The document as written out in full: an alias counts every time it is used, so that a few lines
+# of nested aliases (a "billion laughs") cannot expand into gigabytes in any field.
+MAX_NODES = 1_000_000
+MAX_DEPTH = 64
+
+
 def load_spec_text(text: str, source: str) -> SpecFile:
-    """Parse YAML or JSON (JSON is YAML) text."""
+    """Parse YAML or JSON (JSON is YAML) text, with alias expansion and nesting bounded and
+    duplicate keys refused."""
     import yaml  # only spec files need it; it is a third of the CLI's import time
 
+    if _bracket_depth(text) > _MAX_BRACKETS:  # PyYAML's scanner slows down with the square of the depth
+        raise SpecError(f"{source}: nested too deeply (at most {MAX_DEPTH} levels)")
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _check_document(node, source)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "not valid YAML or JSON"
         raise SpecError(f"{source}: {problem}{at}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
     return parse_spec(data, source)
 
 
+_MAX_BRACKETS = 1000  # far above MAX_DEPTH, so that brackets inside plain text never trip it
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest nesting of [ and { outside quotes: a cheap bound checked before parsing."""
+    depth = deepest = 0
+    for part in re.split(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'", text):
+        for char in re.findall(r"[\[\]{}]", part):
+            depth = depth + 1 if char in "[{" else max(depth - 1, 0)
+            deepest = max(deepest, depth)
+    return deepest
+
+
+def _check_document(root, source: str) -> None:
+    """Refuse a document whose full expansion exceeds MAX_NODES or MAX_DEPTH, or that repeats a
+    key in a mapping. Each node is visited once: aliases are shared nodes, sized once."""
+    import yaml
+
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[object, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if children_done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if depth[key] > MAX_DEPTH:
+                raise SpecError(f"{source}: nested too deeply (at most {MAX_DEPTH} levels)")
+            if size[key] > MAX_NODES:
+                raise SpecError(f"{source}: the document is too large once its aliases are expanded "
+                                f"(at most {MAX_NODES} values)")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise SpecError(f"{source}: an alias refers to a value that contains it, at line {node.start_mark.line + 1}")
+        open_nodes.add(key)
+        if isinstance(node, yaml.MappingNode):
+            _check_duplicate_keys(node, source)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in size)
+
+
+def _children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_duplicate_keys(node, source: str) -> None:
+    import yaml
+
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if (key.tag, key.value) in seen:
+                raise SpecError(f"{source}: key {key.value!r} appears twice in one mapping, at line "
+                                f"{key.start_mark.line + 1}")
+            seen.add((key.tag, key.value))

@@ -36,14 +36,21 @@ def descendants(proc: psutil.Process) -> list[psutil.Process]:
 
 
 def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Process]:
-    """Every live process on this machine whose environment carries MGPU_RUN_ID=run_id
-    (and that is in process group `pgid`, if given)."""
+    """Every live process of this user whose environment carries MGPU_RUN_ID=run_id
+    (and that is in process group `pgid`, if given).
+
+    Only this user's: anyone can put any MGPU_RUN_ID in their own processes' environment, and a
+    launcher running as root must neither kill those nor let them block its run id.
+    """
     found = []
     me = os.getpid()
+    uid = os.getuid()
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
+            if proc.uids().real != uid:
+                continue
             if pgid is not None and os.getpgid(proc.pid) != pgid:
                 continue
             if proc.environ().get(protocol.ENV_RUN_ID) == run_id and is_alive(proc):

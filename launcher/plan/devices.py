@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Sequence
 
 from launcher.errors import UsageError
@@ -14,10 +15,10 @@ def split_devices(machine_of: Sequence[str], local_gpu_count: int, gpus_per_task
 
     Only this machine's GPU count is known at planning time; remote hosts keep their own default.
     """
+    tasks_on = collections.Counter(machine_of)
     per_machine = {
-        machine: iter(assign_visible_devices(local_gpu_count if machine == "" else None,
-                                             machine_of.count(machine), gpus_per_task))
-        for machine in dict.fromkeys(machine_of)
+        machine: iter(assign_visible_devices(local_gpu_count if machine == "" else None, count, gpus_per_task))
+        for machine, count in tasks_on.items()
     }
     return [next(per_machine[machine]) for machine in machine_of]
 

@@ -22,24 +22,25 @@ _JOB_ROLES = (CHIEF, WORKER)
 CPU_COLLECTIVES = "gloo"
 
 
-def job_members(cluster: Mapping[str, Sequence[str]]) -> list[tuple[str, int, str]]:
-    """(type, index, address) of each process of the job, in process-id order."""
-    return [(role, index, address)
-            for role in _JOB_ROLES
-            for index, address in enumerate(cluster.get(role, ()))]
+class KerasJob:
+    """The job's processes, worked out once per plan: every task's variables share one string of
+    addresses, so that planning N tasks stays O(N) in time and memory."""
 
+    def __init__(self, cluster: Mapping[str, Sequence[str]]):
+        members = [(role, index, address)
+                   for role in _JOB_ROLES
+                   for index, address in enumerate(cluster.get(role, ()))]
+        self.addresses = ",".join(address for _, _, address in members)
+        self.size = str(len(members))
+        self.process_ids = {(role, index): process_id for process_id, (role, index, _) in enumerate(members)}
 
-def keras_distribution_env(cluster: Mapping[str, Sequence[str]], task_type: str, task_index: int) -> dict[str, str]:
-    """KERAS_DISTRIBUTION_* for one task; empty for a task outside the job (the evaluator)."""
-    members = job_members(cluster)
-    ids = {(role, index): process_id for process_id, (role, index, _) in enumerate(members)}
-    if (task_type, task_index) not in ids:
-        return {}
-    return {
-        ENV_KERAS_JOB_ADDRESSES: ",".join(address for _, _, address in members),
-        ENV_KERAS_NUM_PROCESSES: str(len(members)),
-        ENV_KERAS_PROCESS_ID: str(ids[task_type, task_index]),
-    }
+    def env(self, task_type: str, task_index: int) -> dict[str, str]:
+        """KERAS_DISTRIBUTION_* for one task; empty for a task outside the job (the evaluator)."""
+        process_id = self.process_ids.get((task_type, task_index))
+        if process_id is None:
+            return {}
+        return {ENV_KERAS_JOB_ADDRESSES: self.addresses, ENV_KERAS_NUM_PROCESSES: self.size,
+                ENV_KERAS_PROCESS_ID: str(process_id)}
 
 
 def collectives_env(visible_devices: str | None) -> dict[str, str]:

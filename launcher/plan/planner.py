@@ -6,15 +6,16 @@ Dry-run renders the plan (render.py); launch executes the same plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
 from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, KERAS_DISTRIBUTION_ENV
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.devices import split_devices
-from launcher.plan.keras_env import collectives_env, keras_distribution_env
+from launcher.plan.keras_env import KerasJob, collectives_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,7 @@ class TaskPlan:
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
     slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
+    secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
 
     @property
     def name(self) -> str:
@@ -39,7 +41,39 @@ class TaskPlan:
 
     @property
     def tf_config(self) -> dict:
+        if isinstance(self.env, TaskEnv):
+            return self.env.tf_config
         return json.loads(self.env["TF_CONFIG"])
+
+
+class TaskEnv(Mapping[str, str]):
+    """A task's env, TF_CONFIG first. TF_CONFIG is made when read, from the cluster's JSON that
+    every task of the plan shares: planning N tasks takes O(N) memory and time, not O(N^2)."""
+
+    def __init__(self, cluster: dict[str, list[str]], cluster_json: str, task: dict, rest: Mapping[str, str]):
+        self.cluster = cluster  # shared by every task: never modified
+        self.cluster_json = cluster_json
+        self.task = task
+        self._rest = rest
+
+    def __getitem__(self, name: str) -> str:
+        if name == "TF_CONFIG":
+            return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
+        return self._rest[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "TF_CONFIG"
+        yield from self._rest
+
+    def __len__(self) -> int:
+        return 1 + len(self._rest)
+
+    def __repr__(self) -> str:
+        return f"TaskEnv(task={self.task!r}, {len(self.cluster_json)} bytes of cluster, {self._rest!r})"
+
+    @property
+    def tf_config(self) -> dict:
+        return {"cluster": {role: list(hosts) for role, hosts in self.cluster.items()}, "task": dict(self.task)}
 
 
 TRAINER_MODULE = "launcher.trainer"
@@ -95,12 +129,14 @@ def plan_tasks(
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks)
+    cluster_json = json.dumps(cluster, separators=(",", ":"))
+    keras_job = KerasJob(cluster)
+    merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for rank, (task, (task_type, index), local, visible) in enumerate(
             zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
-        keras_env = keras_distribution_env(cluster, task_type, index)
+        keras_env = keras_job.env(task_type, index)
         env = {
-            "TF_CONFIG": json.dumps(build_tf_config(cluster, task_type, index), separators=(",", ":")),
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
@@ -122,12 +158,13 @@ def plan_tasks(
                 host=task.host,
                 port=task.port,
                 local=local,
-                ssh=None if local or slurm else task.ssh.merged_over(spec.ssh_defaults),
+                ssh=None if local or slurm else merged_ssh(task.ssh),
                 argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
-                env=env,
+                env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
                 slurm_rank=rank if slurm else None,
+                secret_env=frozenset(spec.secret_env) & frozenset(env),
             )
         )
     return plans
@@ -141,9 +178,10 @@ def _check_env(env: Mapping[str, str]) -> None:
 
 def _locality(tasks: Sequence[TaskSpec], local_hosts: frozenset[str]) -> list[bool]:
     """Whether each task runs on this machine. Loopback mixed with remote hosts is refused."""
-    is_local = [task.host in local_hosts or is_loopback(task.host) for task in tasks]
+    loopback_hosts = {host for host in {task.host for task in tasks} if is_loopback(host)}
+    is_local = [task.host in local_hosts or task.host in loopback_hosts for task in tasks]
     _reject_shared_sockets(tasks, is_local)
-    loopback = [task.host for task in tasks if is_loopback(task.host)]
+    loopback = [task.host for task in tasks if task.host in loopback_hosts]
     remote = [task.host for task, local in zip(tasks, is_local) if not local]
     if loopback and remote:
         raise SpecError(

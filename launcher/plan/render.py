@@ -8,20 +8,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from launcher.config.addresses import format_address
 from launcher.config.spec import SshSettings
-from launcher.plan.planner import TaskPlan
+from launcher.plan.planner import TaskEnv, TaskPlan
 from launcher.protocol import KERAS_DISTRIBUTION_ENV
 
 # What `--dry-run --json` shows of each task.
 DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "tf_config")
+HIDDEN = "***"  # in place of a secret env value (plan.secret_env) unless --show-secrets
 
 
-def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
-    """Everything a plan holds, as JSON-ready values."""
-    return {
+def shown_env(plan: TaskPlan, show_secrets: bool) -> dict[str, str]:
+    """The plan's env, with the values of plan.secret_env hidden unless `show_secrets`."""
+    if show_secrets or not plan.secret_env:
+        return dict(plan.env)
+    return {name: HIDDEN if name in plan.secret_env else value for name, value in plan.env.items()}
+
+
+def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: bool = True) -> dict[str, Any]:
+    """Everything a plan holds, as JSON-ready values (secret env values hidden unless `show_secrets`)."""
+    record = {
         "name": plan.name,
         "type": plan.type,
         "index": plan.index,
@@ -30,21 +38,43 @@ def plan_to_dict(plan: TaskPlan) -> dict[str, Any]:
         "local": plan.local,
         "ssh": dataclasses.asdict(plan.ssh) if plan.ssh is not None else None,
         "argv": list(plan.argv),
-        "env": dict(plan.env),
-        "tf_config": plan.tf_config,
+        "env": shown_env(plan, show_secrets),
         "workdir": plan.workdir,
         "waits_for_ready": plan.waits_for_ready,
         "slurm_rank": plan.slurm_rank,
     }
+    if with_tf_config:
+        record["tf_config"] = plan.tf_config
+    return record
 
 
-def plan_to_json(plans: Sequence[TaskPlan]) -> dict:
-    """The `--dry-run --json` document."""
-    tasks = []
-    for plan in plans:
-        record = plan_to_dict(plan)
-        tasks.append({field: record[field] for field in DRY_RUN_FIELDS})
-    return {"tasks": tasks}
+def iter_plan_json(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Iterator[str]:
+    """The `--dry-run --json` document, `{"tasks": [...]}` as json.dumps(indent=2) writes it, in
+    pieces: every task repeats the whole cluster, so the document grows with the square of the
+    cluster while memory stays linear. The cluster is serialised once per distinct cluster."""
+    pretty_clusters: dict[str, str] = {}
+    yield '{\n  "tasks": ['
+    for number, plan in enumerate(plans):
+        record = plan_to_dict(plan, show_secrets, with_tf_config=False)
+        cluster_json, task = _cluster_and_task(plan)
+        if cluster_json not in pretty_clusters:
+            pretty = json.dumps(json.loads(cluster_json), indent=2)
+            pretty_clusters[cluster_json] = pretty.replace("\n", "\n" + " " * 4)
+        record = {field: record.get(field) for field in DRY_RUN_FIELDS}
+        record["tf_config"] = {"cluster": _CLUSTER_SLOT, "task": task}
+        text = json.dumps(record, indent=2).replace(json.dumps(_CLUSTER_SLOT), pretty_clusters[cluster_json], 1)
+        yield ("," if number else "") + "\n    " + text.replace("\n", "\n    ")
+    yield "\n  ]\n}\n" if plans else "]\n}\n"
+
+
+_CLUSTER_SLOT = "\x00cluster"  # stands for the cluster while a task is serialised; no JSON value is it
+
+
+def _cluster_and_task(plan: TaskPlan) -> tuple[str, dict]:
+    if isinstance(plan.env, TaskEnv):
+        return plan.env.cluster_json, plan.env.task
+    tf_config = plan.tf_config
+    return json.dumps(tf_config["cluster"], separators=(",", ":")), tf_config["task"]
 
 
 def describe_start(plan: TaskPlan) -> str:
@@ -59,26 +89,36 @@ def describe_start(plan: TaskPlan) -> str:
     return f"ssh {target}{via}"
 
 
-def render_plan_text(plans: Sequence[TaskPlan]) -> str:
-    lines = [f"Dry run: {len(plans)} task(s); nothing is started.", ""]
+def iter_plan_text(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Iterator[str]:
+    """The dry-run text, a task at a time (secret env values hidden unless `show_secrets`)."""
+    yield f"Dry run: {len(plans)} task(s); nothing is started.\n"
+    pretty_clusters: dict[str, list[str]] = {}
     for plan in plans:
+        cluster_json, task = _cluster_and_task(plan)
+        if cluster_json not in pretty_clusters:
+            pretty_clusters[cluster_json] = _pretty_cluster(json.loads(cluster_json))
         where = format_address(plan.host, plan.port)
-        lines.append(f"{plan.name}  {where}  ({describe_start(plan)})")
-        lines.append(f"  command:   {shlex.join(plan.argv)}")
+        lines = ["", f"{plan.name}  {where}  ({describe_start(plan)})", f"  command:   {shlex.join(plan.argv)}"]
         if plan.workdir:
             lines.append(f"  workdir:   {plan.workdir}")
-        added = [f"{name}={shlex.quote(value)}" for name, value in plan.env.items() if name != "TF_CONFIG"]
+        env = shown_env(plan, show_secrets)
+        added = [f"{name}={value if name in plan.secret_env and not show_secrets else shlex.quote(value)}"
+                 for name, value in env.items() if name != "TF_CONFIG"]
         lines.append("  env:       " + ("\n             ".join(added) if added else "(none)"))
         lines.append("  TF_CONFIG:")
-        lines += ["    " + line for line in _pretty_tf_config(plan.tf_config)]
-        lines.append("")
-    return "\n".join(lines)
+        lines += ["    {", '      "cluster": {', *pretty_clusters[cluster_json], "      },",
+                  f'      "task": {json.dumps(task)}', "    }"]
+        yield "\n".join(lines) + "\n"
+    yield "\n"
 
 
-def _pretty_tf_config(tf_config: dict) -> list[str]:
-    """TF_CONFIG with one line per role, which stays readable for long host lists."""
-    roles = [f"    {json.dumps(role)}: {json.dumps(hosts)}" for role, hosts in tf_config["cluster"].items()]
-    return ["{", '  "cluster": {', *_joined(roles), "  },", f'  "task": {json.dumps(tf_config["task"])}', "}"]
+def render_plan_text(plans: Sequence[TaskPlan], show_secrets: bool = False) -> str:
+    return "".join(iter_plan_text(plans, show_secrets))
+
+
+def _pretty_cluster(cluster: dict) -> list[str]:
+    """The cluster with one line per role, which stays readable for long host lists."""
+    return _joined([f"        {json.dumps(role)}: {json.dumps(hosts)}" for role, hosts in cluster.items()])
 
 
 def _joined(lines: list[str]) -> list[str]:

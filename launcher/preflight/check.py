@@ -89,7 +89,7 @@ def probe_command(
     port_list = ",".join(str(int(p)) for p in ports)
     lines = []
     if workdir:
-        lines.append(f"cd {shlex.quote(workdir)} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
+        lines.append(f"cd {shlex.quote(remote_command.safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
         f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
     )

@@ -16,3 +16,4 @@ class SuperviseOptions:
     timestamps: bool = False
     show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
     max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
+    show_secrets: bool = False  # run.json shows the values of the plans' secret_env

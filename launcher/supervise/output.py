@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import os
 import pathlib
 import shutil
 import threading
@@ -28,7 +29,9 @@ from typing import BinaryIO, TextIO
 from launcher import protocol
 from launcher.plan.planner import TaskPlan
 from launcher.supervise import diagnosis
+from launcher.supervise.console_text import console_safe
 from launcher.supervise.live import LiveLines, ProgressMeter, latest_redraw
+from launcher.supervise.rundir import RunDir
 
 CHUNK = 64 * 1024  # a longer line is shown in pieces
 REDRAW_TAIL = 8 * 1024  # how much of a line being redrawn is searched for its latest state
@@ -143,6 +146,7 @@ class TaskOutput:
         plan: TaskPlan,
         attempt: int,
         log_path: pathlib.Path,
+        log: BinaryIO,
         console: Console | None,
         timestamps: bool,
     ):
@@ -159,7 +163,7 @@ class TaskOutput:
         self._threads: list[threading.Thread] = []
         self._live_keys: set[str] = set()
         self._meter = ProgressMeter(console.terminal, console.width) if console is not None else None
-        self._log = open(log_path, "ab")
+        self._log = log  # opened in the run dir by RunOutput (rundir.RunDir.open_log)
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             self._log.write(f"----- mgpu: attempt {attempt} started {started} -----\n".encode())
@@ -224,7 +228,7 @@ class TaskOutput:
         return f"{_clock() if self._timestamps else ''}{self._prefix}{text}"
 
     def _redraw(self, partial: str, is_stdout: bool) -> None:
-        text = latest_redraw(partial)
+        text = console_safe(latest_redraw(partial))
         if text:
             self._live_keys.add(self._live_key(is_stdout))
             self._console.set_live(self._live_key(is_stdout), self._stamped(text))
@@ -245,6 +249,7 @@ class TaskOutput:
             self.tail.append(text)
         if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
             return
+        text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
         bar = self._meter.render(text, len(self._prefix)) if is_stdout else None
         key = self._live_key(is_stdout)
         if bar is not None:
@@ -260,7 +265,7 @@ class TaskOutput:
 class RunOutput:
     """Output of a whole run: the console and the run directory's log files."""
 
-    def __init__(self, run_dir: pathlib.Path, console: TextIO, timestamps: bool, show: frozenset[str] | None):
+    def __init__(self, run_dir: RunDir, console: TextIO, timestamps: bool, show: frozenset[str] | None):
         self.run_dir = run_dir
         self._console = Console(console)
         self._timestamps = timestamps
@@ -271,7 +276,8 @@ class RunOutput:
 
     def open_task(self, plan: TaskPlan, attempt: int) -> TaskOutput:
         console = self._console if self.shows(plan) else None
-        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), console, self._timestamps)
+        log = os.fdopen(self.run_dir.open_log(log_name(plan)), "ab")
+        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), log, console, self._timestamps)
 
     def notice(self, text: str) -> None:
         """A line from the launcher itself; always shown."""

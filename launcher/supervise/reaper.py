@@ -29,10 +29,11 @@ class Reaper:
         self._proc = proc
 
     @classmethod
-    def start(cls, run_id: str, grace: float, log_path: pathlib.Path) -> "Reaper":
+    def start(cls, run_id: str, grace: float, log: pathlib.Path | int) -> "Reaper":
+        """`log`: the reaper's log, a path or a descriptor (taken over: closed here)."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
-        with open(log_path, "ab") as log:
+        with open(log, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, run_id, str(grace)],
                 stdin=subprocess.PIPE,

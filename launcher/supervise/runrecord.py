@@ -1,7 +1,10 @@
 """run.json: what a run planned and what happened to every task in every attempt.
 
-The file is rewritten (write to a temporary file, then rename) after every
-event, so a reader always sees a complete JSON document.
+The file is rewritten (write a new temporary file in the run dir, then rename)
+as things happen, so a reader always sees a complete JSON document. Task events
+are written at most every WRITE_INTERVAL seconds (flush() writes what is left),
+so the cost of a run stays linear in its number of tasks; attempts and the final
+status are written at once. The plans, which never change, are serialised once.
 
 Layout:
   run_id, status (running | succeeded | failed | interrupted | start-timeout),
@@ -21,13 +24,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import pathlib
 import signal
+import textwrap
 import threading
+import time
 from typing import Any, Sequence
 
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import plan_to_dict
+from launcher.supervise.rundir import RunDir
+
+NAME = "run.json"
+WRITE_INTERVAL = 0.2
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -48,10 +56,11 @@ def signal_name(signum: int) -> str:
 
 
 class RunRecord:
-    """The run.json of one run. Thread-safe; every change is written at once."""
+    """The run.json of one run. Thread-safe."""
 
-    def __init__(self, path: pathlib.Path, run_id: str, plans: Sequence[TaskPlan], options: dict[str, Any]):
-        self.path = path
+    def __init__(self, run_dir: RunDir, run_id: str, plans: Sequence[TaskPlan], options: dict[str, Any],
+                 show_secrets: bool = False):
+        self._run_dir = run_dir
         self._lock = threading.Lock()
         self._data: dict[str, Any] = {
             "run_id": run_id,
@@ -60,15 +69,19 @@ class RunRecord:
             "started_at": now(),
             "ended_at": None,
             "options": options,
-            "plans": [plan_to_dict(p) for p in plans],
             "attempts": [],
         }
+        plans_text = json.dumps([plan_to_dict(p, show_secrets) for p in plans], indent=2)
+        self._plans_text = textwrap.indent(plans_text, "  ").lstrip()
+        self._dirty = False
+        self._written_at = 0.0
         self._write()
 
-    @property
-    def data(self) -> dict[str, Any]:
+    def flush(self) -> None:
+        """Write task events not written yet."""
         with self._lock:
-            return json.loads(json.dumps(self._data))
+            if self._dirty:
+                self._write()
 
     def attempt_started(self, attempt: int) -> None:
         with self._lock:
@@ -120,11 +133,18 @@ class RunRecord:
     def _update_task(self, plan: TaskPlan, **fields: Any) -> None:
         with self._lock:
             self._data["attempts"][-1]["tasks"].setdefault(plan.name, {}).update(fields)
-            self._write()
+            self._dirty = True
+            if time.monotonic() - self._written_at >= WRITE_INTERVAL:
+                self._write()
 
     def _write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(self._data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, self.path)
+        head = json.dumps(self._data, indent=2)
+        text = head[:-2] + ',\n  "plans": ' + self._plans_text + "\n}\n"  # head ends with "\n}"
+        tmp = NAME + ".tmp"
+        self._run_dir.unlink(tmp)  # left by a write that failed half-way
+        fd = self._run_dir.create(tmp)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        self._run_dir.replace(tmp, NAME)
+        self._dirty = False
+        self._written_at = time.monotonic()

@@ -25,7 +25,6 @@ The rules:
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import signal
 import sys
 import threading
@@ -37,11 +36,12 @@ from launcher.host.probe import port_in_use
 from launcher.host import proctree
 from launcher.supervise import runrecord
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
+from launcher.supervise.console_text import console_safe
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
-from launcher.supervise.rundir import make_run_dir
+from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
@@ -65,7 +65,10 @@ def supervise(
     if not plans:
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
-    _Supervisor(plans, runner_for, options, console, run_dir).run()
+    try:
+        _Supervisor(plans, runner_for, options, console, run_dir).run()
+    finally:
+        run_dir.close()
 
 
 def describe_exit(returncode: int) -> str:
@@ -131,7 +134,7 @@ class _Supervisor:
         runner_for: Callable[[TaskPlan], Runner],
         options: SuperviseOptions,
         console: TextIO,
-        run_dir: pathlib.Path,
+        run_dir: RunDir,
     ):
         self.plans = list(plans)
         self.runner_for = runner_for
@@ -152,7 +155,7 @@ class _Supervisor:
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
-        self.record = runrecord.RunRecord(run_dir / "run.json", options.run_id, self.plans, recorded_options)
+        self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show)
 
     # -- the whole run ---------------------------------------------------------
@@ -163,7 +166,8 @@ class _Supervisor:
         try:
             with self.signals:
                 if self.any_local:
-                    reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir / "reaper.log")
+                    reaper = Reaper.start(self.options.run_id, self.options.grace_period,
+                                          self.run_dir.create("reaper.log", append=True))
                 self._check_ports()
                 final = self._attempts()
         except Interrupted as e:
@@ -281,6 +285,7 @@ class _Supervisor:
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
+            self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
                     task.output.flush()
@@ -368,7 +373,7 @@ class _Supervisor:
         tail = list(task.output.tail)
         if tail:
             lines.append(f"last {len(tail)} lines of {task.output.log_path}:")
-            lines.extend("  " + line for line in tail)
+            lines.extend("  " + console_safe(line) for line in tail)
         else:
             lines.append(f"no output (log: {task.output.log_path})")
         return "\n".join(lines)

@@ -65,7 +65,7 @@ def test_tasks_with_gpus_or_uncounted_gpus_keep_jax_default(mgpu, gpus_on_path):
 
 
 def test_the_users_collectives_win(mgpu, gpus_on_path):
-    tasks = dry_run_tasks(mgpu, "--local", "2", "--env", f"{COLLECTIVES}=mpi", env=gpus_on_path(0))
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--env", f"{COLLECTIVES}=mpi", "--show-secrets", env=gpus_on_path(0))
     assert [task["env"][COLLECTIVES] for task in tasks] == ["mpi", "mpi"]
 
 

@@ -149,10 +149,26 @@ def test_env_file(mgpu, tmp_path):
     path = tmp_path / "env"
     path.write_text("# settings\nA=1\nexport B='two words'\n\nC=x=y\n")
     result = mgpu("launch", "--workers", "h1:2222", "--env-file", str(path), "--env", "A=override",
-                  "--dry-run", "--json")
+                  "--dry-run", "--json", "--show-secrets")
     assert result.exit_code == 0, result.stderr
     env = result.json()["tasks"][0]["env"]
     assert (env["A"], env["B"], env["C"]) == ("override", "two words", "x=y")
+
+
+def test_given_env_values_are_hidden_unless_asked_for(mgpu, tmp_path):
+    path = tmp_path / "env"
+    path.write_text("FROM_FILE=file-secret\n")
+    args = ("launch", "--workers", "h1:2222", "--env-file", str(path), "--env", "FROM_FLAG=flag-secret",
+            "--forward-env", "FORWARDED", "--threads-per-task", "2", "--dry-run")
+    for extra in ((), ("--json",)):
+        result = mgpu(*args, *extra, env={"FORWARDED": "forwarded-secret"})
+        assert result.exit_code == 0, result.stderr
+        assert "secret" not in result.stdout
+        assert result.stdout.count("***") == 3
+        assert "TF_CONFIG" in result.stdout and "MGPU_RUN_ID" in result.stdout and "OMP_NUM_THREADS=2" in (
+            result.stdout.replace('": "', "="))
+    shown = mgpu(*args, "--show-secrets", env={"FORWARDED": "forwarded-secret"})
+    assert {"FROM_FILE=file-secret", "FROM_FLAG=flag-secret", "FORWARDED=forwarded-secret"} <= set(shown.stdout.split())
 
 
 def test_bad_env_file_names_the_line(mgpu, tmp_path):
@@ -165,6 +181,6 @@ def test_bad_env_file_names_the_line(mgpu, tmp_path):
 
 def test_forwarded_variables(mgpu):
     result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "MY_TOKEN", "--dry-run", "--json",
-                  env={"MY_TOKEN": "s3cret", "OTHER": "x"})
+                  "--show-secrets", env={"MY_TOKEN": "s3cret", "OTHER": "x"})
     env = result.json()["tasks"][0]["env"]
     assert env["MY_TOKEN"] == "s3cret" and "OTHER" not in env

@@ -57,7 +57,7 @@ def test_per_host_ssh_settings_in_text_dry_run(mgpu):
 def test_command_line_overrides_spec(mgpu):
     spec = str(ROOT / "cluster_specs" / "chief_workers_evaluator.yaml")
     result = mgpu("launch", "--spec", spec, "--env", "TF_CPP_MIN_LOG_LEVEL=3", "--dry-run", "--json",
-                  "--", "python3", "other.py")
+                  "--show-secrets", "--", "python3", "other.py")
     assert result.exit_code == 0, result.stderr
     task = result.json()["tasks"][0]
     assert task["argv"] == ["python3", "other.py"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,10 +16,14 @@ import pytest
 from launcher.runners.ssh import remote_command
 from ssh_helpers import ECHO_PROGRAM, TRICKY
 
-def start_like_sshd(command: str) -> subprocess.Popen:
-    """Run a command line as sshd does for a session without a pty: own session, pipes."""
-    return subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def start_like_sshd(remote: remote_command.RemoteTask) -> subprocess.Popen:
+    """Run a command line as sshd does for a session without a pty (own session, pipes), and send
+    the env on its stdin as the SSH runner does."""
+    proc = subprocess.Popen(["/bin/sh", "-c", remote.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    proc.stdin.write(remote.stdin)
+    proc.stdin.flush()
+    return proc
 
 
 def finish(proc: subprocess.Popen) -> tuple[bytes, bytes]:
@@ -167,3 +172,86 @@ def test_pgid_line_parsing():
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
     assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
+
+
+def tags(run_id: str) -> dict[str, str]:
+    return {"MGPU_RUN_ID": run_id, "MGPU_ATTEMPT": "0", "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
+
+
+def test_env_values_never_reach_a_command_line_another_user_can_read():
+    secret = "s3cret-" + os.urandom(8).hex()
+    remote = remote_command.task_command(
+        [sys.executable, "-c", "import os, time; print(os.environ['TOKEN'], flush=True); time.sleep(60)"],
+        {"TOKEN": secret, "MULTI": "a\nb'c"}, None, 1)
+    assert secret not in remote.command
+    proc = start_like_sshd(remote)
+    try:
+        read_pgid(proc)
+        assert proc.stdout.readline().decode().strip() == secret
+        command = ["ps", "-eo", "args"]
+        if os.geteuid() == 0 and shutil.which("setpriv"):  # what another user of the host sees
+            command = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command]
+        listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        assert "TOKEN" in listing and secret not in listing
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+
+
+def test_values_with_newlines_and_quotes_arrive_byte_exact_through_stdin():
+    env = {"A": "line1\nline2\n", "B": "it's \"$(x)\" `y`", "C": "", "D": "\n", "E": "é" * 5}
+    proc = start_like_sshd(remote_command.task_command(
+        [sys.executable, "-c", "import json, os; print(json.dumps({k: os.environ[k] for k in 'ABCDE'}))"],
+        env, None, 1))
+    read_pgid(proc)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert json.loads(out) == env
+
+
+def test_a_session_that_ends_before_the_env_arrives_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    remote = remote_command.task_command(["touch", str(marker)], {"A": "1"}, None, 1)
+    proc = subprocess.Popen(["/bin/sh", "-c", remote.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    proc.stdin.write(remote.stdin[:3])
+    proc.stdin.close()
+    assert proc.wait(10) == 255
+    assert not marker.exists()
+
+
+ESCAPEE = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_end_of_session_also_kills_tagged_processes_that_left_the_group():
+    run_id = "escapee-" + os.urandom(4).hex()
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", ESCAPEE], tags(run_id), None, 2))
+    pgid = read_pgid(proc)
+    child = psutil.Process(int(proc.stdout.readline()))
+    assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
+    proc.stdin.close()
+    child.wait(15)  # raises TimeoutExpired if the watcher missed it
+    assert wait_group_gone(pgid, 10) == []
+    proc.wait(5)
+
+
+def test_workdir_like_an_option_and_program_paths_with_equals_run_what_they_say(tmp_path):
+    (tmp_path / "-P").mkdir()
+    program = tmp_path / "-P" / "x=y"
+    program.write_text("#!/bin/sh\npwd\n")
+    program.chmod(0o755)
+    proc = subprocess.Popen(["/bin/sh", "-c", remote_command.task_command(["./x=y"], {"A": "1"}, "-P", 1).command],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, cwd=tmp_path)
+    proc.stdin.write(remote_command.env_block({"A": "1"}))
+    proc.stdin.flush()
+    read_pgid(proc)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert out.decode().strip() == str(tmp_path / "-P")

@@ -117,6 +117,23 @@ def test_large_output_on_both_streams_does_not_stall(runner):
     assert len(out) == len(err) == 16 * 1024 * 1024
 
 
+def test_output_without_newlines_is_read_in_bounded_pieces(runner):
+    from launcher.supervise.output import CHUNK
+
+    program = "import sys\nfor i in range(320):\n    sys.stdout.buffer.write(b'y' * 65536)\nprint('end')\n"
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", program]), attempt=0)
+    sizes, last = [], b""
+    while True:
+        piece = proc.stdout.readline(CHUNK)
+        if not piece:
+            break
+        sizes.append(len(piece))
+        last = piece
+    assert wait_exit(proc) == 0
+    proc.close()
+    assert sum(sizes) == 320 * 65536 + 4 and max(sizes) == CHUNK and last.endswith(b"end\n")
+
+
 def test_signal_tree_kills_the_remote_tree_and_reports_the_signal(runner):
     signal_tree_id = unique_run_id("signal_tree")
     program = ("import subprocess, sys, time\n"

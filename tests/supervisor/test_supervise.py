@@ -256,13 +256,19 @@ def test_the_run_dir_is_private_whatever_the_umask(run_id, tmp_path):
         os.umask(previous)
     assert result.error is None
     assert stat.S_IMODE(result.run_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(result.run_dir.parent.stat().st_mode) == 0o755  # not 0777: nobody else may rename in it
     assert {p.name for p in result.run_dir.iterdir()} >= {"run.json", "worker-0.log", "reaper.log"}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in result.run_dir.iterdir()} == {0o600}
 
-    existing = tmp_path / "runs" / (run_id + "b")
-    existing.mkdir(mode=0o755)
-    result = supervise_plans(make_plans(run_id + "b", [], workers=1), run_id + "b", tmp_path)
-    assert result.error is None
-    assert stat.S_IMODE(existing.stat().st_mode) == 0o700
+
+def test_an_existing_run_dir_is_never_reused(run_id, tmp_path):
+    # Someone else's folder (or one left by a run that died early) must not receive run.json.
+    existing = tmp_path / "runs" / run_id
+    existing.mkdir(parents=True, mode=0o755)
+    result = supervise_plans(make_plans(run_id, [], workers=1), run_id, tmp_path)
+    assert isinstance(result.error, UsageError) and result.error.exit_code == 2
+    assert str(result.error) == f"run {run_id} already exists in {existing}; choose another run id"
+    assert list(existing.iterdir()) == [] and stat.S_IMODE(existing.stat().st_mode) == 0o755
 
 
 def test_a_log_dir_that_cannot_be_made_is_a_usage_error(run_id, tmp_path):

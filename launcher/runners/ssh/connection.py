@@ -12,7 +12,7 @@ import paramiko
 from launcher.config.addresses import Endpoint
 from launcher.config.spec import SshSettings
 from launcher.errors import ConnectError, HostKeyError, MgpuError
-from launcher.runners.ssh import hostkeys, remote_command
+from launcher.runners.ssh import hostkeys, known_hosts, remote_command
 from launcher.runners.ssh.options import SshOptions
 from launcher.runners.ssh.target import SshTarget, resolve_target
 from launcher.runners.ssh.transport import LOG_CHANNEL, SignalStatusTransport
@@ -175,6 +175,16 @@ def connect(target: SshTarget, options: SshOptions, config: paramiko.SSHConfig) 
     return Connection(target, client, clients, options.keepalive)
 
 
+def _proxy_command(target: SshTarget):
+    """The ssh config's ProxyCommand for the first hop, as a socket (None: connect directly)."""
+    if not target.proxy_command:
+        return None
+    try:
+        return paramiko.ProxyCommand(target.proxy_command)
+    except (paramiko.SSHException, OSError) as e:
+        raise ConnectError(f"{target.label}: ProxyCommand {target.proxy_command!r} failed: {e}") from e
+
+
 def _handshake_problem(client: paramiko.SSHClient, timeout: float) -> str | None:
     """Why the SSH handshake did not complete; None if it did (or never began).
 
@@ -197,16 +207,37 @@ def _handshake_problem(client: paramiko.SSHClient, timeout: float) -> str | None
     return f"the SSH handshake did not finish within {timeout:g} s"
 
 
+def _known_hosts_policy(options: SshOptions) -> hostkeys.HostKeyPolicy:
+    """Keys from ~/.ssh/known_hosts and --known-hosts alike; new ones go to the latter if given."""
+    record_in = hostkeys.default_known_hosts()
+    files = [record_in]
+    if options.known_hosts:
+        record_in = os.path.expanduser(options.known_hosts)
+        files.append(record_in)
+    return hostkeys.HostKeyPolicy(options.accept_new_host_keys, record_in, known_hosts.load(files))
+
+
+def _transport_preferring(key_types: tuple[str, ...]):
+    """A transport factory that asks first for the host key types known_hosts lists (as ssh
+    does), so a host with several keys is judged by one that is known."""
+    wanted = [alias for t in key_types for alias in (("rsa-sha2-512", "rsa-sha2-256", t) if t == "ssh-rsa" else (t,))]
+
+    def make(*args, **kwargs) -> SignalStatusTransport:
+        transport = SignalStatusTransport(*args, **kwargs)
+        options = transport.get_security_options()
+        first = [t for t in wanted if t in options.key_types]
+        options.key_types = first + [t for t in options.key_types if t not in first]
+        return transport
+
+    return make
+
+
 def _login(target: SshTarget, options: SshOptions, sock, via: tuple[Endpoint, ...] = ()) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.set_log_channel(LOG_CHANNEL)
-    client.load_system_host_keys()
-    record_in = hostkeys.default_known_hosts()
-    if options.known_hosts:
-        record_in = os.path.expanduser(options.known_hosts)
-        if os.path.exists(record_in):
-            client.load_host_keys(record_in)
-    client.set_missing_host_key_policy(hostkeys.HostKeyPolicy(options.accept_new_host_keys, record_in))
+    policy = _known_hosts_policy(options)
+    client.set_missing_host_key_policy(policy)
+    key_name = hostkeys.known_hosts_name(target.hostname, target.port)
     where = target.label + (f" via {','.join(map(str, via))}" if via else "")
     try:
         client.connect(
@@ -220,8 +251,8 @@ def _login(target: SshTarget, options: SshOptions, sock, via: tuple[Endpoint, ..
             channel_timeout=options.connect_timeout,
             allow_agent=True,
             look_for_keys=True,
-            sock=sock,
-            transport_factory=SignalStatusTransport,
+            sock=sock if sock is not None else _proxy_command(target),
+            transport_factory=_transport_preferring(known_hosts.known_types(policy.entries, key_name)),
         )
     except MgpuError:
         client.close()

@@ -11,6 +11,7 @@ import threading
 import paramiko
 
 from launcher.errors import HostKeyError
+from launcher.runners.ssh import known_hosts
 
 _known_hosts_lock = threading.Lock()
 
@@ -52,27 +53,42 @@ def changed_key_message(host: str, port: int, key_type: str, fingerprint: str) -
     )
 
 
-class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown host keys, or record them (StrictHostKeyChecking=accept-new)."""
+def revoked_key_message(name: str, key_type: str, fingerprint: str) -> str:
+    return f"{name}: host key {key_type} {fingerprint} is marked @revoked in known_hosts; refusing to connect"
 
-    def __init__(self, accept_new: bool, record_in: str):
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Every host key is judged here against the entries of every known_hosts file (the client
+    itself is given none, so paramiko asks for each): revoked and changed keys are refused;
+    unknown ones too, or recorded (StrictHostKeyChecking=accept-new)."""
+
+    def __init__(self, accept_new: bool, record_in: str, entries: list[known_hosts.KnownKey]):
         self.accept_new = accept_new
         self.record_in = record_in
+        self.entries = entries
 
     def missing_host_key(self, client, hostname, key):
         host, port = split_known_hosts_name(hostname)
-        fingerprint = sha256_fingerprint(key.asbytes())
+        blob = key.asbytes()
+        fingerprint = sha256_fingerprint(blob)
+        verdict = known_hosts.judge(self.entries, hostname, key.get_name(), blob)
+        if verdict.revoked:
+            raise HostKeyError(revoked_key_message(hostname, key.get_name(), fingerprint))
+        if verdict.trusted:
+            return
+        if verdict.other_keys_of_type:
+            raise HostKeyError(changed_key_message(host, port, key.get_name(), fingerprint))
         if not self.accept_new:
-            raise HostKeyError(
-                unknown_key_message(host, port, key.get_name(), fingerprint, self.record_in)
-            )
+            raise HostKeyError(unknown_key_message(host, port, key.get_name(), fingerprint, self.record_in))
         with _known_hosts_lock:
             directory = os.path.dirname(self.record_in)
             if directory and not os.path.isdir(directory):
                 os.makedirs(directory, mode=0o700, exist_ok=True)
-            with open(self.record_in, "a", encoding="utf-8") as f:
+            # 0600 whatever the umask; O_NOFOLLOW: a link planted in its place gets nothing.
+            fd = os.open(self.record_in, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(known_hosts_line(host, port, key.get_name(), key.get_base64()))
-        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.entries.append(known_hosts.KnownKey(hostname, key.get_name(), blob, revoked=False))
 
 
 def split_known_hosts_name(name: str) -> tuple[str, int]:

@@ -135,13 +135,14 @@ class SshRunner(Runner):
         return env
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        command = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace)
+        remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace)
         conn = self.connect(task)
         try:
             chan = conn.open_session(self.options.connect_timeout)
             try:
                 try:
-                    chan.exec_command(command)
+                    chan.exec_command(remote.command)
+                    chan.sendall(remote.stdin)  # the env values: never on a command line
                 except (paramiko.SSHException, EOFError, OSError) as e:
                     raise ConnectError(f"{conn.target.label}: cannot start the task: {e or type(e).__name__}") from e
                 stderr = ChannelStream(chan.recv_stderr)

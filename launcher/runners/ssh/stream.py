@@ -32,20 +32,27 @@ class ChannelStream(io.RawIOBase):
         self._buffer[:0] = data
 
     def readline(self, size: int = -1) -> bytes:
+        """One line, or its first `size` bytes when it is longer (as io's readline does), so that
+        output without newlines never grows the buffer beyond a chunk and a line."""
         start = 0
         while True:
             end = self._buffer.find(b"\n", start)
-            if end >= 0:
+            if end >= 0 and (size < 0 or end < size):
                 line = bytes(self._buffer[: end + 1])
                 del self._buffer[: end + 1]
+                return line
+            if 0 <= size <= len(self._buffer):
+                line = bytes(self._buffer[:size])
+                del self._buffer[:size]
                 return line
             if self._eof:
                 break
             start = len(self._buffer)
             self._fill()
         if self._buffer:
-            line = bytes(self._buffer)
-            self._buffer.clear()
+            cut = len(self._buffer) if size < 0 else size
+            line = bytes(self._buffer[:cut])
+            del self._buffer[:cut]
             return line
         if self.on_eof is not None:
             note, self.on_eof = self.on_eof(), None
@@ -78,6 +85,6 @@ class ChannelStream(io.RawIOBase):
         self._buffer += chunk
 
     def readinto(self, buffer) -> int:
-        line = self.readline()
+        line = self.readline(len(buffer))
         buffer[: len(line)] = line
         return len(line)

@@ -8,7 +8,7 @@ import os
 
 import paramiko
 
-from launcher.config.addresses import Endpoint, parse_endpoint
+from launcher.config.addresses import Endpoint, parse_endpoint, parse_port
 from launcher.config.spec import SshSettings
 from launcher.errors import ConnectError, UsageError
 from launcher.runners.ssh import hostkeys
@@ -24,6 +24,7 @@ class SshTarget:
     user: str
     identity_files: tuple[str, ...]
     proxy_jump: tuple[Endpoint, ...]  # jump hosts, outermost first
+    proxy_command: str | None = None  # ssh config's ProxyCommand (%h, %p expanded); ProxyJump wins
 
     @property
     def label(self) -> str:
@@ -48,7 +49,7 @@ def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SS
     for an identity file given in the spec or on the command line that does not exist."""
     settings = settings or SshSettings()
     found = config.lookup(alias)
-    port = settings.port if settings.port is not None else int(found.get("port", 22))
+    port = settings.port if settings.port is not None else _config_port(alias, found.get("port", "22"))
     user = settings.user or found.get("user") or getpass.getuser()
     if settings.identity_file:
         identity = os.path.expanduser(settings.identity_file)
@@ -69,5 +70,15 @@ def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SS
             except ValueError as e:  # e names the hop; name the whole list when there are several
                 shown = f"{jump!r}: {e}" if "," in jump else str(e)
                 raise UsageError(f"{alias}: bad ProxyJump {shown}") from None
-    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps))
+    proxy_command = found.get("proxycommand")
+    if jumps or not proxy_command or proxy_command.lower() == "none":
+        proxy_command = None
+    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps), proxy_command)
 
+
+
+def _config_port(alias: str, text: str) -> int:
+    try:
+        return parse_port(text)
+    except ValueError as e:
+        raise UsageError(f"{alias}: ssh config: Port {text}: {e}") from None

@@ -1,0 +1,160 @@
+"""The run directory and run ids against another user of the machine (the real user `nobody`):
+nothing another user plants can redirect what a launch writes, or what it kills."""
+
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.supervise.options import SuperviseOptions
+from launcher.supervise.rundir import check_run_dir, make_run_dir
+
+MGPU = pathlib.Path(sys.executable).parent / "mgpu"
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="acting as another user needs root and setpriv")
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder under /tmp that `nobody` can reach (pytest's tmp_path is private to root)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="mgpu-shared-", dir="/tmp"))
+    path.chmod(0o1777)  # like /tmp
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_nobody(script: str) -> None:
+    subprocess.run([*AS_NOBODY, "/bin/sh", "-c", script], check=True, timeout=30)
+
+
+def launch(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(MGPU), "launch", "--local", "1", *args, "--", "true"],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+@needs_root
+def test_a_planted_run_dir_link_receives_nothing(shared_dir, tmp_path):
+    # A sticky, world-writable log dir (like /tmp): nobody plants RUNID -> a folder of theirs.
+    log_dir = shared_dir / "runs"
+    log_dir.mkdir(mode=0o1777)
+    log_dir.chmod(0o1777)
+    as_nobody(f"mkdir {shared_dir}/loot && chmod 777 {shared_dir}/loot && ln -s {shared_dir}/loot {log_dir}/r1")
+    result = launch("--log-dir", str(log_dir), "--run-id", "r1", "--env", "TOKEN=s3cret", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"mgpu: error: run r1 already exists in {log_dir / 'r1'}; choose another run id\n"
+    assert list((shared_dir / "loot").iterdir()) == []
+
+
+@needs_root
+def test_a_log_dir_of_another_user_is_refused(shared_dir, tmp_path):
+    as_nobody(f"mkdir {shared_dir}/theirs")
+    result = launch("--log-dir", str(shared_dir / "theirs"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (f"mgpu: error: --log-dir {shared_dir / 'theirs'}: owned by nobody (uid 65534), "
+                             f"not by you; use a log dir of your own\n")
+    assert list((shared_dir / "theirs").iterdir()) == []
+
+
+@needs_root
+def test_a_log_dir_others_can_write_without_the_sticky_bit_is_refused(shared_dir, tmp_path):
+    open_dir = shared_dir / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    result = launch("--log-dir", str(open_dir), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (f"mgpu: error: --log-dir {open_dir}: writable by other users without the sticky bit; "
+                             f"make it private (chmod go-w) or use another\n")
+    assert list(open_dir.iterdir()) == []
+
+
+@needs_root
+def test_processes_of_another_user_neither_block_a_run_id_nor_get_killed(shared_dir, tmp_path):
+    # nobody tags a process of theirs with the run id a root launch will use.
+    theirs = subprocess.Popen([*AS_NOBODY, "env", "MGPU_RUN_ID=shared-id", "sleep", "60"])
+    try:
+        result = launch("--log-dir", str(tmp_path / "runs"), "--run-id", "shared-id", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert theirs.poll() is None
+    finally:
+        theirs.kill()
+        theirs.wait()
+
+
+def test_files_in_the_run_dir_are_never_opened_through_links(tmp_path):
+    run_dir = make_run_dir(SuperviseOptions(run_id="r", log_dir=tmp_path))
+    try:
+        target = tmp_path / "elsewhere"
+        target.write_text("keep\n")
+        (tmp_path / "r" / "worker-0.log").symlink_to(target)
+        (tmp_path / "r" / "run.json.tmp").symlink_to(target)
+        with pytest.raises(OSError):
+            run_dir.open_log("worker-0.log")
+        with pytest.raises(FileExistsError):
+            run_dir.create("run.json.tmp")
+        assert target.read_text() == "keep\n"
+    finally:
+        run_dir.close()
+
+
+def test_two_launches_with_one_run_id_cannot_both_claim_it(tmp_path):
+    options = SuperviseOptions(run_id="same", log_dir=tmp_path)
+    check_run_dir(options)
+    check_run_dir(options)  # both pass the early check...
+    first = make_run_dir(options)
+    try:
+        with pytest.raises(UsageError, match="run same already exists"):
+            make_run_dir(options)  # ...but only one wins the mkdir
+    finally:
+        first.close()
+    assert stat.S_IMODE((tmp_path / "same").stat().st_mode) == 0o700
+
+
+def test_default_run_ids_carry_128_random_bits():
+    from launcher.cli.options import new_run_id
+
+    ids = {new_run_id() for _ in range(100)}
+    assert len(ids) == 100
+    assert all(len(run_id.rsplit("-", 1)[1]) == 32 for run_id in ids)
+
+
+def test_run_json_hides_given_env_values_unless_asked(tmp_path):
+    for extra, shown in (((), False), (("--show-secrets",), True)):
+        run_id = f"secrets-{int(shown)}"
+        result = launch("--log-dir", str(tmp_path / "runs"), "--run-id", run_id, "--env", "TOKEN=s3cret-value",
+                        *extra, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        record = (tmp_path / "runs" / run_id / "run.json").read_text()
+        assert ("s3cret-value" in record) == shown
+        assert '"TOKEN": "***"' in record or shown
+        assert "TF_CONFIG" in record and run_id in record
+
+
+def test_renaming_the_run_dir_during_a_run_redirects_nothing(tmp_path):
+    # What a rename swap would do: the path now names another folder; the run keeps writing to its own.
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([str(MGPU), "launch", "--local", "1", "--log-dir", str(runs), "--run-id", "swap", "--",
+                             sys.executable, "-c", "import sys, time; time.sleep(2); print('late')"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        for _ in range(400):  # up to 20 s for the run to start
+            if (runs / "swap" / "run.json").exists():
+                break
+            time.sleep(0.05)
+        (runs / "swap").rename(runs / "moved")
+        (runs / "swap").mkdir()
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list((runs / "swap").iterdir()) == []
+    assert (runs / "moved" / "worker-0.log").read_text() == "late\n"
+    assert '"status": "succeeded"' in (runs / "moved" / "run.json").read_text()
