@@ -5,7 +5,8 @@ Usage: python benchmarks/run_all.py [--quick]
 
 Measures CLI start-up, launcher overhead, throughput and scaling of the seed CNN through
 `mgpu launch` (1 worker against 2, one intra-op and one inter-op thread each, 128 examples per
-replica), a plain Keras model.fit baseline, the gradient all-reduce on its own, and, when torch
+replica), a plain Keras model.fit baseline, a Keras 3 fit on the JAX backend at 1 and 2 workers
+(benchmarks/keras_jax_fit.py), the gradient all-reduce on its own, and, when torch
 is installed, torchrun-style DDP over gloo on the same CNN. The machine should be otherwise
 idle: two workers on two cores are slowed by anything else that runs. The accuracy benchmark
 (benchmarks/accuracy.py, real Fashion-MNIST) runs separately: `make bench-accuracy`.
@@ -98,6 +99,10 @@ def markdown(results: dict) -> str:
     keras_fit = results["keras_fit"]
     lines.append(f"| Keras model.fit, 1 process | {keras_fit['examples_per_sec']:.0f} ex/s; mgpu / fit = "
                  f"{mgpu['w1_examples_per_sec'] / keras_fit['examples_per_sec']:.2f} | >= 1.0 |")
+    jax_fit = results["keras_jax_fit"]
+    lines.append(f"| Keras 3 fit on JAX (examples/keras_jax_fit.py), 1 / 2 workers | "
+                 f"{jax_fit['w1_examples_per_sec']:.0f} / {jax_fit['w2_examples_per_sec']:.0f} ex/s, "
+                 f"scaling {jax_fit['scaling']:.3f} | |")
     allreduce = results.get("allreduce")
     if allreduce:
         lines.append(f"| gradient all-reduce alone (13.1 MB float32) | {allreduce['summary']} | |")
@@ -150,6 +155,7 @@ def main() -> None:
     results["launcher_overhead"] = launcher_overhead.measure(repeats)
     results["mgpu"] = throughput_and_scaling(repeats, steps)
     results["keras_fit"] = run_json([str(HERE / "keras_fit_baseline.py"), "--steps", str(steps)])
+    results["keras_jax_fit"] = run_json([str(HERE / "keras_jax_fit.py"), "--repeats", str(repeats)])
     probe = run_json([str(HERE / "mwms_scaling.py"), "--probe", "allreduce", "--workers", "2",
                       "--repeats", str(repeats)])
     call = probe["w2"]["last_run"]

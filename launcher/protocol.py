@@ -37,3 +37,13 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     if not (step.isdigit() and total.isdigit()):
         return None
     return int(step), int(total)
+
+
+# What `keras.distribution.initialize()` reads (Keras 3 on the JAX backend); set for every task that
+# is a member of the cluster, from the same addresses as TF_CONFIG.
+ENV_KERAS_JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # the coordinator (process 0) first
+ENV_KERAS_NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+ENV_KERAS_PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
+KERAS_DISTRIBUTION_ENV = (ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID)
+# JAX's cross-process collectives on CPU; set to "gloo" for tasks without GPUs.
+ENV_JAX_CPU_COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"

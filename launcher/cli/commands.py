@@ -117,10 +117,16 @@ def launch_command(**opts) -> None:
 
 TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 
+--format env prints TF_CONFIG as a shell `export` line; --format keras-env
+prints `export` lines of the KERAS_DISTRIBUTION_* variables that
+keras.distribution.initialize() reads (Keras 3 on the JAX backend; nothing for
+the evaluator, which is not a member of the job).
+
 \b
 Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format keras-env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
   srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
@@ -134,8 +140,9 @@ Examples:
               help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
                    "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "
                    "rank the evaluator).")
-@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
-              help="json, or env: an `export TF_CONFIG='...'` line for a shell.")
+@click.option("--format", "fmt", type=click.Choice(["json", "env", "keras-env"]), default="json", show_default=True,
+              help="json: TF_CONFIG; env: an `export TF_CONFIG='...'` line for a shell; "
+                   "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX.")
 def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config

@@ -5,7 +5,9 @@ which Python, and does it import TensorFlow (and the built-in trainer when the
 tasks run it) with the same TensorFlow version as this machine (or, without
 TensorFlow here, as the first host); are the tasks' ports free; how many GPUs
 does nvidia-smi list; with --legacy-keras (TF_USE_LEGACY_KERAS=1 in the plan), does tf_keras
-import, of the host's TensorFlow series. One table row per host; any failure raises.
+import, of the host's TensorFlow series. One table row per host; any failure raises. TensorFlow
+is required by the built-in trainer and by --legacy-keras: another program may not use it (a
+Keras 3 program on the JAX backend, say), so there it is shown, not demanded.
 
 This module never imports paramiko or TensorFlow: remote hosts are probed
 through a runner, local ones with a subprocess.
@@ -116,6 +118,7 @@ class _Probe:
     python_required: bool
     modules: tuple[str, ...]
     legacy_keras: bool = False
+    tensorflow_required: bool = False
 
 
 def probe_python(plan: TaskPlan) -> str:
@@ -127,11 +130,11 @@ def _probe_for(plan: TaskPlan) -> _Probe:
     argv = plan.argv
     legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
     if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
-        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras)
+        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
     if os.path.basename(argv[0]).startswith("python"):
-        return _Probe(argv[0], argv[0], True, (), legacy_keras)
+        return _Probe(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
     # Some other program: Python is only used for the probe itself, and may be absent.
-    return _Probe(argv[0], "python3", legacy_keras, (), legacy_keras)
+    return _Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
 
 
 def legacy_keras_fix(tensorflow_version: str | None) -> str:
@@ -197,7 +200,8 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
         report.tensorflow = result["tensorflow"]
     elif probe.python_required:
         report.tensorflow = "missing"
-        report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
+        if probe.tensorflow_required:
+            report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
     if probe.legacy_keras:
         _check_tf_keras(report, result)
     for module in result.get("missing_modules", []):

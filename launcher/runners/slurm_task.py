@@ -35,11 +35,16 @@ def plan_document(plans) -> dict:
     enough for the environment even with hundreds of tasks.
     """
     envs = [{k: v for k, v in plan.env.items() if k != "TF_CONFIG"} for plan in plans]
-    common = {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs)}
+    # Shared by every task that has it; a task without it lists it under "unset" (the evaluator
+    # lacks the Keras job variables, as long as the cluster list, that every other task shares).
+    common = {k: v for k, v in envs[0].items() if all(env.get(k, v) == v for env in envs)}
     tasks = []
     for plan, env in zip(plans, envs):
         task = {"host": plan.host, "type": plan.type, "index": plan.index,
                 "env": {k: v for k, v in env.items() if k not in common}}
+        unset = [k for k in common if k not in env]
+        if unset:
+            task["unset"] = unset
         if list(plan.argv) != list(plans[0].argv) or plan.workdir != plans[0].workdir:
             task.update(argv=list(plan.argv), workdir=plan.workdir)
         tasks.append(task)
@@ -71,6 +76,8 @@ def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tupl
     slurm_devices = environ.get("CUDA_VISIBLE_DEVICES")
     env.update(document["env"])
     env.update(task["env"])
+    for name in task.get("unset", ()):
+        env.pop(name, None)
     if slurm_devices is not None:  # Slurm bound GPUs to this step: its choice stands
         env["CUDA_VISIBLE_DEVICES"] = slurm_devices
     env["TF_CONFIG"] = tf_config_text(document["cluster"], task["type"], task["index"])

@@ -84,6 +84,7 @@ def installed_mgpu():
     ["launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json"],
     ["launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run"],
     ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1"],
+    ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "keras-env"],
     ["train", "--help"],
 ])
 def test_installed_cli_never_imports_tensorflow(poisoned_tensorflow, args):
@@ -106,3 +107,26 @@ def test_python_dash_m_launcher():
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["task"] == {"type": "worker", "index": 0}
+
+
+def check_this_machine(poisoned_tensorflow, *command):
+    """`mgpu check` of a one-worker cluster on this machine, where TensorFlow does not import."""
+    from launcher.host.ports import pick_free_ports
+
+    env = dict(os.environ, PYTHONPATH=poisoned_tensorflow)
+    return subprocess.run([installed_mgpu(), "check", "--workers", f"127.0.0.1:{pick_free_ports(1)[0]}", *command],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_check_demands_tensorflow_for_the_built_in_trainer(poisoned_tensorflow):
+    done = check_this_machine(poisoned_tensorflow)
+    assert done.returncode == 1
+    assert "tensorflow does not import: tensorflow must not be imported here" in done.stderr
+
+
+def test_check_shows_but_does_not_demand_tensorflow_for_another_program(poisoned_tensorflow):
+    """A Keras 3 program on the JAX backend, for one, runs on hosts without TensorFlow."""
+    done = check_this_machine(poisoned_tensorflow, sys.executable, str(ROOT / "examples" / "keras_jax_fit.py"))
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.strip().splitlines()
+    assert row.split()[4] == "missing" and row.endswith("ok")

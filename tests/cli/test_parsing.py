@@ -62,6 +62,8 @@ BAD_INPUTS = [
     (["--hostfile", "/nonexistent/hosts"], "No such file or directory"),
     (["--workers", "h1:2222", "--env", "TF_CONFIG={}"], "TF_CONFIG is set by mgpu for each task"),
     (["--workers", "h1:2222", "--env", "MGPU_RUN_ID=x"], "MGPU_RUN_ID is set by mgpu for each task"),
+    (["--workers", "h1:2222", "--env", "KERAS_DISTRIBUTION_PROCESS_ID=1"],
+     "KERAS_DISTRIBUTION_PROCESS_ID is set by mgpu for each task"),
     (["--workers", "h1:2222", "--run-id", "a/b"], "'a/b' is not a valid run id"),
     (["--workers", "h1:2222", "--run-id", "../up"], "'../up' is not a valid run id"),
     (["--workers", "h1:2222", "--ssh-config", "/nonexistent/ssh_config"], "does not exist"),

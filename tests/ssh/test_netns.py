@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import socket
 import subprocess
 import time
 
@@ -225,6 +227,40 @@ def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
         log = f"mgpu-runs/{run_id}/worker-{index}.log"  # under the launcher's working directory
         assert f"worker:{index} on {host} never listened on port 2222 (log: {log})" in lines
     assert lines.count("    reading the data set") == 2
+    assert not run_processes(run_id)
+
+
+@pytest.mark.slow
+def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
+    """Keras 3 on the JAX backend across two hosts: h2 reaches the coordinator on h1:2222, and gloo
+    connects the hosts. Gloo listens on the address the host's own name resolves to, so each host's
+    hosts file names it, as a real host's must (README, Keras 3 programs)."""
+    lab, known, config, _ = netns
+    hosts_files = {pathlib.Path(f"/etc/netns/{ns}/hosts"): name for name, ns in lab.namespaces.items()}
+    originals = {path: path.read_text() for path in hosts_files}
+    run_id = unique_run_id("netns-jax")
+    env = {**os.environ}
+    env.pop("SSH_AUTH_SOCK", None)
+    try:
+        for path, name in hosts_files.items():  # rewritten in place: the namespaces' mounts see it
+            path.write_text(originals[path] + f"{lab.hosts[name]} {socket.gethostname()}\n")
+        done = subprocess.run(
+            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
+             "--known-hosts", str(known), "--workdir", str(tmp_path), "--run-id", run_id,
+             "--log-dir", str(tmp_path / "runs"), "--", PYTHON, str(REPO / "examples" / "keras_jax_fit.py"),
+             "--epochs", "1"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        )
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = []
+    for index in (0, 1):
+        log = (tmp_path / "runs" / run_id / f"worker-{index}.log").read_text()
+        results.append(json.loads(next(line for line in log.splitlines() if line.startswith("RESULT "))[7:]))
+    assert [r["process_id"] for r in results] == [0, 1] and {r["num_processes"] for r in results} == {2}
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
     assert not run_processes(run_id)
 
 

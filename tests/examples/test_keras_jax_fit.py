@@ -1,0 +1,141 @@
+"""examples/keras_jax_fit.py, a Keras 3 `fit` on the JAX backend, under the real `mgpu launch`:
+one job across the tasks with equal weights at the end, fail-fast and restarts."""
+
+import json
+import os
+import pathlib
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.host import proctree
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = [sys.executable, str(REPO / "examples" / "keras_jax_fit.py")]
+MGPU = [sys.executable, "-m", "launcher"]
+
+
+class Launch:
+    """`mgpu launch ... -- python examples/keras_jax_fit.py ...` as a subprocess."""
+
+    def __init__(self, tmp_path, name, launch_args, example_args=()):
+        run_id = f"{name}-{secrets.token_hex(4)}"  # unique on this machine: processes are found by it
+        self.run_dir = tmp_path / "runs" / run_id
+        self.run_id = run_id
+        argv = [*MGPU, "launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+                "--run-id", run_id, "--", *EXAMPLE, *example_args]
+        self.proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+    def finish(self, timeout=240):
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            pytest.fail(f"mgpu launch did not finish in {timeout} s:\n{out[-3000:]}")
+        return self.proc.returncode, out
+
+    def record(self):
+        return json.loads((self.run_dir / "run.json").read_text())
+
+    def log(self, task):
+        path = self.run_dir / f"{task.replace(':', '-')}.log"
+        return path.read_text() if path.exists() else ""
+
+    def results(self, tasks):
+        """The RESULT line each task printed last."""
+        found = {}
+        for task in tasks:
+            lines = [line for line in self.log(task).splitlines() if line.startswith("RESULT ")]
+            assert lines, f"{task} printed no RESULT:\n{self.log(task)[-3000:]}"
+            found[task] = json.loads(lines[-1][len("RESULT "):])
+        return found
+
+    def wait_for_log(self, task, text, timeout=180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if text in self.log(task):
+                return
+            time.sleep(0.1)
+        pytest.fail(f"{task} never logged {text!r} (run ended: {self.proc.poll() is not None})")
+
+    def task_pid(self, task, attempt=0):
+        return self.record()["attempts"][attempt]["tasks"][task]["pid"]
+
+    def close(self):
+        """After a failed test: the launcher and every task of the run, without waiting out a grace period."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        for process in proctree.tagged_processes(self.run_id):
+            process.kill()
+
+
+@pytest.fixture
+def launches():
+    started = []
+    yield lambda *args, **kwargs: started.append(Launch(*args, **kwargs)) or started[-1]
+    for launch in started:
+        launch.close()
+
+
+def assert_one_job_with_equal_weights(results, processes):
+    assert sorted(r["process_id"] for r in results.values()) == list(range(processes))
+    assert {r["num_processes"] for r in results.values()} == {processes}
+    assert len({r["weights_sha256"] for r in results.values()}) == 1, results
+    assert len({r["loss"] for r in results.values()}) == 1, results
+
+
+def test_two_workers_train_one_job_and_end_with_equal_weights(tmp_path, launches):
+    launch = launches(tmp_path, "two", ["--local", "2"])
+    code, out = launch.finish()
+    assert code == 0, out[-3000:]
+    results = launch.results(["worker:0", "worker:1"])
+    assert_one_job_with_equal_weights(results, 2)
+    assert results["worker:0"]["process_id"] == 0  # worker 0 coordinates when there is no chief
+    assert results["worker:0"]["accuracy"] > 0.5  # it learned: the synthetic set is learnable
+    assert launch.record()["status"] == "succeeded"
+
+
+def test_with_a_chief_the_chief_is_process_0(tmp_path, launches):
+    launch = launches(tmp_path, "chief", ["--local", "1", "--chief"])
+    code, out = launch.finish()
+    assert code == 0, out[-3000:]
+    results = launch.results(["chief:0", "worker:0"])
+    assert_one_job_with_equal_weights(results, 2)
+    assert results["chief:0"]["process_id"] == 0 and results["worker:0"]["process_id"] == 1
+
+
+def test_a_killed_worker_ends_the_run_and_leaves_nothing(tmp_path, launches):
+    # A grace period far longer than the test allows: the other task must end on SIGTERM alone.
+    launch = launches(tmp_path, "killed", ["--local", "2", "--grace-period", "120"], ["--epochs", "100000"])
+    launch.wait_for_log("worker:0", "Epoch 2/")
+    os.kill(launch.task_pid("worker:1"), signal.SIGKILL)
+    code, out = launch.finish(timeout=60)
+    assert code == 1, out[-3000:]
+    assert "worker:1 on 127.0.0.1 was killed by SIGKILL" in out, out[-3000:]
+    assert "grace period over" not in out
+    assert launch.record()["status"] == "failed"
+    assert not proctree.tagged_processes(launch.run_id)
+
+
+def test_a_killed_worker_restarts_the_job_which_then_succeeds(tmp_path, launches):
+    launch = launches(tmp_path, "restarted", ["--local", "2", "--max-restarts", "1", "--grace-period", "60"],
+                      ["--epochs", "30"])
+    launch.wait_for_log("worker:0", "Epoch 2/")
+    assert launch.proc.poll() is None, "the run ended before worker:1 could be killed"
+    os.kill(launch.task_pid("worker:1"), signal.SIGKILL)
+    code, out = launch.finish()
+    assert code == 0, out[-3000:]
+    attempts = launch.record()["attempts"]
+    assert len(attempts) == 2
+    # The second attempt formed the job again, on the same coordinator address, and finished it.
+    assert_one_job_with_equal_weights(launch.results(["worker:0", "worker:1"]), 2)
+    assert not proctree.tagged_processes(launch.run_id)
