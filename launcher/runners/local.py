@@ -64,6 +64,17 @@ def pipe_reader(fd: int) -> io.BufferedReader:
     return io.BufferedReader(_PipeReadEnd(fd), READ_BUFFER)
 
 
+def close_pipe_readers(*streams: io.BufferedReader) -> None:
+    """Close streams made by pipe_reader. A reader thread may still wait on one; stop() ends
+    that wait, and close() then gets the stream's lock and releases the pipe."""
+    for stream in streams:
+        stream.raw.stop()
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
 class LocalTaskProcess(TaskProcess):
     """A task process in its own session (so a terminal's Ctrl-C reaches only the launcher)."""
 
@@ -106,14 +117,7 @@ class LocalTaskProcess(TaskProcess):
         return proctree.listens_on([self._root, *proctree.descendants(self._root)], port)
 
     def close(self) -> None:
-        # A reader thread may still wait on a stream; stop() ends that wait, and
-        # close() then gets the stream's lock and releases the pipe.
-        for stream in (self.stdout, self.stderr):
-            stream.raw.stop()
-            try:
-                stream.close()
-            except OSError:
-                pass
+        close_pipe_readers(self.stdout, self.stderr)
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -31,7 +31,7 @@ from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.runners.base import Runner, TaskProcess
-from launcher.runners.local import pipe_reader
+from launcher.runners.local import close_pipe_readers, pipe_reader
 from launcher.runners.slurm_task import plan_document, plan_environment
 
 BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
@@ -271,12 +271,7 @@ class SlurmTaskProcess(TaskProcess):
         self._step.signal(signum)
 
     def close(self) -> None:
-        for stream in (self.stdout, self.stderr):
-            stream.raw.stop()
-            try:
-                stream.close()
-            except OSError:
-                pass
+        close_pipe_readers(self.stdout, self.stderr)
         self._step.release(self._rank)
 
 
