@@ -16,8 +16,8 @@ DATA_DIR ?= ../shared/data/fashion-mnist
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,dev,bench,legacy-keras]'
+	$(PY) -m pip install --quiet --quiet --upgrade pip
+	$(PY) -m pip install --quiet --quiet -e '.[train,dev,bench,legacy-keras]'
 	touch $@
 
 venv: $(INSTALLED)

@@ -63,6 +63,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
 @click.option("--show", type=params.TASK_SELECTORS, metavar="TYPE[:INDEX],...",
               help="Show only these tasks on the console (logs still get everything), e.g. chief,worker:0.")
+@click.option("--show-tf-logs", is_flag=True,
+              help="Show TensorFlow's C++ INFO and WARNING records and its start-up notices (cuInit, oneDNN, "
+                   "CPU features) on the console; the task logs always have them.")
 @click.option("--grace-period", type=params.Seconds(0), default=10.0, show_default=True, metavar="SECONDS",
               help="Time between TERM and KILL when stopping tasks.")
 @click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",

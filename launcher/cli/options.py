@@ -288,6 +288,7 @@ def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],
+            show_tf_logs=opts["show_tf_logs"],
             show_secrets=opts["show_secrets"],
         ),
         ssh=ssh_options_from(opts),

@@ -3,7 +3,8 @@
 - bind_failure(): a line saying the task's port could not be bound.
 - meaningful(): a task's lines without TensorFlow's C++ start-up noise (cuInit
   without a GPU, the absl preamble, oneDNN and CPU-feature notices, INFO and
-  WARNING records). Only summaries are filtered; log files keep every line.
+  WARNING records). Summaries leave it out, and so does the console unless
+  asked (`--show-tf-logs`); log files keep every line.
 - cause(): the lines that say why a task failed: the last Python exception
   (type, message, and the deepest frame outside libraries), else the first
   error line, else the last meaningful lines.
@@ -78,17 +79,21 @@ def is_noise(line: str) -> bool:
     return not line.strip() or bool(_PLAIN_NOISE.search(line))
 
 
+class NoiseFilter:
+    """is_noise() for one stream of lines: a noisy record's continuation lines are noise too."""
+
+    def __init__(self) -> None:
+        self._after_noise = False
+
+    def is_noise(self, line: str) -> bool:
+        self._after_noise = is_noise(line) or (self._after_noise and bool(_CONTINUATION.match(line.strip())))
+        return self._after_noise
+
+
 def meaningful(lines: Iterable[str]) -> list[str]:
     """`lines` without noise, and without the continuation lines of noisy records."""
-    kept = []
-    after_noise = False
-    for line in lines:
-        if is_noise(line) or (after_noise and _CONTINUATION.match(line.strip())):
-            after_noise = True
-            continue
-        after_noise = False
-        kept.append(line)
-    return kept
+    noise = NoiseFilter()
+    return [line for line in lines if not noise.is_noise(line)]
 
 
 def _cut(line: str) -> str:

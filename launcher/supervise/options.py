@@ -15,5 +15,6 @@ class SuperviseOptions:
     max_restarts: int = 0
     timestamps: bool = False
     show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
+    show_tf_logs: bool = False  # TensorFlow's C++ INFO/WARNING records and start-up notices on the console too
     max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
     show_secrets: bool = False  # run.json shows the values of the plans' secret_env

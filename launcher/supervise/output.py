@@ -5,7 +5,9 @@ never blocks on a full pipe. Every line goes, unprefixed, to
 <run dir>/<type>-<index>.log (a line longer than 64 KiB is cut into pieces, so
 lines from the two streams never mix); after a restart the same file continues
 below a "----- mgpu: attempt N started <time> -----" line. The console gets each line whole, prefixed with the task's name
-("[worker:1] "), optionally with a time, and only for the tasks `show` selects.
+("[worker:1] "), optionally with a time, and only for the tasks `show` selects;
+TensorFlow's C++ chatter (diagnosis.is_noise: INFO and WARNING records, the
+notices every GPU-less start prints) stays off the console unless asked for.
 Console lines wait in a bounded buffer written by one thread; if the console
 cannot keep up (a paused pager, a slow terminal), lines are dropped from the
 console, never from the log, and a notice says how many.
@@ -150,6 +152,7 @@ class TaskOutput:
         log: BinaryIO,
         console: Console | None,
         timestamps: bool,
+        show_tf_logs: bool = False,
     ):
         self.plan = plan
         self.log_path = log_path
@@ -159,6 +162,8 @@ class TaskOutput:
         self.bind_failure: int | None = None
         self._console = console
         self._timestamps = timestamps
+        # One per stream: a record's continuation lines follow it on its own stream.
+        self._noise = None if show_tf_logs else {True: diagnosis.NoiseFilter(), False: diagnosis.NoiseFilter()}
         self._prefix = f"[{plan.name}] "
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -250,12 +255,19 @@ class TaskOutput:
             self.tail.append(text[:TAIL_LINE_CHARS])
         if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
             return
+        if self._noise is not None and self._noise[is_stdout].is_noise(text):
+            return
         text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
         bar = self._meter.render(text, len(self._prefix)) if is_stdout else None
         key = self._live_key(is_stdout)
         if bar is not None:
-            self._live_keys.add(self._prefix + "progress")
-            self._console.set_live(self._prefix + "progress", self._stamped(bar))
+            progress = protocol.parse_progress(text)
+            if progress[1] and progress[0] >= progress[1]:  # complete: stays where it ends, before later lines
+                self._live_keys.discard(self._prefix + "progress")
+                self._console.end_live(self._prefix + "progress", self._stamped(bar))
+            else:
+                self._live_keys.add(self._prefix + "progress")
+                self._console.set_live(self._prefix + "progress", self._stamped(bar))
         elif key in self._live_keys:  # the redrawn line ended: its last state is an ordinary line
             self._live_keys.discard(key)
             self._console.end_live(key, self._stamped(text))
@@ -266,11 +278,13 @@ class TaskOutput:
 class RunOutput:
     """Output of a whole run: the console and the run directory's log files."""
 
-    def __init__(self, run_dir: RunDir, console: TextIO, timestamps: bool, show: frozenset[str] | None):
+    def __init__(self, run_dir: RunDir, console: TextIO, timestamps: bool, show: frozenset[str] | None,
+                 show_tf_logs: bool = False):
         self.run_dir = run_dir
         self._console = Console(console)
         self._timestamps = timestamps
         self._show = show
+        self._show_tf_logs = show_tf_logs
 
     def shows(self, plan: TaskPlan) -> bool:
         return self._show is None or plan.type in self._show or plan.name in self._show
@@ -278,7 +292,8 @@ class RunOutput:
     def open_task(self, plan: TaskPlan, attempt: int) -> TaskOutput:
         console = self._console if self.shows(plan) else None
         log = os.fdopen(self.run_dir.open_log(log_name(plan)), "ab")
-        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), log, console, self._timestamps)
+        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), log, console, self._timestamps,
+                          self._show_tf_logs)
 
     def notice(self, text: str) -> None:
         """A line from the launcher itself; always shown."""

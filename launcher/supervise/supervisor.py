@@ -143,7 +143,7 @@ class _Supervisor:
             "log_dir": str(options.log_dir),
         }
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
-        self.output = RunOutput(run_dir, console, options.timestamps, options.show)
+        self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
 
     # -- the whole run ---------------------------------------------------------

@@ -108,3 +108,18 @@ def test_progress_lines_render_as_a_bar_with_step_rate_and_eta():
     bar = meter.render(protocol.progress_line(300, 1000), 11, now=10.0)
     assert "300/1000" in bar and "20.00 steps/s" in bar and "<00:35" in bar and "30%" in bar
     assert protocol.parse_progress("MGPU_PROGRESS 3/x") is None
+
+
+def test_a_complete_progress_bar_stays_before_the_lines_after_it(run_id, tmp_path):
+    script = ("import time\n"
+              "for step in (1, 2, 3):\n"
+              f"    print('{protocol.PROGRESS_PREFIX}%d/3' % step, flush=True); time.sleep(0.2)\n"
+              "print('done step=3', flush=True)\n"
+              "time.sleep(1)\n")
+    plans = [dataclasses.replace(plan, argv=(sys.executable, "-c", script))
+             for plan in make_plans(run_id, [], workers=1)]
+    result = supervise_plans(plans, run_id, tmp_path)
+    assert result.error is None, result.console
+    shown = [line for line in result.console.splitlines() if line.startswith("[worker:0] ")]
+    assert re.match(r"\[worker:0\] 100%\|#+\| 3/3 ", shown[-2]), shown
+    assert shown[-1] == "[worker:0] done step=3"

@@ -15,13 +15,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 UNCLEAN_EXIT = ("CoordinationService", "have crashed", "Heartbeat")
 # A record TensorFlow's gRPC server logs at INFO level once it listens (after the start-up banner).
 SERVER_STARTED = "Started server with target"
+ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 TRAINER = ["--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "4", "--log-every", "2"]
 
 
-def launch(tmp_path, run_id, *trainer_args):
+def launch(tmp_path, run_id, *trainer_args, launcher_args=()):
     done = subprocess.run(
         [sys.executable, "-m", "launcher", "launch", "--local", "2", "--threads-per-task", "1",
-         "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, "--", *TRAINER, *trainer_args],
+         "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, *launcher_args, "--", *TRAINER, *trainer_args],
         cwd=tmp_path, capture_output=True, text=True, timeout=200, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     logs = [(tmp_path / "runs" / run_id / f"worker-{i}.log").read_text() for i in (0, 1)]
@@ -34,15 +35,20 @@ def test_quiet_by_default_and_clean_at_the_end(tmp_path):
         assert SERVER_STARTED not in log
         assert not [word for word in UNCLEAN_EXIT if word in log], log[-3000:]
     assert not [word for word in UNCLEAN_EXIT if word in done.stdout + done.stderr]
-    # Past the start-up banner, nothing of TensorFlow's INFO/WARNING chatter reaches the console.
-    after_ready = done.stdout[done.stdout.index("[mgpu] all 2 tasks ready"):]
-    chatter = [line for line in after_ready.splitlines()
+    # TensorFlow prints its start-up notices whatever TF_CPP_MIN_LOG_LEVEL says: the logs have
+    # them, the console does not, nor any INFO/WARNING record later.
+    assert all(ABSL_PREAMBLE in log for log in logs)
+    chatter = [line for line in done.stdout.splitlines()
                if diagnosis.is_noise(line.split("] ", 1)[-1]) and line.split("] ", 1)[-1].strip()]
     assert chatter == [], chatter
+    assert "[mgpu] all 2 tasks ready" in done.stdout
     closing = done.stdout.splitlines()[-1]
     assert closing.startswith("[mgpu] done: 2 tasks succeeded in ") and closing.endswith("/runs/quiet/")
 
 
-def test_tf_log_level_zero_shows_the_info_records(tmp_path):
-    _, logs = launch(tmp_path, "verbose", "--tf-log-level", "0")
+def test_tf_log_level_zero_and_show_tf_logs_show_the_info_records(tmp_path):
+    done, logs = launch(tmp_path, "verbose", "--tf-log-level", "0", launcher_args=["--show-tf-logs"])
     assert all(SERVER_STARTED in log for log in logs)
+    for name in ("worker:0", "worker:1"):
+        assert f"[{name}] {ABSL_PREAMBLE}" in done.stdout + done.stderr
+        assert any(line.startswith(f"[{name}] I") and SERVER_STARTED in line for line in done.stdout.splitlines())
