@@ -11,7 +11,7 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    check_text, cluster_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
+    check_text, cluster_options, host_address_options, launch_options_from, make_plans, new_run_id, read_spec, ssh_options, ssh_options_from,
     with_command_line, with_task_settings,
 )
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
@@ -123,7 +123,8 @@ TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 --format env prints TF_CONFIG as a shell `export` line; --format keras-env
 prints `export` lines of the KERAS_DISTRIBUTION_* variables that
 keras.distribution.initialize() reads (Keras 3 on the JAX backend; nothing for
-the evaluator, which is not a member of the job).
+the evaluator, which is not a member of the job). Hosts appear as `mgpu launch`
+writes them: an ssh-config alias as its HostName, unless --keep-host-names.
 
 \b
 Examples:
@@ -146,6 +147,7 @@ Examples:
 @click.option("--format", "fmt", type=click.Choice(["json", "env", "keras-env"]), default="json", show_default=True,
               help="json: TF_CONFIG; env: an `export TF_CONFIG='...'` line for a shell; "
                    "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX.")
+@host_address_options
 def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config
@@ -163,7 +165,8 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
         return
     if task_index is None:
         raise UsageError("give --task-index (or --from-slurm inside a Slurm job step)")
-    plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False)
+    # The same addresses as `mgpu launch` writes: ssh-config HostNames unless --keep-host-names.
+    plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False, opts=opts)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
 
 

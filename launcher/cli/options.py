@@ -50,21 +50,32 @@ def cluster_options(func):
     return func
 
 
+ssh_config_option = click.option(
+    "--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+    help="An OpenSSH config file to use instead of ~/.ssh/config.")
+keep_host_names_option = click.option(
+    "--keep-host-names", is_flag=True,
+    help="Write hosts into TF_CONFIG as given, not as the HostName their ssh config names.")
+
+
+def host_address_options(func):
+    """The part of ssh_options that decides the address TF_CONFIG gives each host (for tf-config)."""
+    return ssh_config_option(keep_host_names_option(func))
+
+
 def ssh_options(func):
     options = [
         click.option("--ssh-user", help="SSH user for hosts that name none."),
         click.option("--ssh-port", type=params.PORT, help="SSH port for hosts that name none."),
         click.option("--identity", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
                      help="SSH private key file."),
-        click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
-                     help="An OpenSSH config file to use instead of ~/.ssh/config."),
+        ssh_config_option,
         click.option("--known-hosts", type=click.Path(dir_okay=False), metavar="FILE",
                      help="A known_hosts file to trust besides ~/.ssh/known_hosts."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
                           "A changed key is always refused."),
-        click.option("--keep-host-names", is_flag=True,
-                     help="Write hosts into TF_CONFIG as given, not as the HostName their ssh config names."),
+        keep_host_names_option,
         click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
     ]

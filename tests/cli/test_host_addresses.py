@@ -71,3 +71,15 @@ def test_without_an_ssh_config_names_stay(mgpu, tmp_path, monkeypatch):
     tasks = dry_run(mgpu, "--workers", "h1:2222,h2:2222")
     assert all("address" not in t for t in tasks)
     assert json.dumps(tasks[0]["tf_config"]["cluster"]) == '{"worker": ["h1:2222", "h2:2222"]}'
+
+
+def test_tf_config_gives_the_addresses_launch_gives(mgpu, tmp_path):
+    config = write_config(tmp_path, ALIASES)
+    launched = dry_run(mgpu, "--workers", "h1:2222,h2:2222", "--ssh-config", config)
+    printed = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--ssh-config", config)
+    assert printed.exit_code == 0, printed.stderr
+    assert json.loads(printed.stdout) == launched[1]["tf_config"]
+    assert launched[1]["tf_config"]["cluster"] == {"worker": ["10.0.0.5:2222", "10.0.0.6:2222"]}
+    kept = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--ssh-config", config,
+                "--keep-host-names")
+    assert json.loads(kept.stdout)["cluster"] == {"worker": ["h1:2222", "h2:2222"]}
