@@ -42,7 +42,8 @@ def two_nodes(tmp_path_factory):
 def test_trainer_across_two_nodes(two_nodes, tmp_path):
     model_dir, runs = tmp_path / "model", tmp_path / "runs"
     argv = [*MGPU, "launch", "--slurm", "--port", "23600", "--run-id", "two-nodes", "--log-dir", str(runs),
-            "--threads-per-task", "1", "--", "--dataset", "synthetic", "--model", "small", "--train-steps", "4",
+            # Worker 1 prints only TensorFlow's start-up notices: shown, they prove its output is relayed.
+            "--threads-per-task", "1", "--show-tf-logs", "--", "--dataset", "synthetic", "--model", "small", "--train-steps", "4",
             "--batch-size-per-replica", "16", "--log-every", "2", "--model-dir", str(model_dir)]
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
