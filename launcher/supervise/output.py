@@ -255,8 +255,8 @@ class TaskOutput:
             self.tail.append(text[:TAIL_LINE_CHARS])
         if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
             return
-        if self._noise is not None and self._noise[is_stdout].is_noise(text):
-            return
+        if self._noise is not None and text.strip() and self._noise[is_stdout].is_noise(text):
+            return  # a blank line is the program's own spacing: shown
         text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
         bar = self._meter.render(text, len(self._prefix)) if is_stdout else None
         key = self._live_key(is_stdout)

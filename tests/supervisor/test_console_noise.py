@@ -18,7 +18,7 @@ NOISE = [
     "W1123 12:00:05.123456    3662 collective_ops.cc:12] Example stragglers:",
     "/job:worker/replica:0/task:1",
 ]
-SAID = ["step 1 of the program", "E0000 00:00:1795443908.6 1 grpc.cc:9] an error record that is not noise"]
+SAID = ["step 1 of the program", "", "E0000 00:00:1795443908.6 1 grpc.cc:9] an error record that is not noise"]
 
 
 def run_task(run_id, tmp_path, **options):
