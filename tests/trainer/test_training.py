@@ -4,6 +4,7 @@ The small model on synthetic data with one thread per process is exactly reprodu
 which the resume and equivalence checks rely on.
 """
 
+import pathlib
 import re
 import signal
 import subprocess
@@ -193,21 +194,32 @@ def test_preempted_workers_agree_on_a_step_and_resume(tmp_path):
     assert metrics["replica_fingerprints"][0] == metrics["replica_fingerprints"][1]
 
 
+def recorded_step(model_dir: pathlib.Path) -> int | None:
+    """The step of the newest checkpoint the state file records, None before the first."""
+    try:
+        state = (model_dir / "checkpoint").read_text()
+    except FileNotFoundError:
+        return None
+    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state, re.M)
+    return int(match.group(1)) if match else None
+
+
 def test_killed_run_resumes_to_the_same_weights_as_an_uninterrupted_one(tmp_path):
     args = [*FAST, "--batch-size-per-replica", "64", "--log-every", "10", "--checkpoint-every", "10"]
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
     victim = Trainer([*args, "--train-steps", "100000", "--model-dir", str(killed_dir)],
                      tmp_path / "victim.log")
     try:
-        wait_for(lambda: (killed_dir / "ckpt-20.index").exists(), 180, "checkpoint 20")
+        # The state file stays (rewritten atomically) while checkpoint files come and go: a fast
+        # trainer writes and deletes a checkpoint between two polls.
+        wait_for(lambda: (recorded_step(killed_dir) or 0) >= 20, 180, "checkpoint 20 or later")
         victim.signal(signal.SIGKILL)
         victim.wait(30)
     finally:
         victim.close()
     # The newest complete checkpoint is the one the state file names: a kill may land
     # between writing a checkpoint's files and recording it.
-    state = (killed_dir / "checkpoint").read_text()
-    latest = int(re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state, re.M).group(1))
+    latest = recorded_step(killed_dir)
     final = latest + 20
 
     resumed = Trainer([*args, "--train-steps", str(final), "--model-dir", str(killed_dir)],
