@@ -35,15 +35,29 @@ def descendants(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def _tcp_sockets(proc: psutil.Process) -> list:
+    try:
+        return proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+    except psutil.Error:
+        return []
+
+
 def listens_on(procs: Iterable[psutil.Process], port: int) -> bool:
     """Whether one of `procs` has a TCP socket listening on `port` (any address)."""
+    return joined(procs, port, None)
+
+
+def joined(procs: Iterable[psutil.Process], own_port: int | None, coordinator_port: int | None) -> bool:
+    """Whether one of `procs` listens on `own_port` (a TensorFlow server; process 0 of JAX or
+    PyTorch) or holds an established TCP connection to `coordinator_port` (the other processes
+    of JAX and PyTorch, which dial process 0 and listen on no port of their own)."""
     for proc in procs:
-        try:
-            sockets = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
-        except psutil.Error:
-            continue
-        if any(s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port for s in sockets):
-            return True
+        for s in _tcp_sockets(proc):
+            if s.status == psutil.CONN_LISTEN and own_port is not None and s.laddr and s.laddr.port == own_port:
+                return True
+            if (s.status == psutil.CONN_ESTABLISHED and coordinator_port is not None and s.raddr
+                    and s.raddr.port == coordinator_port):
+                return True
     return False
 
 

@@ -43,6 +43,13 @@ class TaskProcess(abc.ABC):
         """
         return None
 
+    def joined(self, own_port: int | None, coordinator_port: int | None) -> bool | None:
+        """Whether the task has joined its cluster in a way any framework shows: a process of the
+        task listens on `own_port` (TensorFlow's server, process 0 of JAX or PyTorch), or holds an
+        established TCP connection to `coordinator_port` (the other JAX and PyTorch processes).
+        None when this runner cannot tell."""
+        return self.listens_on(own_port) if own_port is not None else None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

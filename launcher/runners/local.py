@@ -112,9 +112,12 @@ class LocalTaskProcess(TaskProcess):
         proctree.send(members, signum)
 
     def listens_on(self, port: int) -> bool:
+        return self.joined(port, None)
+
+    def joined(self, own_port: int | None, coordinator_port: int | None) -> bool:
         if self._root is None or self._popen.returncode is not None or not proctree.is_alive(self._root):
             return False
-        return proctree.listens_on([self._root, *proctree.descendants(self._root)], port)
+        return proctree.joined([self._root, *proctree.descendants(self._root)], own_port, coordinator_port)
 
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)

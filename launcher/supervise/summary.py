@@ -23,7 +23,8 @@ class TaskView:
     waits_for_ready: bool  # speaks the ready-line protocol
     lines: Sequence[str]  # its last lines of output, this attempt
     log_path: pathlib.Path
-    listened: bool | None = None  # whether it listened on its port; None: unknown
+    joined: bool | None = None  # whether it listened on its port (or dialled the coordinator's); None: unknown
+    coordinator_port: int | None = None  # a connection to it counts as joining; None: only listening counts
 
 
 def failure_summary(head: str, task: TaskView) -> str:
@@ -47,10 +48,12 @@ def failure_summary(head: str, task: TaskView) -> str:
 
 def _state(task: TaskView) -> str:
     where = f"port {task.port}" if task.port is not None else ""
-    if task.waits_for_ready and task.listened:
+    if task.waits_for_ready and task.joined:
         return f"listened on {where} but never joined the cluster"
-    if task.port is not None and task.listened is False:
-        return f"never listened on {where}"
+    if task.port is not None and task.joined is False:
+        if task.coordinator_port is None or task.coordinator_port == task.port:
+            return f"never listened on {where}"
+        return f"never joined: it neither listened on {where} nor connected to the coordinator's port {task.coordinator_port}"
     return "never reported ready"
 
 

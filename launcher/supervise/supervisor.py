@@ -9,10 +9,14 @@ The rules:
   is done, the run waits for it to finish by itself. The run's outcome is the
   training tasks'.
 - Readiness: a task whose plan waits for readiness is ready once it prints
-  protocol.READY_LINE on stdout; any other program once a process of its tree
-  listens on its port (its TF server started); a task without a port once
-  started. Every training task must be ready within the start timeout, else the
-  cluster is stopped and the report names what each missing task did not do.
+  protocol.READY_LINE on stdout; any other program once it has joined the
+  cluster as its runner sees it: a process of its tree listens on its own port
+  (a TensorFlow server; process 0 of JAX or PyTorch) or holds a connection to
+  the coordinator's port (the first member's: the other JAX and PyTorch
+  processes dial it and listen on nothing); a task without a port, or whose
+  runner cannot tell, once started. Every training task must be ready within the
+  start timeout, else the cluster is stopped and the report names what each
+  missing task did not do.
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
@@ -89,11 +93,12 @@ class _Task:
     sidecar: bool  # its failure does not stop training
     returncode: int | None = None
     ready: bool = False
-    listened: bool | None = None  # known at a start timeout: whether it listened on its port
+    ready_by_ending: bool = False  # it ended before any sign of having joined was seen
+    joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
 
     @property
-    def started_by_listening(self) -> bool:
-        """Ready once its port is listened on: a program without the ready line, in the cluster."""
+    def started_by_joining(self) -> bool:
+        """Ready once it joins the cluster: a program without the ready line, in the cluster."""
         return not self.plan.waits_for_ready and self.plan.port is not None
 
 
@@ -129,6 +134,8 @@ class _Supervisor:
         self.run_dir = run_dir
         self.signals = Signals()
         self.any_local = any(p.local for p in self.plans)
+        # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
+        self.coordinator_port = next((p.port for p in self.plans if p.type in protocol.TRAINING_TASK_TYPES), None)
         # Without training tasks, nothing is a sidecar: every task counts.
         self.sidecar_types = (
             frozenset(p.type for p in self.plans) - frozenset(protocol.TRAINING_TASK_TYPES)
@@ -236,7 +243,7 @@ class _Supervisor:
         output.attach(proc.stdout, proc.stderr)
         self.record.task_started(plan, proc.pid, log_name(plan))
         task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types)
-        if not plan.waits_for_ready and (plan.port is None or proc.listens_on(plan.port) is None):
+        if not plan.waits_for_ready and (plan.port is None or proc.joined(plan.port, self.coordinator_port) is None):
             task.ready = True  # nothing to wait for, or no way to tell: counts as started
             self.record.task_ready(plan)
         return task
@@ -265,19 +272,20 @@ class _Supervisor:
                 self.output.notice(f"{failed.plan.name} {describe_exit(failed.returncode)}; stopping all tasks")
                 return _Outcome(runrecord.FAILED, failed=failed)
             if all(t.returncode is not None if t.sidecar else t.returncode == 0 for t in tasks):
+                self._mark_ready(tasks, check_ports=False)  # a task that ended before any sign has its ready_at too
                 return _Outcome(runrecord.SUCCEEDED)
             if not all_ready:
                 check_ports = time.monotonic() >= next_listen_check
                 if check_ports:
                     next_listen_check = time.monotonic() + LISTEN_CHECK_INTERVAL
                 all_ready = self._mark_ready(tasks, check_ports)
-                if all_ready and any(t.returncode is None for t in tasks):
+                if all_ready and not any(t.ready_by_ending for t in tasks):
                     self.output.notice(f"all {len(tasks)} tasks ready after {time.monotonic() - started:.1f} s")
                 missing = tuple(t for t in tasks if not t.ready and not t.sidecar)
                 if missing and time.monotonic() > deadline:
                     for task in missing:
                         if task.plan.port is not None:
-                            task.listened = task.proc.listens_on(task.plan.port)
+                            task.joined = task.proc.joined(task.plan.port, self._dialled_port(task))
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
@@ -295,11 +303,19 @@ class _Supervisor:
                 continue
             # A sidecar that ended, even failed, counts as ready: it cannot get ready any more.
             ended = task.returncode is not None if task.sidecar else task.returncode == 0
-            listening = check_ports and task.started_by_listening and bool(task.proc.listens_on(task.plan.port))
-            if task.output.ready.is_set() or ended or listening:
+            joined = (check_ports and task.started_by_joining
+                      and bool(task.proc.joined(task.plan.port, self.coordinator_port)))
+            if task.output.ready.is_set() or ended or joined:
                 task.ready = True
-                self.record.task_ready(task.plan)
+                task.ready_by_ending = not (task.output.ready.is_set() or joined)
+                if not (task.sidecar and task.ready_by_ending):  # a training task that ended 0 had joined
+                    self.record.task_ready(task.plan)
         return all(t.ready for t in tasks)
+
+    def _dialled_port(self, task: _Task) -> int | None:
+        """The coordinator's port, where a connection to it counts as joining (not for a program
+        that prints the ready line: TensorFlow's workers dial the coordinator long before that)."""
+        return None if task.plan.waits_for_ready else self.coordinator_port
 
     def _poll(self, tasks: list[_Task]) -> list[_Task]:
         """Collect exit codes; return the tasks found ended by this call."""
@@ -378,8 +394,7 @@ class _Supervisor:
             head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
         return failure_summary(head + after, self._view(task))
 
-    @staticmethod
-    def _view(task: _Task) -> TaskView:
+    def _view(self, task: _Task) -> TaskView:
         plan = task.plan
         return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
-                        task.output.log_path, task.listened)
+                        task.output.log_path, task.joined, self._dialled_port(task))

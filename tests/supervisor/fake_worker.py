@@ -91,6 +91,9 @@ def main():
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--bind", action="store_true", help="listen on this task's TF_CONFIG port, like a TF server")
     ap.add_argument("--no-bind", action="append", default=[], help="with --bind: tasks that do not listen")
+    ap.add_argument("--dial", action="append", default=[],
+                    help="tasks that connect to the first member's port and hold the connection, like the "
+                         "processes of JAX or PyTorch other than 0")
     ap.add_argument("--steal-port", action="append", default=[], help="THIEF=VICTIM: task THIEF listens on task VICTIM's port first")
     args = ap.parse_args()
 
@@ -126,6 +129,15 @@ def main():
             sys.exit(1)
         sock.listen()
         held.append(sock)
+    if selected(args.dial):
+        cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+        first = "chief:0" if "chief" in cluster else "worker:0"
+        for _ in range(400):  # bounded: the coordinator may not listen yet
+            try:
+                held.append(socket.create_connection(cluster_address(first), timeout=5))
+                break
+            except OSError:
+                time.sleep(0.05)
     pid_dir = args.record or "."
     if selected(args.grandchild):
         spawn_sleeper(os.path.join(pid_dir, f"{TYPE}-{INDEX}.grandchild.pid"), new_session=False)

@@ -396,13 +396,32 @@ def test_a_program_without_the_ready_line_is_ready_once_it_listens(run_id, tmp_p
     assert "[mgpu] all 2 tasks ready after" in result.console
 
 
+def test_jax_and_torch_style_tasks_are_ready_once_they_hold_a_connection_to_the_coordinator(run_id, tmp_path):
+    # Only process 0 listens; process 1 dials it and listens on nothing. Both run past the start timeout.
+    plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--dial", "worker:1", "--sleep", "4"])
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5)
+    assert result.error is None, result.error
+    tasks = result.run["attempts"][0]["tasks"]
+    assert all(t["ready_at"] and t["ready_at"] < t["ended_at"] for t in tasks.values()), tasks
+    assert "[mgpu] all 2 tasks ready after" in result.console
+
+
+def test_tasks_that_end_before_joining_are_not_announced_ready(run_id, tmp_path):
+    plans = make_plans(run_id, ["--sleep", "0"])  # no port listened on, no connection: never seen joined
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=30)
+    assert result.error is None, result.error
+    assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
+    assert "tasks ready" not in result.console
+
+
 def test_a_program_that_never_listens_hits_the_start_timeout(run_id, tmp_path):
     plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--lines", "2", "--forever"])
     result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5, grace_period=0.5)
     assert isinstance(result.error, TaskFailed)
     lines = str(result.error).splitlines()
     assert lines[0] == "start timeout: worker:1 not ready after 2.5 s"
-    assert lines[1] == f"worker:1 on 127.0.0.1 never listened on port {plans[1].port} (log: {result.run_dir / 'worker-1.log'})"
+    assert lines[1] == (f"worker:1 on 127.0.0.1 never joined: it neither listened on port {plans[1].port} nor "
+                        f"connected to the coordinator's port {plans[0].port} (log: {result.run_dir / 'worker-1.log'})")
     assert lines[2] == "  it printed last:"
     printed = {f"    {stream} worker:1 {i}" for stream in ("out", "err") for i in (0, 1)}
     assert len(lines[3:]) == 3 and set(lines[3:]) < printed  # the two streams interleave in any order
