@@ -16,6 +16,7 @@ from launcher.cli.options import (
 )
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
+from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
     "--legacy-keras", is_flag=True,
@@ -71,6 +72,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not started by then: printed the ready line (the "
                    "built-in trainer) or, for other programs, listened on its port.")
+@click.option("--stall-timeout", type=params.Seconds(0), default=None, metavar="SECONDS",
+              help=f"Stop the run (with every task's Python stack) when no training task has printed anything "
+                   f"or used CPU for this long once all are ready; 0: never. [default: "
+                   f"{DEFAULT_STALL_TIMEOUT:g}, or the spec's stall_timeout]")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times.")
 @click.option("--threads-per-task", type=click.IntRange(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
@@ -112,7 +117,7 @@ def launch_command(**opts) -> None:
 
     from launcher.launch import launch
 
-    launch(plans, launch_options_from(opts, run_id))
+    launch(plans, launch_options_from(opts, run_id, spec))
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
 from launcher.launch import LaunchOptions
 from launcher.runners.ssh.options import SshOptions
-from launcher.supervise.options import SuperviseOptions
+from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 # `--chief` and `--evaluator` given without a value under --local: run that role on this machine too.
 THIS_MACHINE = object()
@@ -289,13 +289,16 @@ def ssh_options_from(opts: dict) -> SshOptions:
     )
 
 
-def launch_options_from(opts: dict, run_id: str) -> LaunchOptions:
+def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
+    stall_timeout = next((value for value in (opts.get("stall_timeout"), spec.stall_timeout) if value is not None),
+                         DEFAULT_STALL_TIMEOUT)
     return LaunchOptions(
         supervise=SuperviseOptions(
             run_id=run_id,
             log_dir=pathlib.Path(opts["log_dir"]),
             grace_period=opts["grace_period"],
             start_timeout=opts["start_timeout"],
+            stall_timeout=stall_timeout,
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],

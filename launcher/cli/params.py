@@ -9,6 +9,7 @@ import math
 
 import click
 
+from launcher.config.spec import MAX_SECONDS
 from launcher.config.addresses import (
     parse_endpoint, parse_env_assignment, parse_env_name, parse_port, parse_run_id,
     parse_slots_list, parse_task_selector, parse_worker_list,
@@ -31,7 +32,6 @@ class ParsedParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash
 
 
 class Seconds(click.ParamType):

@@ -69,8 +69,11 @@ class ClusterSpec:
     # Names in `env` whose values came from --env, --env-file or --forward-env: often credentials,
     # so dry-run and run.json hide them.
     secret_env: frozenset[str] = frozenset()
+    # The spec file's stall_timeout (seconds; 0: no stall watchdog); None: the launcher's default.
+    stall_timeout: float | None = None
 
 
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash
 # Upper bounds on counts: far above any real machine, low enough that no plan explodes.
 MAX_GPUS_PER_TASK = 1024
 MAX_THREADS_PER_TASK = 4096

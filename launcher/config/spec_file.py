@@ -6,6 +6,7 @@ Every problem is one SpecError naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shlex
 from typing import Mapping, NoReturn
@@ -13,7 +14,7 @@ from typing import Mapping, NoReturn
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import expand_entry
 from launcher.config.spec import (
-    CHIEF, MAX_GPUS_PER_TASK, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
+    CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
 
@@ -33,6 +34,7 @@ class SpecFile:
     gpus_per_task: int | None = None
     addresses: Mapping[str, str] = dataclasses.field(default_factory=dict)  # hosts.H.address
     legacy_keras: bool = False
+    stall_timeout: float | None = None
 
     def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
         """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
@@ -48,12 +50,13 @@ class SpecFile:
             gpus_per_task=self.gpus_per_task,
             addresses=self.addresses,
             legacy_keras=self.legacy_keras,
+            stall_timeout=self.stall_timeout,
         )
 
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task", "legacy_keras",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -95,6 +98,12 @@ class _Reader:
         if not isinstance(value, bool):
             self.fail(f"{what} must be true or false")
         return value
+
+    def seconds(self, value: object, what: str) -> float:
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                or not 0 <= value <= MAX_SECONDS):
+            self.fail(f"{what} must be a number of seconds >= 0 and <= {MAX_SECONDS:g}")
+        return float(value)
 
     def port(self, value: object, what: str) -> int:
         try:
@@ -153,6 +162,7 @@ def parse_spec(data: object, source: str) -> SpecFile:
         threads_per_task=read.optional(top, "threads_per_task", read.count, 1, MAX_THREADS_PER_TASK),
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
         legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
+        stall_timeout=read.optional(top, "stall_timeout", read.seconds),
     )
 
 

@@ -61,6 +61,18 @@ def joined(procs: Iterable[psutil.Process], own_port: int | None, coordinator_po
     return False
 
 
+def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """User and system CPU time used by the processes of `procs` still alive."""
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Process]:
     """Every live process of this user whose environment carries MGPU_RUN_ID=run_id
     (and that is in process group `pgid`, if given).

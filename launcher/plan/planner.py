@@ -159,6 +159,8 @@ def plan_tasks(
             ENV_TASK_INDEX: str(index),
             **keras_env,
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
+            # Python prints every thread's stack on SIGABRT: how the stall watchdog sees where tasks are.
+            "PYTHONFAULTHANDLER": "1",
             **_thread_env(spec.threads_per_task),
         }
         if visible is not None:

@@ -50,6 +50,11 @@ class TaskProcess(abc.ABC):
         None when this runner cannot tell."""
         return self.listens_on(own_port) if own_port is not None else None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the task's live processes have used (user and system); None when this runner
+        cannot tell. The stall watchdog counts CPU use as progress."""
+        return None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

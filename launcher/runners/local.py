@@ -119,6 +119,11 @@ class LocalTaskProcess(TaskProcess):
             return False
         return proctree.joined([self._root, *proctree.descendants(self._root)], own_port, coordinator_port)
 
+    def cpu_seconds(self) -> float | None:
+        if self._root is None or self._popen.returncode is not None:
+            return None
+        return proctree.cpu_seconds([self._root, *proctree.descendants(self._root)])
+
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)
         try:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+# Seconds without progress (output or CPU use from any training task) before a run counts as stalled.
+DEFAULT_STALL_TIMEOUT = 1800.0
+
 
 @dataclasses.dataclass(frozen=True)
 class SuperviseOptions:
@@ -13,6 +16,7 @@ class SuperviseOptions:
     grace_period: float = 10.0  # TERM -> KILL
     start_timeout: float = 120.0  # seconds for every task to become ready
     max_restarts: int = 0
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: no stall watchdog
     timestamps: bool = False
     show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
     show_tf_logs: bool = False  # TensorFlow's C++ INFO/WARNING records and start-up notices on the console too

@@ -158,6 +158,7 @@ class TaskOutput:
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.ready = threading.Event()
+        self.last_activity = time.monotonic()  # when the task last wrote anything (the stall clock reads it)
         # The port a "could not bind" message named (0: unnamed); None when there was none.
         self.bind_failure: int | None = None
         self._console = console
@@ -211,6 +212,7 @@ class TaskOutput:
         try:
             while True:
                 data = stream.read1(CHUNK)
+                self.last_activity = time.monotonic()
                 if not data:
                     if pending:
                         self._line(bytes(pending), is_stdout)

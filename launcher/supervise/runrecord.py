@@ -7,7 +7,8 @@ so the cost of a run stays linear in its number of tasks; attempts and the final
 status are written at once. The plans, which never change, are serialised once.
 
 Layout:
-  run_id, status (running | succeeded | failed | interrupted | start-timeout),
+  run_id, status (running | succeeded | failed | interrupted | start-timeout | stalled |
+  launcher-died),
   message (the failure summary, else null), started_at, ended_at,
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
@@ -42,6 +43,8 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 INTERRUPTED = "interrupted"
 START_TIMEOUT = "start-timeout"
+STALLED = "stalled"
+LAUNCHER_DIED = "launcher-died"
 
 
 def now() -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from typing import Sequence
 
-from launcher.supervise import diagnosis
+from launcher.supervise import diagnosis, stacks
 from launcher.supervise.console_text import console_safe
 
 
@@ -72,6 +72,40 @@ def start_timeout_summary(head: str, missing: Sequence[TaskView]) -> str:
         hints.extend(h for h in diagnosis.hints(task.lines) if h not in hints)
     lines.extend(hints)
     return "\n".join(lines)
+
+
+SHOWN_FRAMES = 4
+
+
+def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path) -> str:
+    """`head` with the likely cause (the tasks in their own code while the others wait in the
+    framework), then where each task was, and where the stacks are."""
+    places = [(task, stacks.whereabouts(task.lines)) for task in tasks]
+    known = [(task, where) for task, where in places if where is not None]
+    own = [task.name for task, where in known if where.in_own_code]
+    if own and len(own) < len(known):
+        head += f"; likely cause: {', '.join(own)}, in {'its' if len(own) == 1 else 'their'} own code while the others wait"
+    elif known and not own:
+        head += "; every task waits inside the framework (a hang in it, or the network between the tasks)"
+    lines = [head]
+    for task, where in places:
+        if where is None:
+            lines.append(f"{task.name} on {task.host}: no Python stack (not a Python program, or faulthandler "
+                         f"turned off) (log: {task.log_path})")
+            continue
+        state = "in its own code, not in a collective" if where.in_own_code else f"waiting in {where.framework}"
+        lines.append(f"{task.name} on {task.host}: {state}")
+        lines.extend("  " + console_safe(str(frame)) for frame in _telling_frames(where.frames))
+    lines.append(f"stacks: {stacks_path}")
+    return "\n".join(lines)
+
+
+def _telling_frames(frames: Sequence[stacks.Frame]) -> list[stacks.Frame]:
+    """The innermost frame, then the program's own frames (innermost first)."""
+    if not frames:
+        return []
+    own = [f for f in frames[1:] if not stacks.is_library(f.file)]
+    return [frames[0], *own[:SHOWN_FRAMES - 1]]
 
 
 def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path) -> str:

@@ -21,6 +21,13 @@ The rules:
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
   up to max_preemption_restarts times.
+- Stalls: once every task is ready, a run in which no training task makes
+  progress (output, or CPU use: stall.py) for the stall timeout is stalled:
+  every task gets SIGABRT, on which faulthandler (PYTHONFAULTHANDLER, set for
+  every task) prints each Python thread's stack into its log; the report says
+  where each task was and names the tasks not waiting in the framework (the
+  likely cause), and the stacks are kept in the run dir. A stall is a failure:
+  max_restarts applies.
 - Signals: SIGINT, SIGTERM or SIGHUP to the launcher stop every task the same
   way (a second one skips the grace period), then raise Interrupted.
 - Nothing is left behind: every stop ends with a scan for processes carrying the
@@ -46,8 +53,10 @@ from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.signals import Signals
+from launcher.supervise.stall import StallClock
+from launcher.supervise import stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
-from launcher.supervise.summary import TaskView, closing_line, failure_summary, start_timeout_summary
+from launcher.supervise.summary import TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
@@ -55,6 +64,7 @@ LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
 LISTEN_CHECK_INTERVAL = 0.25  # how often the port of a task without the ready line is looked at
+STACKS_TIMEOUT = 10.0  # after SIGABRT, how long tasks may take to write their stacks and end
 
 
 def supervise(
@@ -75,6 +85,14 @@ def supervise(
         _Supervisor(plans, runner_for, options, console, run_dir).run()
     finally:
         run_dir.close()
+
+
+def stacks_file_name(attempt: int) -> str:
+    return f"stacks-{attempt}.txt"
+
+
+def _again(signum: int) -> str:
+    return "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
 
 
 def describe_exit(returncode: int) -> str:
@@ -108,6 +126,7 @@ class _Outcome:
     failed: _Task | None = None  # the first task that failed
     missing: tuple[_Task, ...] = ()  # the tasks not ready in time
     signum: int = 0
+    idle_for: float = 0.0  # a stall: seconds without progress
 
 
 class _RunFailed(Exception):
@@ -146,6 +165,7 @@ class _Supervisor:
             "grace_period": options.grace_period,
             "start_timeout": options.start_timeout,
             "max_restarts": options.max_restarts,
+            "stall_timeout": options.stall_timeout,
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
@@ -230,6 +250,8 @@ class _Supervisor:
             self._last_attempt = (attempt, tasks)
             self._stop(tasks)
             self._release(tasks)
+            if outcome.status == runrecord.STALLED:
+                self._keep_stacks(tasks, attempt)
             self.record.attempt_ended(outcome.status)
 
     def _start(self, plan: TaskPlan, attempt: int) -> _Task:
@@ -254,10 +276,14 @@ class _Supervisor:
         all_ready = all(t.ready for t in tasks)
         next_flush = started + LOG_FLUSH_INTERVAL
         next_listen_check = started
+        stall: StallClock | None = None  # started once every task is ready
+        next_cpu_sample = started
         while True:
             if self.signals.received:
                 signum = self.signals.received[0]
-                self.output.notice(f"received {runrecord.signal_name(signum)}; stopping all tasks")
+                self.output.notice(
+                    f"received {runrecord.signal_name(signum)}; stopping all tasks: waiting up to "
+                    f"{self.options.grace_period:g} s for them to exit ({_again(signum)} to kill now)")
                 return _Outcome(runrecord.INTERRUPTED, signum=signum)
             failed = None
             for task in self._poll(tasks):
@@ -289,6 +315,16 @@ class _Supervisor:
                     names = ", ".join(t.plan.name for t in missing)
                     self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
                     return _Outcome(runrecord.START_TIMEOUT, missing=missing)
+            elif self.options.stall_timeout:
+                now = time.monotonic()
+                stall = stall or StallClock(self.options.stall_timeout, now)
+                sample_cpu = now >= next_cpu_sample
+                if sample_cpu:
+                    next_cpu_sample = now + stall.cpu_sample_interval
+                if self._stalled(tasks, stall, now, sample_cpu):
+                    idle_for = stall.idle_for(now)
+                    self._ask_for_stacks(tasks, idle_for)
+                    return _Outcome(runrecord.STALLED, idle_for=idle_for)
             self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
@@ -311,6 +347,43 @@ class _Supervisor:
                 if not (task.sidecar and task.ready_by_ending):  # a training task that ended 0 had joined
                     self.record.task_ready(task.plan)
         return all(t.ready for t in tasks)
+
+    def _stalled(self, tasks: list[_Task], stall: StallClock, now: float, sample_cpu: bool) -> bool:
+        """Feed the stall clock what the running training tasks did; True when it says stalled."""
+        training = [t for t in tasks if not t.sidecar and t.returncode is None]
+        if not training:  # training is over: a sidecar still at work is not a stall
+            return False
+        for task in training:
+            stall.output_seen(task.output.last_activity)
+            if sample_cpu:
+                cpu = task.proc.cpu_seconds()
+                if cpu is not None:
+                    stall.cpu_sample(task.plan.name, cpu, now)
+        return stall.stalled(now)
+
+    def _ask_for_stacks(self, tasks: list[_Task], idle_for: float) -> None:
+        """SIGABRT to every task: faulthandler writes each Python thread's stack, then the process
+        ends. Waits (bounded) for them to end, so that the stacks are in the logs."""
+        self.output.notice(f"no progress from any training task for {idle_for:.0f} s (no output, no CPU use); "
+                           f"stopping all tasks with SIGABRT, which makes Python print their stacks")
+        running = [t for t in tasks if t.returncode is None]
+        for task in running:
+            task.proc.signal_tree(signal.SIGABRT)
+        deadline = time.monotonic() + STACKS_TIMEOUT
+        while any(t.returncode is None for t in running) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+            self._poll(tasks)
+
+    def _keep_stacks(self, tasks: list[_Task], attempt: int) -> None:
+        """The stacks each task printed, in the run dir: stacks-<attempt>.txt."""
+        text = []
+        for task in tasks:
+            dump = stacks.dump_lines(list(task.output.tail))
+            text.append(f"===== {task.plan.name} on {task.plan.host} =====\n")
+            text.extend(line + "\n" for line in dump or ["(no Python stack)"])
+        fd = self.run_dir.create(stacks_file_name(attempt))
+        with open(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.writelines(text)
 
     def _dialled_port(self, task: _Task) -> int | None:
         """The coordinator's port, where a connection to it counts as joining (not for a program
@@ -384,6 +457,11 @@ class _Supervisor:
 
     def _summary(self, outcome: _Outcome, attempt: int) -> str:
         after = f", after {attempt} restart{'s' if attempt > 1 else ''}" if attempt > 0 else ""
+        if outcome.status == runrecord.STALLED:
+            _, tasks = self._last_attempt
+            head = f"stall: no training task made progress for {outcome.idle_for:.0f} s{after}"
+            training = [self._view(t) for t in tasks if not t.sidecar]
+            return stall_summary(head, training, self.run_dir / stacks_file_name(attempt))
         if outcome.status == runrecord.START_TIMEOUT:
             names = ", ".join(t.plan.name for t in outcome.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"

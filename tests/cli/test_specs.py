@@ -91,6 +91,9 @@ BAD_SPECS = [
     ("cluster: {worker: [127.0.0.1:2222, h2:2222]}", "is mixed with remote host h2"),
     ("cluster: {worker: [h1:2222]\n", "line 2"),
     ("cluster: {worker: [h1:2222]}\nlegacy_keras: yes please", "legacy_keras must be true or false"),
+    ("cluster: {worker: [h1:2222]}\nstall_timeout: -1", "stall_timeout must be a number of seconds >= 0"),
+    ("cluster: {worker: [h1:2222]}\nstall_timeout: .nan", "stall_timeout must be a number of seconds >= 0"),
+    ("cluster: {worker: [h1:2222]}\nstall_timeout: '600'", "stall_timeout must be a number of seconds >= 0"),
 ]
 
 

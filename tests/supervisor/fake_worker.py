@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--sleep-on", action="append", default=[], help="SELECTOR=SECONDS")
     ap.add_argument("--forever", action="store_true", help="run until killed (except tasks given --sleep-on)")
+    ap.add_argument("--busy", action="append", default=[], help="tasks that use the CPU while they wait, silently")
+    ap.add_argument("--tick", action="append", default=[], help="tasks that print a line every 0.2 s while they wait")
     ap.add_argument("--exit", type=int, default=0)
     ap.add_argument("--fail", action="append", default=[], help="SELECTOR=CODE")
     ap.add_argument("--ready", action="store_true", help="print the readiness line")
@@ -160,8 +162,14 @@ def main():
     sleep = value_for(args.sleep_on, None)
     forever = args.forever and sleep is None
     deadline = time.monotonic() + (args.sleep if sleep is None else sleep)
+    busy, tick = selected(args.busy), selected(args.tick)
+    next_tick = time.monotonic()
     while forever or time.monotonic() < deadline:
-        time.sleep(0.05)
+        if tick and time.monotonic() >= next_tick:
+            print(f"{NAME} tick", flush=True)
+            next_tick = time.monotonic() + 0.2
+        if not busy:
+            time.sleep(0.05)
     code = int(value_for(args.fail, args.exit))
     print(f"{NAME} attempt {ATTEMPT} exiting with {code}", flush=True)
     sys.exit(code)

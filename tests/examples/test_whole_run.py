@@ -1,0 +1,74 @@
+"""Supervision for the whole run, with real frameworks under the real `mgpu launch`: JAX and PyTorch
+jobs (only process 0 listens) run past the start timeout, and a TensorFlow job whose worker blocks
+in Python is stopped by the stall watchdog, which names that worker and shows its stack."""
+
+import json
+import os
+import pathlib
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from launcher.host import proctree
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PROGRAMS = REPO / "tests" / "programs"
+
+
+def launch(tmp_path, launch_args, program, *program_args, timeout=240):
+    """`mgpu launch --local 2 ... -- python PROGRAM ARGS`: (exit code, stdout, stderr, run.json)."""
+    run_id = f"whole-{secrets.token_hex(4)}"
+    argv = [sys.executable, "-m", "launcher", "launch", "--local", "2", "--threads-per-task", "1",
+            "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, *launch_args,
+            "--", sys.executable, str(PROGRAMS / program), *program_args]
+    try:
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    finally:
+        left = proctree.tagged_processes(run_id)
+        proctree.send(left, 9)
+    assert not left, f"left running: {[p.pid for p in left]}"
+    record = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+    return done.returncode, done.stdout, done.stderr, record
+
+
+def assert_ready_while_running(out: str, record: dict, last_line: str) -> None:
+    lines = out.splitlines()
+    ready = [i for i, line in enumerate(lines) if line.startswith("[mgpu] all 2 tasks ready after")]
+    finished = [i for i, line in enumerate(lines) if last_line in line]
+    assert ready and finished and ready[0] < min(finished), out[-3000:]
+    for task in record["attempts"][0]["tasks"].values():
+        assert task["ready_at"] and task["ready_at"] < task["ended_at"], task
+
+
+def test_a_jax_job_runs_past_the_start_timeout(tmp_path):
+    pytest.importorskip("jax")
+    code, out, err, record = launch(tmp_path, ["--start-timeout", "10"], "jax_psum.py", "15")
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert_ready_while_running(out, record, "psum 2 after")
+
+
+def test_a_pytorch_ddp_job_runs_past_the_start_timeout(tmp_path):
+    pytest.importorskip("torch")
+    code, out, err, record = launch(tmp_path, ["--start-timeout", "10"], "torch_ddp.py", "15")
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert_ready_while_running(out, record, "steps, loss")
+
+
+def test_a_worker_blocked_in_python_is_named_with_its_stack(tmp_path):
+    pytest.importorskip("tensorflow")
+    code, out, err, record = launch(tmp_path, ["--stall-timeout", "10", "--grace-period", "2"], "mwms_stuck.py", "1", "3")
+    assert code == 1, out[-3000:] + err[-3000:]
+    lines = err.splitlines()
+    assert lines[0].startswith("mgpu: error: stall: no training task made progress for "), err
+    assert lines[0].endswith("; likely cause: worker:1, in its own code while the others wait"), err
+    assert "worker:0 on 127.0.0.1: waiting in tensorflow" in lines
+    at = lines.index("worker:1 on 127.0.0.1: in its own code, not in a collective")
+    assert any("mwms_stuck.py:" in line and line.endswith(" in next_batch") for line in lines[at:]), err
+    assert record["status"] == "stalled"
+    stacks = (tmp_path / "runs" / record["run_id"] / "stacks-0.txt").read_text()
+    assert "===== worker:1 on 127.0.0.1 =====" in stacks and "in next_batch" in stacks

@@ -1,0 +1,35 @@
+"""A plain JAX multi-process program: one psum across the processes, repeated for HOLD seconds.
+
+Only process 0 (the coordinator) listens; the others dial it. Usage: python jax_psum.py HOLD_SECONDS
+"""
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+
+
+def main() -> None:
+    addresses = os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+    jax.distributed.initialize(coordinator_address=addresses[0],
+                               num_processes=int(os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
+                               process_id=int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"]))
+    psum = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")
+    started = time.monotonic()
+    rounds = 0
+    while True:
+        total = psum(jnp.ones(jax.local_device_count()))
+        rounds += 1
+        if time.monotonic() - started >= HOLD:
+            break
+        time.sleep(0.5)
+    print(f"process {jax.process_index()}: psum {float(total[0]):g} after {rounds} rounds", flush=True)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

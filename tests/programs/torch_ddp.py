@@ -1,0 +1,43 @@
+"""A PyTorch DDP program (gloo, CPU): a small linear model trained for HOLD seconds.
+
+Rank 0 hosts the rendezvous store on the first member's port; the other ranks dial it and listen on
+no port of their own. Usage: python torch_ddp.py HOLD_SECONDS
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+
+
+def main() -> None:
+    addresses = os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+    rank = int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"])
+    world = int(os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"])
+    dist.init_process_group("gloo", init_method=f"tcp://{addresses[0]}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    started = time.monotonic()
+    steps = 0
+    while True:
+        x = torch.randn(16, 8)
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps += 1
+        if time.monotonic() - started >= HOLD:
+            break
+        time.sleep(0.2)
+    print(f"rank {rank}: {steps} steps, loss {loss.item():.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

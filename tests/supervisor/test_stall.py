@@ -1,0 +1,89 @@
+"""The stall watchdog with real processes: a run that stops making progress is stopped with every
+task's Python stack; output or CPU use from any training task is progress."""
+
+import json
+
+from launcher.errors import TaskFailed
+from supervisor_helpers import assert_run_gone, make_plans, supervise_plans
+
+FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}  # the planner sets it for every task
+
+
+def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_id, tmp_path):
+    plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0, grace_period=1.0)
+    assert isinstance(result.error, TaskFailed)
+    lines = str(result.error).splitlines()
+    assert lines[0].startswith("stall: no training task made progress for ")
+    assert "likely cause" not in lines[0]  # both wait in their own code: neither is singled out
+    assert "worker:0 on 127.0.0.1: in its own code, not in a collective" in lines
+    assert "worker:1 on 127.0.0.1: in its own code, not in a collective" in lines
+    assert any("fake_worker.py:" in line and " in main" in line for line in lines), lines
+    assert lines[-1] == f"stacks: {result.run_dir / 'stacks-0.txt'}"
+    kept = (result.run_dir / "stacks-0.txt").read_text()
+    assert "===== worker:1 on 127.0.0.1 =====" in kept and 'fake_worker.py", line' in kept
+    assert "[mgpu] no progress from any training task for" in result.console
+    record = result.run
+    assert record["status"] == "stalled" and record["attempts"][0]["outcome"] == "stalled"
+    assert {t["signal"] for t in record["attempts"][0]["tasks"].values()} == {"SIGABRT"}
+    assert_run_gone(run_id)
+
+
+def test_output_from_any_training_task_is_progress(run_id, tmp_path):
+    # worker:1 is silent, worker:0 prints: the job is not stalled, however long it runs.
+    plans = make_plans(run_id, ["--ready", "--tick", "worker:0", "--sleep", "5"], waits_for_ready=True,
+                       env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=1.5)
+    assert result.error is None, result.error
+    assert result.run["status"] == "succeeded"
+
+
+def test_cpu_use_is_progress(run_id, tmp_path):
+    # Both tasks compute silently for longer than the stall timeout: a long evaluation, say.
+    plans = make_plans(run_id, ["--ready", "--busy", "all", "--sleep", "5"], waits_for_ready=True,
+                       env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0)
+    assert result.error is None, result.error
+
+
+def test_a_stall_is_a_failure_that_restarts_apply_to(run_id, tmp_path):
+    plans = make_plans(run_id, ["--ready", "--forever", "--sleep-on", "all@1=0"], waits_for_ready=True,
+                       env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=1.5, max_restarts=1, grace_period=1.0)
+    assert result.error is None, result.error
+    assert [a["outcome"] for a in result.run["attempts"]] == ["stalled", "succeeded"]
+    assert (result.run_dir / "stacks-0.txt").exists()
+    assert "[mgpu] restarting all tasks (restart 1 of 1)" in result.console
+
+
+def test_no_stall_watchdog_with_zero(run_id, tmp_path):
+    plans = make_plans(run_id, ["--ready", "--sleep", "3"], waits_for_ready=True, env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=0.0)
+    assert result.error is None, result.error
+    assert json.loads((result.run_dir / "run.json").read_text())["options"]["stall_timeout"] == 0.0
+
+
+def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_default(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from supervisor_helpers import pick_free_ports
+
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(f"cluster: {{worker: ['127.0.0.1:{pick_free_ports(1)[0]}']}}\nstall_timeout: 7\n")
+
+    runs = iter(range(3))
+
+    def recorded(*args):
+        run_id = f"stall-option-{os.getpid()}-{next(runs)}"
+        done = subprocess.run([sys.executable, "-m", "launcher", "launch", "--spec", str(spec), *args,
+                               "--log-dir", str(tmp_path), "--run-id", run_id, "--", "true"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads((tmp_path / run_id / "run.json").read_text())["options"]["stall_timeout"]
+
+    assert recorded() == 7.0
+    assert recorded("--stall-timeout", "0") == 0.0
+    spec.write_text(spec.read_text().replace("stall_timeout: 7\n", ""))
+    assert recorded("--log-dir", str(tmp_path)) == 1800.0
