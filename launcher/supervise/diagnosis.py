@@ -29,9 +29,10 @@ _CPP_RECORD = re.compile(
     r"^(?:(?P<level>[IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: (?P<old_level>[IWEF]) \S+:\d+\])"
 )
-# Error records TensorFlow prints on every machine without a GPU or with duplicate plugins.
+# Error records TensorFlow prints on every machine without a GPU or with duplicate plugins, and
+# its shutdown chatter when a peer (or the coordination service's host) finished first.
 _CPP_ERROR_NOISE = re.compile(
-    r"failed call to cuInit|Unable to register cu(?:DNN|FFT|BLAS) factory|computation placer already registered"
+    r"failed call to cuInit|StartAbort|Failed to send RPC to coordination service|Unable to register cu(?:DNN|FFT|BLAS) factory|computation placer already registered"
     r"|TF-TRT Warning|Could not find cuda drivers|cuda_executor|kernel driver does not appear to be running"
     r"|oneDNN supports DT_HALF only on platforms with AVX-512"
 )

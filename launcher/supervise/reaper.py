@@ -4,10 +4,12 @@ The launcher starts one reaper per run and keeps the write end of a pipe to its
 stdin. Nothing is ever written until the launcher finishes cleanly and sends
 DONE. If the launcher dies instead (even by SIGKILL), the kernel closes the pipe,
 the reaper reads end-of-file and stops every process tagged with the run id:
-TERM, a grace period, then KILL. The reaper lives in its own session, so a
-terminal's Ctrl-C or hang-up does not reach it.
+TERM, a grace period, then KILL; then it writes the run's final status to run.json
+(launcher-died). The reaper lives in its own session, so a terminal's Ctrl-C or
+hang-up does not reach it. It inherits the run dir's descriptor, so it writes
+there as the launcher does: by name under that descriptor, never through a path.
 
-Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS
+Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import subprocess
 import sys
 import time
 
+from launcher.supervise.rundir import RunDir
+
 DONE = b"done"
+LOG_NAME = "reaper.log"
 
 
 class Reaper:
@@ -29,17 +34,18 @@ class Reaper:
         self._proc = proc
 
     @classmethod
-    def start(cls, run_id: str, grace: float, log: pathlib.Path | int) -> "Reaper":
-        """`log`: the reaper's log, a path or a descriptor (taken over: closed here)."""
+    def start(cls, run_id: str, grace: float, run_dir: RunDir) -> "Reaper":
+        """A reaper for the run, logging to reaper.log in `run_dir`."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
-        with open(log, "ab") as log:
+        with open(run_dir.create(LOG_NAME, append=True), "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", code, run_id, str(grace)],
+                [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path)],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                pass_fds=(run_dir.fd,),
             )
         return cls(proc)
 
@@ -63,8 +69,9 @@ class Reaper:
 
 def main(argv: list[str] | None = None) -> int:
     from launcher.host import proctree
+    from launcher.supervise import runrecord
 
-    run_id, grace = (argv or sys.argv[1:])[:2]
+    run_id, grace, run_dir_fd, run_dir_path = (argv or sys.argv[1:])[:4]
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     message = sys.stdin.buffer.read()  # returns when the launcher closes the pipe or dies
@@ -73,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     stopped = proctree.stop_run(run_id, float(grace))
     print(f"{started} launcher gone (reaper pid {os.getpid()}); stopped {stopped} processes of run {run_id}", flush=True)
+    runrecord.record_launcher_died(
+        RunDir(pathlib.Path(run_dir_path), int(run_dir_fd)),
+        f"the launcher died before the run ended; its reaper stopped {stopped} processes of the run on this machine")
     return 0
 
 

@@ -58,6 +58,30 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def record_launcher_died(run_dir: RunDir, message: str) -> None:
+    """Mark the run (and its unfinished attempt) as ended by the launcher's death: what the
+    reaper writes, since the launcher cannot. A run.json already final is left as it is."""
+    try:
+        fd = os.open(NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=run_dir.fd)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, encoding="utf-8") as f:
+        data = json.load(f)
+    if data.get("status") != RUNNING:
+        return
+    ended = now()
+    data.update(status=LAUNCHER_DIED, message=message, ended_at=ended)
+    for attempt in data.get("attempts", []):
+        if attempt.get("ended_at") is None:
+            attempt.update(ended_at=ended, outcome=LAUNCHER_DIED)
+    tmp = NAME + ".tmp"
+    run_dir.unlink(tmp)
+    with os.fdopen(run_dir.create(tmp), "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    run_dir.replace(tmp, NAME)
+
+
 class RunRecord:
     """The run.json of one run. Thread-safe."""
 

@@ -181,9 +181,8 @@ class _Supervisor:
         started = time.monotonic()
         try:
             with self.signals:
-                if self.any_local:
-                    reaper = Reaper.start(self.options.run_id, self.options.grace_period,
-                                          self.run_dir.create("reaper.log", append=True))
+                # Also without local tasks: it writes run.json's final status if the launcher dies.
+                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
                 self._check_ports()
                 final = self._attempts()
                 attempt, tasks = self._last_attempt

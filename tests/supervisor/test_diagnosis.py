@@ -18,6 +18,8 @@ NOISE = [
     "E0000 00:00:1795435377.049314    2230 util.cc:131] oneDNN supports DT_HALF only on platforms with AVX-512. "
     "Falling back to the default Eigen-based implementation if present.",
     "2024-01-01 12:00:00.123456: I tensorflow/core/util/port.cc:113] oneDNN custom operations are on.",
+    "E0000 00:00:1795436902.221261   14882 coordination_service_agent.cc:1] StartAbort UNAVAILABLE: Failed to "
+    "send RPC to coordination service. Either the leader task died or the network is down.",
 ]
 CAUSES = [
     "E0000 00:00:1795436902.221261   14882 coordination_service_agent.cc:1] Failed to connect to the leader",

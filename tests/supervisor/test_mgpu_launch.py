@@ -123,6 +123,9 @@ def test_sigkilled_launcher_leaves_nothing_behind(run_id, record_dir, tmp_path, 
     reaper_log = launch.run_dir / "reaper.log"
     assert wait_for(lambda: "processes of run" in reaper_log.read_text(), 10)
     assert "launcher gone" in reaper_log.read_text()
+    run = launch.run
+    assert run["status"] == "launcher-died" and run["attempts"][-1]["outcome"] == "launcher-died"
+    assert run["message"].startswith("the launcher died before the run ended; its reaper stopped ")
 
 
 def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, launches):
@@ -131,6 +134,8 @@ def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, laun
     assert wait_for(lambda: "[mgpu] received SIGINT" in launch.stdout, 20)
     launch.proc.send_signal(signal.SIGINT)
     assert launch.wait() == 130
+    assert "[mgpu] received SIGINT; stopping all tasks: waiting up to 60 s for them to exit (Ctrl-C again to kill now)" \
+        in launch.stdout
     assert "[mgpu] second signal: killing all tasks now" in launch.stdout
     assert launch.run["attempts"][0]["tasks"]["worker:0"]["signal"] == "SIGKILL"
     assert_run_gone(run_id)
