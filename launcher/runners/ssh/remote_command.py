@@ -48,9 +48,10 @@ ENV_END = "MGPU_ENV_END"
 TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
 # $1 = process group, $2 = grace seconds, then no tags or all four NAME=value tags (TAG_NAMES).
-# The watcher is in the group too, so it ignores the TERM it sends; the final KILL ends it along
+# The watcher is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
+# for its stacks when a run stalls); the final KILL ends it along
 # with the rest. Its own environment has no tags: it starts before the task's env is exported.
-_WATCHER = r"""trap '' INT TERM HUP
+_WATCHER = r"""trap '' INT TERM HUP ABRT
 cat >/dev/null
 g=$1; t=$2; shift 2
 tagged() {
@@ -78,7 +79,7 @@ class RemoteTask:
 # $1 = session id (the task's process group), $2 = port. Field 4 after the command name
 # in /proc/PID/stat is the session; a listening socket has state 0A in /proc/net/tcp*.
 _LISTEN_WATCHER = (
-    "trap '' INT TERM HUP; "
+    "trap '' INT TERM HUP ABRT; "
     'sid=$1; hex=$(printf \':%04X\' "$2"); '
     'while kill -0 "$sid" 2>/dev/null; do '
     "inodes=$(awk -v p=\"$hex\" '$4 == \"0A\" && substr($2, length($2) - 4) == p {print $10}' "
