@@ -162,6 +162,7 @@ class TaskOutput:
         # The port a "could not bind" message named (0: unnamed); None when there was none.
         self.bind_failure: int | None = None
         self._console = console
+        self._muted = False
         self._timestamps = timestamps
         # One per stream: a record's continuation lines follow it on its own stream.
         self._noise = None if show_tf_logs else {True: diagnosis.NoiseFilter(), False: diagnosis.NoiseFilter()}
@@ -194,6 +195,11 @@ class TaskOutput:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
+    def mute_console(self) -> None:
+        """Keep what the task prints from now on off the console (the log still gets it): the
+        stacks a stalled task dumps, which the stall report sums up."""
+        self._muted = True
+
     def flush(self) -> None:
         with self._lock:
             if not self._log.closed:
@@ -224,7 +230,7 @@ class TaskOutput:
                     self._line(bytes(pending[start:end]), is_stdout)
                     start = end
                 del pending[:start]
-                if b"\r" in pending and self._console is not None:
+                if b"\r" in pending and self._console is not None and not self._muted:
                     self._redraw(bytes(pending[-REDRAW_TAIL:]).decode("utf-8", "replace"), is_stdout)
         except (OSError, ValueError):  # the stream or the log was closed under us
             return
@@ -255,7 +261,7 @@ class TaskOutput:
         with self._lock:
             self._log.write(chunk)
             self.tail.append(text[:TAIL_LINE_CHARS])
-        if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
+        if self._console is None or self._muted or is_ready_line:  # the supervisor announces readiness once for all
             return
         if self._noise is not None and text.strip() and self._noise[is_stdout].is_noise(text):
             return  # a blank line is the program's own spacing: shown

@@ -367,6 +367,7 @@ class _Supervisor:
                            f"stopping all tasks with SIGABRT, which makes Python print their stacks")
         running = [t for t in tasks if t.returncode is None]
         for task in running:
+            task.output.mute_console()  # the report sums the stacks up; the logs keep them
             task.proc.signal_tree(signal.SIGABRT)
         deadline = time.monotonic() + STACKS_TIMEOUT
         while any(t.returncode is None for t in running) and time.monotonic() < deadline:

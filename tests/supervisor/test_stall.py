@@ -23,6 +23,8 @@ def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_
     kept = (result.run_dir / "stacks-0.txt").read_text()
     assert "===== worker:1 on 127.0.0.1 =====" in kept and 'fake_worker.py", line' in kept
     assert "[mgpu] no progress from any training task for" in result.console
+    # The dumps go to the logs; the console has the report's summary of them.
+    assert "Fatal Python error" not in result.console and "Fatal Python error: Aborted" in result.log("worker:1")
     record = result.run
     assert record["status"] == "stalled" and record["attempts"][0]["outcome"] == "stalled"
     assert {t["signal"] for t in record["attempts"][0]["tasks"].values()} == {"SIGABRT"}
