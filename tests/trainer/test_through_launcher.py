@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -68,17 +67,22 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
         "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "r2", "--grace-period", "30",
         "--", *FAST, "--train-steps", "400", "--log-every", "20", "--steps-per-loop", "5",
         "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir)], tmp_path)
+    seen = []
     try:
-        # Preempt worker:1 once training is under way.
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not list(model_dir.glob("train/events.out.tfevents.*")):
-            time.sleep(0.2)
-        time.sleep(3)
-        assert proc.poll() is None, "the run ended before it could be preempted"
-        pid = run_record(log_dir, "r2")["attempts"][0]["tasks"]["worker:1"]["pid"]
-        psutil.Process(pid).send_signal(signal.SIGTERM)
+        # Preempt worker:1 once training is under way: when the first training line is out.
+        for line in proc.stdout:  # ends at end of output: the loop is bounded by the run
+            seen.append(line)
+            if line.startswith("[worker:0] train step=20/400"):
+                break
+        worker = psutil.Process(run_record(log_dir, "r2")["attempts"][0]["tasks"]["worker:1"]["pid"])
+        # Frozen while it gets the signal: the cluster cannot finish first, however fast it trains
+        # (the other worker waits for it in the next collective).
+        worker.suspend()
+        worker.send_signal(signal.SIGTERM)
+        worker.resume()
     finally:
         code, out = finish(proc)
+        out = "".join(seen) + out
     assert code == 0, out[-3000:]
     attempts = run_record(log_dir, "r2")["attempts"]
     assert len(attempts) == 2
