@@ -178,16 +178,16 @@ class TaskOutput:
         report = notice or (lambda text: None)
         self._log = TaskLog(log, report, plan.name)  # log: opened in the run dir by RunOutput
         self._bind = BindFailureWatcher()
-        self._console_view = (ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock, show_tf_logs)
-                              if console is not None else None)
-        builtin = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail)]
-        self._watchers = Watchers([*builtin, *([self._console_view] if self._console_view else []), *watchers],
-                                  report, plan.name)
+        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail)]
+        if console is not None:
+            builtin.append(ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,
+                                          show_tf_logs))
+        self._watchers = Watchers([*builtin, *watchers], report, plan.name)
         self._threads: list[threading.Thread] = []
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            self._log.write_own(f"{chr(10) if after_partial_line else ''}"
-                                f"----- mgpu: attempt {attempt} started {started} -----\n".encode())
+            header = f"----- mgpu: attempt {attempt} started {started} -----\n"
+            self._log.write_own((("\n" if after_partial_line else "") + header).encode())
 
     @property
     def bind_failure(self) -> int | None:
@@ -222,8 +222,7 @@ class TaskOutput:
 
     def close(self) -> None:
         self._log.close()
-        if self._console_view is not None:
-            self._console_view.close()
+        self._watchers.close()
 
     def _active(self) -> None:
         self.last_activity = time.monotonic()

@@ -41,6 +41,9 @@ class LineWatcher:
     def partial(self, text: str, stdout: bool) -> None:
         """The end of a line still being redrawn with carriage returns (decoded)."""
 
+    def close(self) -> None:
+        """The task's output is closed (its streams may still be read)."""
+
 
 class Watchers:
     """Hands each line to every watcher in turn; a watcher's exception is reported, once."""
@@ -63,6 +66,11 @@ class Watchers:
             text = raw.decode("utf-8", "replace")
             for watcher in self._watchers:
                 self._call(watcher, watcher.partial, text, stdout)
+
+    def close(self) -> None:
+        with self._lock:
+            for watcher in self._watchers:
+                self._call(watcher, watcher.close)
 
     def _call(self, watcher: LineWatcher, method, *args) -> None:
         try:

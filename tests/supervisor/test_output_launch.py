@@ -91,3 +91,16 @@ def test_mgpus_own_lines_reach_a_console_read_late(run_id, tmp_path):
     lines = console.splitlines()
     assert lines[-1].startswith("[mgpu] done: 1 tasks succeeded"), lines[-3:]
     assert "[worker:0] 200000" in lines
+
+
+def test_after_a_last_line_without_newline_a_restart_header_starts_its_own_line(run_id, tmp_path):
+    import dataclasses
+
+    from supervisor_helpers import make_plans, supervise_plans
+
+    program = "import os, sys; sys.stdout.write('partial'); sys.exit(0 if os.environ['MGPU_ATTEMPT'] == '1' else 3)"
+    plan = dataclasses.replace(make_plans(run_id, [], workers=1)[0], argv=(sys.executable, "-c", program))
+    result = supervise_plans([plan], run_id, tmp_path, max_restarts=1)
+    assert result.error is None, result.console
+    log = (result.run_dir / "worker-0.log").read_bytes()
+    assert log.startswith(b"partial\n----- mgpu: attempt 1 started ") and log.endswith(b" -----\npartial")
