@@ -307,3 +307,15 @@ def test_srun_pieces_of_a_long_line_are_joined_again(slurm, tmp_path):
         assert [line for line in lines if not line.startswith(b"err")] == [
             str(rank).encode() * n for n in lengths] + [document, b""]
         assert [line for line in lines if line.startswith(b"err")] == [b"err %d of %d" % (n, rank) for n in lengths]
+
+
+def test_a_hostile_progress_line_stops_nothing_in_a_step(slurm, tmp_path):
+    rid = run_id("hostile")
+    script = tmp_path / "p.sh"
+    script.write_text('echo MGPU_TASK_READY\necho "MGPU_PROGRESS \u00b2/3"\nseq 20000\n')
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--", "sh", str(script)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = "MGPU_TASK_READY\nMGPU_PROGRESS \u00b2/3\n".encode() + b"".join(b"%d\n" % i for i in range(1, 20001))
+    for rank in range(2):
+        assert (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes() == expected
+    assert "[worker:1] 20000\n" in done.stdout and "[mgpu] done: 2 tasks succeeded" in done.stdout
