@@ -25,6 +25,8 @@ def read_stream(stream: BinaryIO, stdout: bool, log: TaskLog, watchers: Watchers
     while True:
         try:
             data = stream.read1(READ_SIZE)
+        except TimeoutError:  # a stream with a read timeout is still open
+            continue
         except (OSError, ValueError):  # the stream was closed under us: the task's view was released
             data = b""
         if not data:

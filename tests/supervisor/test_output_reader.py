@@ -258,3 +258,27 @@ def test_console_close_writes_everything_queued():
     received = os.fdopen(read_end, "rb").read()  # to the end: close() has written everything and returned
     assert closed.wait(30)
     assert received.endswith(b"[mgpu] closing line\n") and b"line 19999\n" in received
+
+
+class TimingOut(ChunkedStream):
+    """A stream with a read timeout: every other read times out before its bytes come."""
+
+    def __init__(self, data):
+        super().__init__(data, [10] * (len(data) // 10 + 1))
+        self._timed_out = False
+
+    def read1(self, size=-1):
+        self._timed_out = not self._timed_out
+        if self._timed_out:
+            raise TimeoutError("timed out")
+        return super().read1(size)
+
+
+def test_a_read_timeout_does_not_end_the_stream(run_id, tmp_path):
+    data = b"".join(b"line %d\n" % i for i in range(100))
+    log_path = tmp_path / "a.log"
+    output = TaskOutput(small_plan(run_id), 0, log_path, open(log_path, "ab"), None, False)
+    output.attach(TimingOut(data), io.BytesIO(b""))
+    assert output.drained(30)
+    output.close()
+    assert log_path.read_bytes() == data
