@@ -24,6 +24,7 @@ HOSTILE_LINES = [
     b"MGPU_PROGRESS 5/" + b"9" * 400 + b"\n",  # past what tqdm can format
     b"MGPU_PROGRESS " + b"1" * 5000 + b"/" + b"2" * 5000 + b"\n",  # past int()'s digit limit
     "MGPU_PROGRESS \u0663/\u0664\n".encode(),
+    b"MGPU_PROGRESS 999999999999999999/1\n", b"MGPU_PROGRESS 1/999999999999999999\n",
     b"MGPU_PROGRESS 3/0\n", b"MGPU_PROGRESS 9/3\n", b"MGPU_PROGRESS -1/3\n", b"MGPU_PROGRESS 1/3\r\n",
     b"No address added out of total 1 resolved for 'x:" + b"7" * 5000 + b"'\n",
     b"No address added out of total 1 resolved for 'x:99999'\n",
@@ -282,3 +283,16 @@ def test_a_read_timeout_does_not_end_the_stream(run_id, tmp_path):
     assert output.drained(30)
     output.close()
     assert log_path.read_bytes() == data
+
+
+def test_progress_numbers_are_ascii_digits_of_bounded_length():
+    from launcher import protocol
+    from launcher.supervise import diagnosis
+
+    assert protocol.parse_progress("MGPU_PROGRESS 999999999999999999/1") == (10**18 - 1, 1)
+    for line in ["MGPU_PROGRESS \u00b2/3", "MGPU_PROGRESS \u0663/4", "MGPU_PROGRESS 1000000000000000000/1",
+                 "MGPU_PROGRESS 5/" + "9" * 400, "MGPU_PROGRESS -1/3", "MGPU_PROGRESS 1/2/3"]:
+        assert protocol.parse_progress(line) is None, line
+    assert diagnosis.bind_failure("No address added out of total 1 resolved for 'x:" + "7" * 5000 + "'") == 0
+    assert diagnosis.bind_failure("No address added out of total 1 resolved for 'x:70000'") == 0
+    assert diagnosis.bind_failure("No address added out of total 1 resolved for '[::1]:2222'") == 2222
