@@ -1,15 +1,15 @@
 """The output path end to end, through the real `mgpu launch --local 1`: hostile lines, long
 lines, and a console read late."""
 
+import dataclasses
 import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
-from supervisor_helpers import wait_for
+from supervisor_helpers import make_plans, supervise_plans, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -94,10 +94,6 @@ def test_mgpus_own_lines_reach_a_console_read_late(run_id, tmp_path):
 
 
 def test_after_a_last_line_without_newline_a_restart_header_starts_its_own_line(run_id, tmp_path):
-    import dataclasses
-
-    from supervisor_helpers import make_plans, supervise_plans
-
     program = "import os, sys; sys.stdout.write('partial'); sys.exit(0 if os.environ['MGPU_ATTEMPT'] == '1' else 3)"
     plan = dataclasses.replace(make_plans(run_id, [], workers=1)[0], argv=(sys.executable, "-c", program))
     result = supervise_plans([plan], run_id, tmp_path, max_restarts=1)

@@ -6,11 +6,15 @@ the real console writer and every built-in watcher; read1 returns pieces at chos
 
 import io
 import json
+import os
 import random
 import threading
+import time
 
 import pytest
 
+from launcher import protocol
+from launcher.supervise import diagnosis
 from launcher.supervise.output import Console, TaskOutput
 from launcher.supervise.task_log import HOLD, PIECE, TaskLog
 from launcher.supervise.watchers import LineWatcher
@@ -194,9 +198,6 @@ def test_a_failing_watcher_is_reported_once_and_stops_nothing(run_id, tmp_path):
 
 
 def test_last_activity_follows_the_reads(run_id, tmp_path):
-    import os
-    import time
-
     read_end, write_end = os.pipe()
     output = TaskOutput(small_plan(run_id), 0, tmp_path / "a.log", open(tmp_path / "a.log", "ab"), None, False)
     opened = output.last_activity
@@ -246,8 +247,6 @@ def test_a_log_that_cannot_be_written_is_reported_once_and_the_stream_still_read
 
 
 def test_console_close_writes_everything_queued():
-    import os
-
     read_end, write_end = os.pipe()
     stream = os.fdopen(write_end, "w")
     console = Console(stream)
@@ -286,9 +285,6 @@ def test_a_read_timeout_does_not_end_the_stream(run_id, tmp_path):
 
 
 def test_progress_numbers_are_ascii_digits_of_bounded_length():
-    from launcher import protocol
-    from launcher.supervise import diagnosis
-
     assert protocol.parse_progress("MGPU_PROGRESS 999999999999999999/1") == (10**18 - 1, 1)
     for line in ["MGPU_PROGRESS \u00b2/3", "MGPU_PROGRESS \u0663/4", "MGPU_PROGRESS 1000000000000000000/1",
                  "MGPU_PROGRESS 5/" + "9" * 400, "MGPU_PROGRESS -1/3", "MGPU_PROGRESS 1/2/3"]:
