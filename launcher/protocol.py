@@ -3,6 +3,8 @@
 Both sides import this module, so it must stay free of heavy imports.
 """
 
+import re
+
 # TF_CONFIG task types mgpu plans, in planning order. The evaluator is not part of the cluster.
 TASK_TYPES = ("chief", "worker", "evaluator")
 TRAINING_TASK_TYPES = ("chief", "worker")
@@ -22,7 +24,10 @@ ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after rest
 
 # A task may report its progress with lines "MGPU_PROGRESS <step>/<total>" on stdout (total 0:
 # unknown). The launcher shows them as a progress bar with rate and ETA; the log keeps the lines.
+# Numbers are ASCII digits, at most PROGRESS_MAX_DIGITS of them; any other line is not progress.
 PROGRESS_PREFIX = "MGPU_PROGRESS "
+PROGRESS_MAX_DIGITS = 18
+_PROGRESS = re.compile(rf"([0-9]{{1,{PROGRESS_MAX_DIGITS}}})/([0-9]{{1,{PROGRESS_MAX_DIGITS}}})")
 
 
 def progress_line(step: int, total: int) -> str:
@@ -33,10 +38,11 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     """(step, total) of a progress line; None for any other line."""
     if not line.startswith(PROGRESS_PREFIX):
         return None
-    step, _, total = line[len(PROGRESS_PREFIX):].strip().partition("/")
-    if not (step.isdigit() and total.isdigit()):
+    # Not str.isdigit(): it takes "²" and other digits that int() refuses.
+    numbers = _PROGRESS.fullmatch(line[len(PROGRESS_PREFIX):].strip(" \t\r\n"))
+    if numbers is None:
         return None
-    return int(step), int(total)
+    return int(numbers.group(1)), int(numbers.group(2))
 
 
 # What `keras.distribution.initialize()` reads (Keras 3 on the JAX backend); set for every task that

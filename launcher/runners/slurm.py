@@ -4,7 +4,11 @@ Why `srun --label --verbose`, read line by line, and not per-task output files: 
 every line a task prints with the task's rank, so one pipe carries every task's stdout (and one
 its stderr) and the launcher splits them back into per-task streams as they arrive; nothing
 depends on a file system shared with the nodes, and the supervisor sees each line when it is
-printed. srun reports each task's end as it happens ("node1: task 1: Exited with exit code 3",
+printed. srun passes a task's output on in messages of at most SRUN_PIECE bytes, each labelled
+and ended with a newline of srun's own when it has none: a labelled line of exactly SRUN_PIECE
+bytes (without its newline) is a piece of a longer line, which the task's stream gets joined
+again, so each task's stream carries exactly what the task wrote (but for a last line
+without a newline, which srun ends with one). srun reports each task's end as it happens ("node1: task 1: Exited with exit code 3",
 and with --verbose also "tasks 0-1: Completed"), so each task's exit status is known when that
 task ends, not only when the step ends; a task that srun never reported takes srun's own status.
 
@@ -41,6 +45,7 @@ SCANCEL_TIMEOUT = 15.0
 _PR_SET_PDEATHSIG = 1
 
 _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$", re.DOTALL)
+SRUN_PIECE = 1024  # slurmstepd's largest message of task output (MAX_MSG_LEN in Slurm's io_hdr.h)
 _TASK_END = re.compile(r"^srun: (?:error: |launch/slurm: _task_finish: )?(\S+): tasks? ([\d,-]+): (.+)$")
 _STEP_ID = re.compile(r"launching StepId=(\d+\.\d+)")
 # What srun prints without --verbose is kept; the rest of --verbose's chatter is not a task's output.
@@ -143,7 +148,10 @@ class SlurmStep:
             for line in iter(source.readline, b""):
                 labelled = _LABELLED.match(line)
                 if labelled and int(labelled.group(1)) < self.count:
-                    self._write(int(labelled.group(1)), stream, labelled.group(2))
+                    text = labelled.group(2)
+                    if len(text) == SRUN_PIECE + 1 and text.endswith(b"\n"):
+                        text = text[:-1]  # a piece of a longer line: the newline is srun's, not the task's
+                    self._write(int(labelled.group(1)), stream, text)
                 else:
                     self._srun_line(line)
         finally:

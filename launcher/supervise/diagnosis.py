@@ -19,7 +19,8 @@ from typing import Iterable, Sequence
 
 # What TensorFlow's gRPC server prints when its port is taken (TF 2.21), and the
 # classic wording of older releases and other servers.
-_NO_ADDRESS = re.compile(r"No address added out of total \d+ resolved for '[^']*?:(\d+)'")
+_NO_ADDRESS = re.compile(r"No address added out of total [0-9]+ resolved for '[^']{0,1000}?:([0-9]+)'")
+MAX_PORT = 65535
 _BIND_FAILURE = re.compile(r"Address already in use|Failed to bind|Could not start gRPC server")
 
 # A C++ log record: absl style "I1123 12:00:05.123 1234 file.cc:12] text" (TF 2.21 writes
@@ -56,8 +57,9 @@ def bind_failure(line: str) -> int | None:
     """The port a line of task output says could not be bound: its number, or 0
     when the line reports a bind failure without naming the port; None otherwise."""
     match = _NO_ADDRESS.search(line)
-    if match:
-        return int(match.group(1))
+    if match:  # a number that is no port (e.g. thousands of digits, past int()'s limit) names none
+        digits = match.group(1)
+        return int(digits) if len(digits) <= 5 and int(digits) <= MAX_PORT else 0
     if _BIND_FAILURE.search(line):
         return 0
     return None

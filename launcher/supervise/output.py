@@ -1,16 +1,21 @@
-"""Task output: the prefixed console view and the per-task log files.
+"""Task output: the per-task log files and the prefixed console view.
 
-Two reader threads per task drain its stdout and stderr line by line, so a task
-never blocks on a full pipe. Every line goes, unprefixed, to
-<run dir>/<type>-<index>.log (a line longer than 64 KiB is cut into pieces, so
-lines from the two streams never mix); after a restart the same file continues
-below a "----- mgpu: attempt N started <time> -----" line. The console gets each line whole, prefixed with the task's name
-("[worker:1] "), optionally with a time, and only for the tasks `show` selects;
-TensorFlow's C++ chatter (diagnosis.is_noise: INFO and WARNING records, the
-notices every GPU-less start prints) stays off the console unless asked for.
-Console lines wait in a bounded buffer written by one thread; if the console
-cannot keep up (a paused pager, a slow terminal), lines are dropped from the
-console, never from the log, and a notice says how many.
+Each of a task's two streams has a reader (stream_reader.py) that drains it to its end, so
+a task never blocks on a full pipe, whatever it prints. Every byte goes, exactly as read, to
+<run dir>/<type>-<index>.log, in whole lines so that the two streams' lines never mix
+(task_log.py); after a restart the same file continues below a
+"----- mgpu: attempt N started <time> -----" line. Every line also goes to the task's
+watchers (watchers.py): the ready line, bind failures, the tail kept for the failure
+summary, and the console view. A watcher that fails is reported once and never stops the
+reader or the log.
+
+The console gets each line prefixed with the task's name ("[worker:1] "), optionally with a
+time, and only for the tasks `show` selects; a line longer than 64 KiB is shown in pieces.
+TensorFlow's C++ chatter (diagnosis.is_noise: INFO and WARNING records, the notices every
+GPU-less start prints) stays off the console unless asked for. Console lines wait in a
+bounded buffer written by one thread; if the console cannot keep up (a paused pager, a slow
+terminal), task lines are dropped from the console, never from the log, and a notice says
+how many. The launcher's own lines are never dropped: closing waits until they are written.
 
 A line that a task redraws with carriage returns, and the progress lines of the
 protocol, are shown live at a bounded rate (live.py) instead of whole: the
@@ -26,19 +31,18 @@ import pathlib
 import shutil
 import threading
 import time
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Callable, Sequence, TextIO
 
-from launcher import protocol
 from launcher.plan.planner import TaskPlan
-from launcher.supervise import diagnosis
-from launcher.supervise.console_text import console_safe
-from launcher.supervise.live import LiveLines, ProgressMeter, latest_redraw
+from launcher.supervise.live import LiveLines
 from launcher.supervise.rundir import RunDir
+from launcher.supervise.stream_reader import PIECE, read_stream
+from launcher.supervise.task_log import TaskLog
+from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ReadyWatcher,
+                                         TailWatcher, Watchers)
 
-CHUNK = 64 * 1024  # a longer line is shown in pieces
-REDRAW_TAIL = 8 * 1024  # how much of a line being redrawn is searched for its latest state
+CHUNK = PIECE  # a longer line reaches the console in pieces
 TAIL_LINES = 500  # kept per task for the failure summary, which finds the cause in them
-TAIL_LINE_CHARS = 4000
 CONSOLE_BUFFER_CHARS = 8 * 1024 * 1024
 LAUNCHER_PREFIX = "[mgpu] "
 
@@ -49,6 +53,10 @@ def log_name(plan: TaskPlan) -> str:
 
 def _clock() -> str:
     return datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3] + " "
+
+
+def _no_clock() -> str:
+    return ""
 
 
 class Console:
@@ -98,8 +106,10 @@ class Console:
                 self._pending_chars += len(line) + 1
             self._cond.notify()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (waiting at most `timeout`) and stop the writer thread."""
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued and stop the writer thread. Waits as long as the console takes
+        (a pipe read late, a paused pager), unless `timeout` is given: the launcher's own lines,
+        its closing line among them, are written before it exits, or the console is gone."""
         with self._cond:
             self._closing = True
             self._cond.notify()
@@ -153,35 +163,49 @@ class TaskOutput:
         console: Console | None,
         timestamps: bool,
         show_tf_logs: bool = False,
+        notice: Callable[[str], None] | None = None,
+        watchers: Sequence[LineWatcher] = (),
+        after_partial_line: bool = False,
     ):
+        """`notice` reports the launcher's own troubles (a failing watcher, a full disk);
+        `watchers` see every line after the built-in ones; `after_partial_line`: the log's
+        previous attempt ended in the middle of a line."""
         self.plan = plan
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.ready = threading.Event()
-        self.last_activity = time.monotonic()  # when the task last wrote anything (the stall clock reads it)
-        # The port a "could not bind" message named (0: unnamed); None when there was none.
-        self.bind_failure: int | None = None
-        self._console = console
-        self._muted = False
-        self._timestamps = timestamps
-        # One per stream: a record's continuation lines follow it on its own stream.
-        self._noise = None if show_tf_logs else {True: diagnosis.NoiseFilter(), False: diagnosis.NoiseFilter()}
-        self._prefix = f"[{plan.name}] "
-        self._lock = threading.Lock()
+        self.last_activity = time.monotonic()  # of the last bytes read from either stream
+        report = notice or (lambda text: None)
+        self._log = TaskLog(log, report, plan.name)  # log: opened in the run dir by RunOutput
+        self._bind = BindFailureWatcher()
+        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail)]
+        self._console_view = None
+        if console is not None:
+            self._console_view = ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,
+                                                show_tf_logs)
+            builtin.append(self._console_view)
+        self._watchers = Watchers([*builtin, *watchers], report, plan.name)
         self._threads: list[threading.Thread] = []
-        self._live_keys: set[str] = set()
-        self._meter = ProgressMeter(console.terminal, console.width) if console is not None else None
-        self._log = log  # opened in the run dir by RunOutput (rundir.RunDir.open_log)
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            self._log.write(f"----- mgpu: attempt {attempt} started {started} -----\n".encode())
+            header = f"----- mgpu: attempt {attempt} started {started} -----\n"
+            self._log.write_own((("\n" if after_partial_line else "") + header).encode())
+
+    @property
+    def bind_failure(self) -> int | None:
+        """The port a "could not bind" message named (0: unnamed); None when there was none."""
+        return self._bind.port
+
+    @property
+    def log_ends_mid_line(self) -> bool:
+        return self._log.ends_mid_line
 
     def attach(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
         """Start draining the task's two streams."""
         for stream, is_stdout in ((stdout, True), (stderr, False)):
             thread = threading.Thread(
-                target=self._pump,
-                args=(stream, is_stdout),
+                target=read_stream,
+                args=(stream, is_stdout, self._log, self._watchers, self._active),
                 name=f"mgpu-read-{self.plan.name}-{'out' if is_stdout else 'err'}",
                 daemon=True,
             )
@@ -198,89 +222,18 @@ class TaskOutput:
     def mute_console(self) -> None:
         """Keep what the task prints from now on off the console (the log still gets it): the
         stacks a stalled task dumps, which the stall report sums up."""
-        self._muted = True
+        if self._console_view is not None:
+            self._console_view.muted = True
 
     def flush(self) -> None:
-        with self._lock:
-            if not self._log.closed:
-                self._log.flush()
+        self._log.flush()
 
     def close(self) -> None:
-        with self._lock:
-            self._log.close()
-        if self._console is not None:
-            for key in sorted(self._live_keys):  # a progress bar's last state stays on the console
-                self._console.end_live(key)
+        self._log.close()
+        self._watchers.close()
 
-    def _pump(self, stream: BinaryIO, is_stdout: bool) -> None:
-        """Split the stream into lines; a line still being redrawn with \\r is shown live meanwhile."""
-        pending = bytearray()
-        try:
-            while True:
-                data = stream.read1(CHUNK)
-                self.last_activity = time.monotonic()
-                if not data:
-                    if pending:
-                        self._line(bytes(pending), is_stdout)
-                    return
-                pending += data
-                start = 0
-                while (end := pending.find(b"\n", start)) >= 0 or len(pending) - start >= CHUNK:
-                    end = end + 1 if 0 <= end < start + CHUNK else start + CHUNK
-                    self._line(bytes(pending[start:end]), is_stdout)
-                    start = end
-                del pending[:start]
-                if b"\r" in pending and self._console is not None and not self._muted:
-                    self._redraw(bytes(pending[-REDRAW_TAIL:]).decode("utf-8", "replace"), is_stdout)
-        except (OSError, ValueError):  # the stream or the log was closed under us
-            return
-
-    def _live_key(self, is_stdout: bool) -> str:
-        return self._prefix + ("out" if is_stdout else "err")
-
-    def _stamped(self, text: str) -> str:
-        return f"{_clock() if self._timestamps else ''}{self._prefix}{text}"
-
-    def _redraw(self, partial: str, is_stdout: bool) -> None:
-        text = console_safe(latest_redraw(partial))
-        if text:
-            self._live_keys.add(self._live_key(is_stdout))
-            self._console.set_live(self._live_key(is_stdout), self._stamped(text))
-
-    def _line(self, chunk: bytes, is_stdout: bool) -> None:
-        if not chunk.endswith(b"\n"):
-            chunk += b"\n"
-        text = latest_redraw(chunk.decode("utf-8", "replace").rstrip("\r\n"))
-        is_ready_line = is_stdout and text.strip() == protocol.READY_LINE
-        if is_ready_line:
-            self.ready.set()
-        if b"bind" in chunk or b"ddress" in chunk or b"gRPC server" in chunk:
-            port = diagnosis.bind_failure(text)
-            if port is not None and not self.bind_failure:
-                self.bind_failure = port
-        with self._lock:
-            self._log.write(chunk)
-            self.tail.append(text[:TAIL_LINE_CHARS])
-        if self._console is None or self._muted or is_ready_line:  # the supervisor announces readiness once for all
-            return
-        if self._noise is not None and text.strip() and self._noise[is_stdout].is_noise(text):
-            return  # a blank line is the program's own spacing: shown
-        text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
-        bar = self._meter.render(text, len(self._prefix)) if is_stdout else None
-        key = self._live_key(is_stdout)
-        if bar is not None:
-            progress = protocol.parse_progress(text)
-            if progress[1] and progress[0] >= progress[1]:  # complete: stays where it ends, before later lines
-                self._live_keys.discard(self._prefix + "progress")
-                self._console.end_live(self._prefix + "progress", self._stamped(bar))
-            else:
-                self._live_keys.add(self._prefix + "progress")
-                self._console.set_live(self._prefix + "progress", self._stamped(bar))
-        elif key in self._live_keys:  # the redrawn line ended: its last state is an ordinary line
-            self._live_keys.discard(key)
-            self._console.end_live(key, self._stamped(text))
-        else:
-            self._console.write_line(self._stamped(text) + "\n")
+    def _active(self) -> None:
+        self.last_activity = time.monotonic()
 
 
 class RunOutput:
@@ -293,15 +246,20 @@ class RunOutput:
         self._timestamps = timestamps
         self._show = show
         self._show_tf_logs = show_tf_logs
+        self._last: dict[str, TaskOutput] = {}  # by log name: the latest attempt's output
 
     def shows(self, plan: TaskPlan) -> bool:
         return self._show is None or plan.type in self._show or plan.name in self._show
 
     def open_task(self, plan: TaskPlan, attempt: int) -> TaskOutput:
         console = self._console if self.shows(plan) else None
-        log = os.fdopen(self.run_dir.open_log(log_name(plan)), "ab")
-        return TaskOutput(plan, attempt, self.run_dir / log_name(plan), log, console, self._timestamps,
-                          self._show_tf_logs)
+        name = log_name(plan)
+        log = os.fdopen(self.run_dir.open_log(name), "ab")
+        previous = self._last.get(name)
+        output = TaskOutput(plan, attempt, self.run_dir / name, log, console, self._timestamps, self._show_tf_logs,
+                            notice=self.notice, after_partial_line=previous is not None and previous.log_ends_mid_line)
+        self._last[name] = output
+        return output
 
     def notice(self, text: str) -> None:
         """A line from the launcher itself; always shown."""

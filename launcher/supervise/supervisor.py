@@ -199,9 +199,11 @@ class _Supervisor:
             raise
         finally:
             self.record.finish(*final)
-            self.output.close()
-            if reaper is not None:
-                reaper.dismiss()
+            try:
+                if reaper is not None:  # every task is gone: nothing left for it to guard
+                    reaper.dismiss()
+            finally:
+                self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
     def _attempts(self) -> tuple[str, None]:
         restarts = preemptions = 0

@@ -281,3 +281,41 @@ def test_tf_config_from_slurm_as_the_readme_writes_it(slurm, tmp_path):
     seen = {rank: json.loads(text) for rank, text in (line.split(": ", 1) for line in done.stdout.splitlines())}
     assert {rank: tf["task"]["index"] for rank, tf in seen.items()} == {"0": 0, "1": 1}
     assert seen["1"]["cluster"] == {"worker": [f"{NODE}:2222", f"{NODE}:2223"]}
+
+
+LONG_LINES = r"""
+import json, os, sys
+rank = os.environ["SLURM_PROCID"]
+for n in (0, 1, 1022, 1023, 1024, 1025, 2047, 2048, 2049, 5000):
+    sys.stdout.write(rank * n + "\n")
+    print(f"err {n} of {rank}", file=sys.stderr, flush=True)
+sys.stdout.write(json.dumps({"rank": rank, "values": list(range(50000))}) + "\n")
+"""
+
+
+def test_srun_pieces_of_a_long_line_are_joined_again(slurm, tmp_path):
+    """srun --label cuts lines into 1 KiB pieces; each task's log gets its lines whole, byte for byte."""
+    rid = run_id("long")
+    script = tmp_path / "long.py"
+    script.write_text(LONG_LINES)
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--", sys.executable, str(script)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        lines = (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes().split(b"\n")
+        lengths = (0, 1, 1022, 1023, 1024, 1025, 2047, 2048, 2049, 5000)
+        document = json.dumps({"rank": str(rank), "values": list(range(50000))}).encode()
+        assert [line for line in lines if not line.startswith(b"err")] == [
+            str(rank).encode() * n for n in lengths] + [document, b""]
+        assert [line for line in lines if line.startswith(b"err")] == [b"err %d of %d" % (n, rank) for n in lengths]
+
+
+def test_a_hostile_progress_line_stops_nothing_in_a_step(slurm, tmp_path):
+    rid = run_id("hostile")
+    script = tmp_path / "p.sh"
+    script.write_text('echo MGPU_TASK_READY\necho "MGPU_PROGRESS \u00b2/3"\nseq 20000\n')
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--", "sh", str(script)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = "MGPU_TASK_READY\nMGPU_PROGRESS \u00b2/3\n".encode() + b"".join(b"%d\n" % i for i in range(1, 20001))
+    for rank in range(2):
+        assert (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes() == expected
+    assert "[worker:1] 20000\n" in done.stdout and "[mgpu] done: 2 tasks succeeded" in done.stdout
