@@ -9,6 +9,7 @@ fail-fast, restarts), so a backend stays small and knows nothing of TensorFlow.
 from __future__ import annotations
 
 import abc
+import signal
 from typing import BinaryIO
 
 from launcher.plan.planner import TaskPlan
@@ -49,6 +50,13 @@ class TaskProcess(abc.ABC):
         established TCP connection to `coordinator_port` (the other JAX and PyTorch processes).
         None when this runner cannot tell."""
         return self.listens_on(own_port) if own_port is not None else None
+
+    def dump_stacks(self) -> None:
+        """SIGABRT to the task's processes, each once: Python's faulthandler (PYTHONFAULTHANDLER)
+        writes every thread's stack to stderr, then the process ends. Once, because faulthandler's
+        handler restores the default action first and leaves the signal unblocked: a second
+        SIGABRT would end the process in the middle of its dump."""
+        self.signal_tree(signal.SIGABRT)
 
     def cpu_seconds(self) -> float | None:
         """CPU time the task's live processes have used (user and system); None when this runner

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import select
+import signal
 import subprocess
 
 import psutil
@@ -110,6 +111,11 @@ class LocalTaskProcess(TaskProcess):
             # only the members that carry the run id are the task's.
             members = proctree.tagged_processes(self._run_id, pgid=self.pid)
         proctree.send(members, signum)
+
+    def dump_stacks(self) -> None:
+        # The tree's processes, not also its group as signal_tree does: each gets one SIGABRT.
+        if self._popen.returncode is None and self._root is not None and proctree.is_alive(self._root):
+            proctree.send([self._root, *proctree.descendants(self._root)], signal.SIGABRT)
 
     def listens_on(self, port: int) -> bool:
         return self.joined(port, None)

@@ -370,7 +370,7 @@ class _Supervisor:
         running = [t for t in tasks if t.returncode is None]
         for task in running:
             task.output.mute_console()  # the report sums the stacks up; the logs keep them
-            task.proc.signal_tree(signal.SIGABRT)
+            task.proc.dump_stacks()
         deadline = time.monotonic() + STACKS_TIMEOUT
         while any(t.returncode is None for t in running) and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
