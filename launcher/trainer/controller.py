@@ -1,8 +1,7 @@
-"""The train-and-evaluate schedule, in the style of orbit's Controller.
-
-Training runs in chunks that end at the next boundary (log, eval, checkpoint, warm-up
-end, or --steps-per-loop). Every worker follows the same schedule, because collectives
-(metric reads, evaluation, the preemption agreement) must be entered by all of them
+"""The train-and-evaluate loop, in the style of orbit's Controller: it trains in chunks up to
+the schedule's next boundary (schedule.py) and then does what is due there (log, evaluate,
+checkpoint, stop early, leave on preemption). Every worker follows the same schedule, because
+collectives (metric reads, evaluation, the preemption agreement) must be entered by all of them
 at the same step.
 """
 
@@ -14,33 +13,8 @@ import time
 from launcher.trainer.checkpoints import Checkpointer
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, format_metrics
+from launcher.trainer.schedule import WARMUP_STEPS, Schedule, Throughput
 from launcher.trainer.steps import EvalLoop, TrainLoop
-
-# Steps excluded from the throughput figure: tracing and first-touch costs.
-WARMUP_STEPS = 5
-
-
-@dataclasses.dataclass
-class Schedule:
-    train_steps: int
-    steps_per_loop: int
-    log_every: int
-    eval_every: int | None
-    checkpoint_every: int | None
-    stop_at_accuracy: float | None
-
-    def due(self, every: int | None, step: int) -> bool:
-        return every is not None and step % every == 0
-
-    def next_stop(self, step: int, warmup_end: int) -> int:
-        stops = [self.train_steps, step + self.steps_per_loop]
-        for every in (self.log_every, self.eval_every, self.checkpoint_every):
-            if every:
-                stops.append((step // every + 1) * every)
-        if step < warmup_end:
-            stops.append(warmup_end)
-        return min(stops)
-
 
 @dataclasses.dataclass
 class Outcome:
@@ -48,42 +22,6 @@ class Outcome:
     final_eval: dict
     examples_per_sec: float
     stopped_early: bool
-
-
-@dataclasses.dataclass
-class Throughput:
-    """Steps and seconds spent in training calls: since the last log line, after warm-up
-    (for the final figure), and in all."""
-
-    warmup_end: int
-    window_steps: int = 0
-    window_seconds: float = 0.0
-    timed_steps: int = 0
-    timed_seconds: float = 0.0
-    total_steps: int = 0
-    total_seconds: float = 0.0
-
-    def add(self, first_step: int, steps: int, seconds: float) -> None:
-        if first_step >= self.warmup_end:
-            self.timed_steps += steps
-            self.timed_seconds += seconds
-        self.window_steps += steps
-        self.window_seconds += seconds
-        self.total_steps += steps
-        self.total_seconds += seconds
-
-    def window_rate(self, global_batch_size: int) -> float:
-        """Examples per second since the last call; starts a new window."""
-        rate = self.window_steps * global_batch_size / max(self.window_seconds, 1e-9)
-        self.window_steps, self.window_seconds = 0, 0.0
-        return rate
-
-    def final_rate(self, global_batch_size: int) -> float:
-        """Examples per second after warm-up; of every step if the run was too short to warm up."""
-        steps, seconds = self.timed_steps, self.timed_seconds
-        if steps == 0:
-            steps, seconds = self.total_steps, self.total_seconds
-        return steps * global_batch_size / seconds if seconds else 0.0
 
 
 class Controller:
@@ -132,8 +70,7 @@ class Controller:
                     self.reporter.line(
                         f"stopping: accuracy {last_eval['accuracy']:.4f} >= {s.stop_at_accuracy}")
                     stopped_early = True
-            if stopped_early or (s.checkpoint_every is None and evaluate_now) or s.due(
-                    s.checkpoint_every, step):
+            if s.checkpoint_due(step, evaluated=evaluate_now, stopping=stopped_early):
                 self.checkpointer.save(step)
             if stopped_early:
                 break

@@ -18,7 +18,8 @@ from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
 from launcher.trainer.cluster import ClusterInfo
-from launcher.trainer.controller import Controller, Outcome, Schedule
+from launcher.trainer.controller import Controller, Outcome
+from launcher.trainer.schedule import Schedule
 from launcher.trainer.datasets import Arrays
 from launcher.trainer.options import PROG, TrainOptions, global_batch_size
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
