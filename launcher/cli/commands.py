@@ -79,7 +79,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
 @click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable in every task (repeatable).")
-@click.option("--env-file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+@click.option("--env-file", type=params.InputFile(), metavar="FILE",
               help="Set environment variables from a file of NAME=VALUE lines.")
 @click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
               help="Pass this variable of the launcher's environment on to every task (repeatable).")

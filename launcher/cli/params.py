@@ -58,6 +58,28 @@ def _task_selectors(text: str) -> frozenset[str]:
     return frozenset(parse_task_selector(part.strip()) for part in text.split(","))
 
 
+class InputFile(click.ParamType):
+    """A file option: a regular file (not a FIFO, device or directory) of at most `limit` bytes,
+    checked when the option is parsed; the readers enforce the same limits as they read."""
+
+    name = "file"
+
+    def __init__(self, limit: int | None = None, must_exist: bool = True):
+        from launcher.host.files import MAX_INPUT_BYTES
+
+        self.limit = limit or MAX_INPUT_BYTES
+        self.must_exist = must_exist
+
+    def convert(self, value, param, ctx):
+        from launcher.host.files import check_input_file
+
+        if not isinstance(value, str):
+            return value
+        option = param.opts[0] if param is not None and param.opts else "file"
+        check_input_file(value, option, self.limit, self.must_exist)
+        return value
+
+
 ENDPOINT = ParsedParam("[user@]host[:port]", parse_endpoint)
 ENDPOINT_LIST = ParsedParam("host:port,...", parse_worker_list)
 SLOTS_LIST = ParsedParam("host:slots,...", parse_slots_list)
