@@ -34,7 +34,7 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     if not line.startswith(PROGRESS_PREFIX):
         return None
     step, _, total = line[len(PROGRESS_PREFIX):].strip().partition("/")
-    if not (step.isdigit() and total.isdigit()):
+    if not (step.isascii() and step.isdigit() and total.isascii() and total.isdigit()):  # int() refuses '²'
         return None
     return int(step), int(total)
 

@@ -44,6 +44,8 @@ class Seconds(click.ParamType):
 
     def convert(self, value, param, ctx):
         try:
+            if isinstance(value, str) and not value.isascii():  # float() also reads '٣'
+                raise ValueError(value)
             number = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
@@ -52,6 +54,15 @@ class Seconds(click.ParamType):
         if not self.minimum <= number <= MAX_SECONDS:
             self.fail(f"{value!r} is not between {self.minimum:g} and {MAX_SECONDS:g} seconds", param, ctx)
         return number
+
+
+class Count(click.IntRange):
+    """click's IntRange with ASCII digits only (int(), and so IntRange, also reads '٣')."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{value!r} is not a number (ASCII digits)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _task_selectors(text: str) -> frozenset[str]:

@@ -240,6 +240,8 @@ def _command(read: _Reader, command: object) -> tuple[str, ...] | None:
 def _env(read: _Reader, value: object) -> dict[str, str]:
     env = {}
     for name, item in read.mapping(value, "env", None).items():
+        if isinstance(item, float):  # YAML reads 1e3, 0.10 and .nan as numbers: their text is lost
+            read.fail(f"env.{name} is a YAML number ({item!r}); put it in quotes to pass it as written")
         try:
             env[parse_env_name(name)] = read.string(item, f"env.{name}")
         except ValueError as exc:

@@ -36,6 +36,8 @@ def run_module(args, env_extra=None):
     (["--worker-hosts", "a:1,b:2", "--task-index", "2"], "out of range"),
     (["--global-batch-size", "64", "--batch-size-per-replica", "8"], "not allowed with"),
     (["--stop-at-accuracy", "1.5"], "must be in (0, 1]"),
+    (["--train-steps", "\u0663"], "not an integer: '\u0663'"),  # ARABIC-INDIC DIGIT THREE: int() reads it
+    (["--stop-at-accuracy", "\u0660.5"], "not a number"),
 ])
 def test_bad_options_exit_2_with_one_line_and_no_tensorflow(poisoned_tensorflow, args, message):
     result = run_module(args, {"PYTHONPATH": poisoned_tensorflow})
