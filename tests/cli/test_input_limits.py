@@ -120,3 +120,17 @@ def test_the_known_hosts_reader_keeps_the_limits_itself(tmp_path, capsys):
     os.mkfifo(tmp_path / "fifo")
     assert known_hosts.load([str(tmp_path / "fifo")]) == []
     assert "is a FIFO, not a regular file; skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry", ["h1", "n[1-4]", "n[01-03,7]", "rack[1-2]n[1-4]", "u@n[8-11]:2222",
+                                   "[fd00::1]:2222", "n[1-3]m[5,7]x[0-1]"])
+def test_counting_an_entry_agrees_with_expanding_it(entry):
+    from launcher.config.hostlist import count_entry, expand_entry
+
+    assert count_entry(entry) == len(expand_entry(entry))
+
+
+def test_counting_absurd_entries_takes_no_memory():
+    from launcher.config.hostlist import count_entry
+
+    assert count_entry("n" + "[0-65535]" * 1000) >= 10**18  # counted, never built
