@@ -103,6 +103,7 @@ def test_slurm_node_names_are_checked_before_they_reach_tf_config(mgpu, nodelist
 
 def test_a_missing_local_workdir_is_named(mgpu, tmp_path):
     missing = tmp_path / "missing"
-    result = mgpu("launch", "--local", "1", "--workdir", str(missing), "--log-dir", str(tmp_path / "logs"), "--", "true")
+    result = mgpu("launch", "--local", "1", "--workdir", str(missing), "--log-dir", str(tmp_path / "logs"),
+                  "--", "true")
     assert_refused(result, f"workdir {missing} does not exist on this machine")
     assert not list((tmp_path / "logs").glob("*/run.json"))  # nothing started

@@ -1,7 +1,6 @@
 """A run id is one run on the whole machine, whatever the log dir: the end of a run stops every
 process of this user that carries its id, so two runs with one id would stop each other's tasks."""
 
-import os
 import pathlib
 import secrets
 import signal
