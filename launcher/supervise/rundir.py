@@ -122,8 +122,8 @@ def claim_run_id(run_id: str) -> None:
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
                 os.close(fd)
-                raise UsageError(f"run id {run_id} is in use by another launch on this machine (pid {holder}); "
-                                 f"choose another run id") from None
+                raise UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
+                                 f"this machine, in any log dir); choose another run id") from None
             try:
                 current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:

@@ -47,8 +47,8 @@ def test_a_run_id_in_use_under_another_log_dir_is_refused(tmp_path):
                                  "--log-dir", str(tmp_path / "two"), "--", "true"],
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 2, second.stderr
-        assert second.stderr == (f"mgpu: error: run id {run_id} is in use by another launch on this machine "
-                                 f"(pid {first.pid}); choose another run id\n")
+        assert second.stderr == (f"mgpu: error: run id {run_id} is in use by running processes (pid {first.pid}: "
+                                 f"a launch on this machine, in any log dir); choose another run id\n")
         assert not (tmp_path / "two" / run_id).exists()
         assert first.poll() is None
     finally:
