@@ -142,7 +142,8 @@ def claim_run_id(run_id: str) -> None:
 
 
 def release_run_id(run_id: str) -> None:
-    """Give the claim up: the file is removed while still locked, so no launch ever locks a removed file."""
+    """Give the claim up. The file is removed while still locked: a launch that opened it meanwhile
+    finds, once it has the lock, that the name is gone or names a new file, and starts over."""
     fd = _claims.pop(run_id, None)
     if fd is None:
         return
