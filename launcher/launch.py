@@ -29,6 +29,7 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         _launch_slurm(plans, options)
         return
 
+    _check_local_workdirs(plans)
     local_runner = LocalRunner()
     runners = [local_runner]
     remote = [plan for plan in plans if not plan.local]
@@ -58,6 +59,18 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     finally:
         for runner in runners:
             runner.close()
+
+
+def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
+    """A workdir missing on this machine is bad input, not a program that cannot start."""
+    import os
+
+    from launcher.errors import UsageError
+
+    for plan in plans:
+        if plan.local and plan.workdir and not os.path.isdir(plan.workdir):
+            problem = "is not a directory" if os.path.exists(plan.workdir) else "does not exist"
+            raise UsageError(f"workdir {plan.workdir} {problem} on this machine ({plan.name} runs here)")
 
 
 def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -> None:

@@ -49,7 +49,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 
 @cli.command("launch", help=LAUNCH_HELP)
 @cluster_options
-@click.option("--local", type=click.IntRange(min=1, max=MAX_LOCAL_TASKS), metavar="N",
+@click.option("--local", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
@@ -76,15 +76,15 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help=f"Stop the run (with every task's Python stack) when no training task has printed anything "
                    f"or used CPU for this long once all are ready; 0: never. [default: "
                    f"{DEFAULT_STALL_TIMEOUT:g}, or the spec's stall_timeout]")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times.")
-@click.option("--threads-per-task", type=click.IntRange(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
+@click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
-@click.option("--gpus-per-task", type=click.IntRange(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
+@click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
               help="GPUs per task, as CUDA_VISIBLE_DEVICES (default: split this host's GPUs evenly; none: empty).")
 @click.option("--env", "env_pairs", type=params.ENV_ASSIGNMENT, multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable in every task (repeatable).")
-@click.option("--env-file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+@click.option("--env-file", type=params.InputFile(), metavar="FILE",
               help="Set environment variables from a file of NAME=VALUE lines.")
 @click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
               help="Pass this variable of the launcher's environment on to every task (repeatable).")
@@ -144,7 +144,7 @@ Examples:
 @cli.command("tf-config", help=TF_CONFIG_HELP)
 @cluster_options
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
-@click.option("--task-index", type=click.IntRange(min=0), help="Which task of its type (required without --from-slurm).")
+@click.option("--task-index", type=params.Count(min=0), help="Which task of its type (required without --from-slurm).")
 @click.option("--from-slurm", is_flag=True,
               help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
                    "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "

@@ -14,6 +14,7 @@ import time
 import click
 
 from launcher.cli import params
+from launcher.host.files import MAX_KNOWN_HOSTS_BYTES as KNOWN_HOSTS_LIMIT
 from launcher.cli.main import debug_flag
 from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
@@ -39,10 +40,10 @@ def cluster_options(func):
                      help="Port for hosts listed without one."),
         click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
                      help="Workers as Horovod's -H writes them: SLOTS tasks per host, on ports from --port upward."),
-        click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE",
+        click.option("--hostfile", type=params.InputFile(), metavar="FILE",
                      help="Workers from a file: 'host[:port]' per line, or 'host slots=N [max_slots=M]' "
                           "(N tasks on consecutive ports; a host on several lines adds its slots up)."),
-        click.option("--spec", "spec_file", type=click.Path(dir_okay=False), metavar="FILE",
+        click.option("--spec", "spec_file", type=params.InputFile(), metavar="FILE",
                      help="A YAML or JSON cluster spec (see the README for its schema)."),
     ]
     for option in reversed(options):
@@ -51,7 +52,7 @@ def cluster_options(func):
 
 
 ssh_config_option = click.option(
-    "--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+    "--ssh-config", type=params.InputFile(), metavar="FILE",
     help="An OpenSSH config file to use instead of ~/.ssh/config.")
 keep_host_names_option = click.option(
     "--keep-host-names", is_flag=True,
@@ -67,10 +68,10 @@ def ssh_options(func):
     options = [
         click.option("--ssh-user", help="SSH user for hosts that name none."),
         click.option("--ssh-port", type=params.PORT, help="SSH port for hosts that name none."),
-        click.option("--identity", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+        click.option("--identity", type=params.InputFile(), metavar="FILE",
                      help="SSH private key file."),
         ssh_config_option,
-        click.option("--known-hosts", type=click.Path(dir_okay=False), metavar="FILE",
+        click.option("--known-hosts", type=params.InputFile(KNOWN_HOSTS_LIMIT, must_exist=False), metavar="FILE",
                      help="A known_hosts file to trust besides ~/.ssh/known_hosts."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Trust and record keys of hosts not seen before (like StrictHostKeyChecking=accept-new). "
@@ -144,18 +145,11 @@ def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) 
     return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
 
 
-MAX_INPUT_BYTES = 16 * 1024 * 1024  # spec files, hostfiles and env files; a 10,000-host spec is ~300 KB
-
-
 def read_text(path: str, option: str) -> str:
-    """A UTF-8 text file of at most MAX_INPUT_BYTES (reading stops there: /dev/zero ends too)."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_INPUT_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: {exc.strerror}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise UsageError(f"{option} {path}: larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    """A UTF-8 regular file of at most MAX_INPUT_BYTES (launcher.host.files)."""
+    from launcher.host.files import read_input_file
+
+    data = read_input_file(path, option)
     if b"\0" in data:
         raise UsageError(f"{option} {path}: not a text file (it contains NUL bytes)")
     try:

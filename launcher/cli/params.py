@@ -44,6 +44,8 @@ class Seconds(click.ParamType):
 
     def convert(self, value, param, ctx):
         try:
+            if isinstance(value, str) and not value.isascii():  # float() also reads '٣'
+                raise ValueError(value)
             number = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
@@ -54,8 +56,39 @@ class Seconds(click.ParamType):
         return number
 
 
+class Count(click.IntRange):
+    """click's IntRange with ASCII digits only (int(), and so IntRange, also reads '٣')."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{value!r} is not a number (ASCII digits)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _task_selectors(text: str) -> frozenset[str]:
     return frozenset(parse_task_selector(part.strip()) for part in text.split(","))
+
+
+class InputFile(click.ParamType):
+    """A file option: a regular file (not a FIFO, device or directory) of at most `limit` bytes,
+    checked when the option is parsed; the readers enforce the same limits as they read."""
+
+    name = "file"
+
+    def __init__(self, limit: int | None = None, must_exist: bool = True):
+        from launcher.host.files import MAX_INPUT_BYTES
+
+        self.limit = limit or MAX_INPUT_BYTES
+        self.must_exist = must_exist
+
+    def convert(self, value, param, ctx):
+        from launcher.host.files import check_input_file
+
+        if not isinstance(value, str):
+            return value
+        option = param.opts[0] if param is not None and param.opts else "file"
+        check_input_file(value, option, self.limit, self.must_exist)
+        return value
 
 
 ENDPOINT = ParsedParam("[user@]host[:port]", parse_endpoint)

@@ -11,7 +11,7 @@ import dataclasses
 import ipaddress
 import re
 
-from launcher.config.hostlist import expand_entry, split_top_level
+from launcher.config.hostlist import check_task_total, count_entry, expand_entry, split_top_level
 from launcher.protocol import TASK_TYPES
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
@@ -125,6 +125,7 @@ def parse_endpoint_list(text: str) -> tuple[Endpoint, ...]:
     parts = split_top_level(text)
     if any(not part.strip() for part in parts):
         raise ValueError(f"{text!r} has an empty entry")
+    check_task_total(sum(count_entry(part.strip()) for part in parts))
     return tuple(parse_endpoint(entry) for part in parts for entry in expand_entry(part.strip()))
 
 
@@ -150,13 +151,20 @@ def parse_slots_list(text: str) -> tuple[tuple[Endpoint, int], ...]:
     if not text.strip():
         raise ValueError("the host list is empty")
     entries = []
+    total = 0
     for part in split_top_level(text):
         if not part.strip():
             raise ValueError(f"{text!r} has an empty entry")
-        for entry in expand_entry(part.strip()):
-            split = re.fullmatch(r"(.*[^:]):([^:\]]*)", entry)  # the last colon outside [IPv6]
+        part = part.strip()
+        split = re.fullmatch(r"(.*[^:]):([^:\]]*)", part)  # the last colon outside [IPv6]
+        slots_text = split.group(2) if split else "1"
+        if is_number(slots_text):
+            total += count_entry(part) * int(slots_text)
+            check_task_total(total)  # before anything is expanded
+        for entry in expand_entry(part):
+            split = re.fullmatch(r"(.*[^:]):([^:\]]*)", entry)
             host_text, slots_text = split.groups() if split else (entry, "1")
-            if not slots_text.isdigit() or int(slots_text) < 1:
+            if not is_number(slots_text) or int(slots_text) < 1:
                 raise ValueError(f"{entry!r}: slots must be a positive number, not {slots_text!r}")
             endpoint = parse_endpoint(host_text)
             if endpoint.port is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from launcher.config.addresses import Endpoint, is_number, parse_endpoint
-from launcher.config.hostlist import expand_entry
+from launcher.config.hostlist import check_task_total, count_entry, expand_entry
 from launcher.errors import SpecError
 
 _SETTINGS = ("slots", "max_slots")
@@ -20,18 +20,21 @@ def parse_hostfile(text: str, source: str) -> tuple[tuple[Endpoint, int], ...]:
     """(endpoint, slots) per host, in the order hosts first appear. `source` names the file in messages."""
     slots_of: dict[Endpoint, int] = {}
     max_of: dict[Endpoint, tuple[int, str]] = {}  # the smallest max_slots given, and where
+    total = 0  # tasks so far, counted before each line is expanded
     for number, raw in enumerate(text.splitlines(), start=1):
         line = re.sub(r"\s*=\s*", "=", raw.split("#", 1)[0].strip())
         if not line:
             continue
         where = f"{source}:{number}"
         first, *options = line.split()
+        settings = _settings(options, where)
+        slots = settings.get("slots", 1)
         try:
+            total += count_entry(first) * slots
+            check_task_total(total)
             endpoints = [parse_endpoint(entry) for entry in expand_entry(first)]
         except ValueError as exc:
             raise SpecError(f"{where}: {exc}") from None
-        settings = _settings(options, where)
-        slots = settings.get("slots", 1)
         if "max_slots" in settings and settings["max_slots"] < slots:
             raise SpecError(f"{where}: max_slots={settings['max_slots']} is below slots={slots}")
         for endpoint in endpoints:

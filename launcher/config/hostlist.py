@@ -14,9 +14,12 @@ import re
 
 # More names than any cluster has; stops `n[0-999999999]` from eating the machine's memory.
 MAX_HOSTS = 65536
+# More tasks than any cluster runs, in all (hosts times slots, every entry together). Counted
+# before anything is expanded, so a few lines of ranges cannot grow into gigabytes.
+MAX_TASKS = 100_000
 
 _GROUP = re.compile(r"\[([^\[\]]*)\]")
-_RANGE_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE_ITEM = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")  # ASCII digits: \d takes any script's
 # A group is a hostlist range only when it holds digits, commas and dashes; anything else in
 # brackets (an IPv6 address such as [fd00::1]) is left as it is.
 _RANGE_GROUP = re.compile(r"^[0-9][0-9,\s-]*$")
@@ -48,24 +51,48 @@ def expand_entry(entry: str) -> list[str]:
     Brackets that are not ranges stay as written, so `user@n[1-2]:2222` expands the host and
     keeps the rest, and `[fd00::1]:2222` is returned unchanged.
     """
+    total = count_entry(entry)
+    if total > MAX_HOSTS:
+        raise ValueError(f"{entry!r} expands to {total} hosts (at most {MAX_HOSTS})")
     pieces: list[list[str]] = []
     position = 0
     for match in _GROUP.finditer(entry):
         if not _RANGE_GROUP.match(match.group(1)):
             continue
         pieces.append([entry[position:match.start()]])
-        pieces.append(_expand_group(match.group(1), entry))
+        pieces.append(_expand_group(match.group(1)))
         position = match.end()
     if not pieces:
         return [entry]  # nothing to expand: the host parser judges it as written
     pieces.append([entry[position:]])
-    _check_brackets(entry, "".join(piece[0] for piece in pieces))
-    total = 1
-    for piece in pieces:
-        total *= len(piece)
-    if total > MAX_HOSTS:
-        raise ValueError(f"{entry!r} expands to {total} hosts (at most {MAX_HOSTS})")
     return ["".join(combination) for combination in itertools.product(*pieces)]
+
+
+def count_entry(entry: str) -> int:
+    """How many hosts expand_entry(entry) gives, counted without expanding. Raises ValueError
+    for a range that is not N or N-M, goes backwards, or has unbalanced brackets around it."""
+    total = 1
+    outside = []
+    position = 0
+    for match in _GROUP.finditer(entry):
+        if not _RANGE_GROUP.match(match.group(1)):
+            continue
+        outside.append(entry[position:match.start()])
+        size = sum(high - low + 1 for low, high, _ in _group_ranges(match.group(1), entry))
+        total = min(total * size, _SATURATED)  # exact for any real count, bounded for absurd ones
+        position = match.end()
+    if outside:
+        _check_brackets(entry, "".join(outside) + entry[position:])
+    return total
+
+
+_SATURATED = 10**18
+
+
+def check_task_total(total: int) -> None:
+    """Refuse a cluster of more than MAX_TASKS tasks (call it before expanding what was counted)."""
+    if total > MAX_TASKS:
+        raise ValueError(f"more than {MAX_TASKS} tasks, the most mgpu runs ({total} counted so far)")
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -83,9 +110,9 @@ def expand_hostlist(text: str) -> list[str]:
     return hosts
 
 
-def _expand_group(group: str, entry: str) -> list[str]:
-    """`01-03,7` -> ['01', '02', '03', '7']."""
-    values: list[str] = []
+def _group_ranges(group: str, entry: str) -> list[tuple[int, int, int]]:
+    """`01-03,7` -> [(1, 3, 2), (7, 7, 1)]: (low, high, zero-padded width) per item."""
+    ranges = []
     for item in group.split(","):
         match = _RANGE_ITEM.match(item.strip())
         if not match:
@@ -96,9 +123,14 @@ def _expand_group(group: str, entry: str) -> list[str]:
             raise ValueError(f"{entry!r}: range {item.strip()} goes backwards")
         if high - low >= MAX_HOSTS:
             raise ValueError(f"{entry!r}: range {item.strip()} has more than {MAX_HOSTS} hosts")
-        width = len(low_text)
-        values += [str(number).zfill(width) for number in range(low, high + 1)]
-    return values
+        ranges.append((low, high, len(low_text)))
+    return ranges
+
+
+def _expand_group(group: str) -> list[str]:
+    """`01-03,7` -> ['01', '02', '03', '7'] (the group was checked by count_entry)."""
+    return [str(number).zfill(width) for low, high, width in _group_ranges(group, group)
+            for number in range(low, high + 1)]
 
 
 def _check_brackets(entry: str, outside_ranges: str) -> None:
@@ -113,11 +145,17 @@ def _check_brackets(entry: str, outside_ranges: str) -> None:
 
 
 def expand_tasks_per_node(text: str) -> list[int]:
-    """Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE: `2(x3),1` -> [2, 2, 2, 1]."""
-    counts: list[int] = []
+    """Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE: `2(x3),1` -> [2, 2, 2, 1].
+
+    Counted before it is expanded: at most MAX_HOSTS nodes and MAX_TASKS tasks in all."""
+    items = []
     for item in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", item)
         if not match:
             raise ValueError(f"{text!r}: {item!r} is not N or N(xR)")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
+        items.append((int(match.group(1)), int(match.group(2) or 1)))
+    nodes = sum(repeat for _, repeat in items)
+    if nodes > MAX_HOSTS:
+        raise ValueError(f"{text!r} describes {nodes} nodes (at most {MAX_HOSTS})")
+    check_task_total(sum(count * repeat for count, repeat in items))
+    return [count for count, repeat in items for _ in range(repeat)]

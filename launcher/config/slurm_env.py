@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from launcher.config.addresses import is_number, parse_host
 from launcher.config.hostlist import expand_hostlist, expand_tasks_per_node
 from launcher.errors import UsageError
 
@@ -61,7 +62,7 @@ def read_allocation(env: Mapping[str, str], step: bool = False) -> Allocation:
         raise UsageError(f"Slurm job {job_id}: SLURM_JOB_NODELIST is not set")
     layout = _first(env, [p + "TASKS_PER_NODE" for p in (*step_first, "SLURM_")])
     try:
-        nodes = tuple(expand_hostlist(nodelist))
+        nodes = tuple(parse_host(node) for node in expand_hostlist(nodelist))  # they go into TF_CONFIG
         counts = tuple(expand_tasks_per_node(layout)) if layout else (1,) * len(nodes)
     except ValueError as exc:
         raise UsageError(f"Slurm job {job_id}: {exc}") from None
@@ -80,12 +81,14 @@ def _gpus_per_task(text: str | None) -> int | None:
     if not text:
         return None
     count = text.rpartition(":")[2]
-    return int(count) if count.isdigit() else None
+    return int(count) if is_number(count) else None
 
 
 def step_rank(env: Mapping[str, str]) -> int:
     """This task's rank in its step (SLURM_PROCID). Raises UsageError outside a step."""
     rank = env.get("SLURM_PROCID", "")
-    if not rank.isdigit():
+    if not rank:
         raise UsageError("SLURM_PROCID is not set: run this inside a job step (srun), once per task")
+    if not is_number(rank):
+        raise UsageError(f"SLURM_PROCID {rank!r} is not a task rank (ASCII digits)")
     return int(rank)

@@ -9,6 +9,7 @@ from typing import Iterable, Mapping, Sequence
 from launcher.errors import SpecError
 from launcher.protocol import TASK_TYPES
 from launcher.config.addresses import Endpoint, format_address
+from launcher.config.hostlist import check_task_total
 
 CHIEF = "chief"
 WORKER = "worker"
@@ -141,6 +142,13 @@ def _reject_duplicates(tasks: Sequence[TaskSpec]) -> None:
         seen[key] = name
 
 
+def _check_total(total: int) -> None:
+    try:
+        check_task_total(total)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool) -> tuple[TaskSpec, ...]:
     """A cluster simulated on this machine: a chief (if asked) and workers on `ports`, on 127.0.0.1."""
     endpoints = [Endpoint("127.0.0.1", port) for port in ports]
@@ -150,6 +158,8 @@ def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool) ->
 
 def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | None) -> tuple[Endpoint, ...]:
     """One endpoint per slot: `host slots=3` on port P becomes ports P, P+1, P+2."""
+    entries = list(entries)
+    _check_total(sum(slots for _, slots in entries))
     endpoints = []
     for endpoint, slots in entries:
         port = endpoint.port if endpoint.port is not None else default_port
@@ -167,9 +177,10 @@ def slurm_tasks(nodes: Sequence[str], tasks_per_node: Sequence[int], port: int, 
 
     With a chief, rank 0 is the chief; with an evaluator, the last rank is the evaluator.
     """
-    endpoints = [Endpoint(node, port + i) for node, count in zip(nodes, tasks_per_node) for i in range(count)]
+    _check_total(sum(tasks_per_node))
     if port + max(tasks_per_node, default=1) - 1 > 65535:
         raise SpecError(f"{max(tasks_per_node)} tasks per node from port {port} run past port 65535")
+    endpoints = [Endpoint(node, port + i) for node, count in zip(nodes, tasks_per_node) for i in range(count)]
     if len(endpoints) < 1 + with_evaluator:
         raise SpecError(f"the allocation has {len(endpoints)} task(s): too few for the evaluator and one "
                         f"training task (ask Slurm for more with -n or --ntasks-per-node)")

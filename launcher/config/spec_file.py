@@ -12,7 +12,7 @@ import shlex
 from typing import Mapping, NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
-from launcher.config.hostlist import expand_entry
+from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, expand_entry
 from launcher.config.spec import (
     CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
@@ -67,6 +67,7 @@ class _Reader:
 
     def __init__(self, source: str):
         self.source = source
+        self.task_total = 0  # hosts listed so far, counted before each entry is expanded
 
     def fail(self, message: str) -> NoReturn:
         raise SpecError(f"{self.source}: {message}")
@@ -116,7 +117,10 @@ class _Reader:
         found = []
         for item in items:
             try:
-                found += [parse_endpoint(entry) for entry in expand_entry(self.string(item, what).strip())]
+                entry_text = self.string(item, what).strip()
+                self.task_total += count_entry(entry_text)
+                check_task_total(self.task_total)
+                found += [parse_endpoint(entry) for entry in expand_entry(entry_text)]
             except ValueError as exc:
                 self.fail(f"{what}: {exc}")
         return found
@@ -185,6 +189,7 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     if len(evaluators) > 1:
         read.fail(f"evaluator lists {len(evaluators)} hosts; there is at most one evaluator")
     host_ssh = {}
+    _check_host_keys(read, top)
     for name, settings in read.mapping(top.get("hosts", {}), "hosts", None).items():
         try:
             settings = {k: v for k, v in read.mapping(settings, f"hosts.{name}", _HOST_KEYS).items() if k != "address"}
@@ -198,6 +203,18 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
                            default_port, host_ssh)
     except SpecError as exc:
         read.fail(str(exc))
+
+
+def _check_host_keys(read: _Reader, top: dict) -> None:
+    """At most MAX_TASKS hosts named under `hosts:`, counted before any key is expanded."""
+    total = 0
+    for name in read.mapping(top.get("hosts", {}), "hosts", None):
+        try:
+            total += count_entry(name)
+        except ValueError as exc:
+            read.fail(f"hosts: {exc}")
+        if total > MAX_TASKS:
+            read.fail(f"hosts: names more than {MAX_TASKS} hosts")
 
 
 def _addresses(read: _Reader, top: dict) -> dict[str, str]:
@@ -233,6 +250,8 @@ def _command(read: _Reader, command: object) -> tuple[str, ...] | None:
 def _env(read: _Reader, value: object) -> dict[str, str]:
     env = {}
     for name, item in read.mapping(value, "env", None).items():
+        if isinstance(item, float):  # YAML reads 1e3, 0.10 and .nan as numbers: their text is lost
+            read.fail(f"env.{name} is a YAML number ({item!r}); put it in quotes to pass it as written")
         try:
             env[parse_env_name(name)] = read.string(item, f"env.{name}")
         except ValueError as exc:

@@ -7,11 +7,18 @@ root's) and not open to others unless sticky; the run dir is made fresh (mkdir i
 claim on the run id: two launches with one id cannot both win it), mode 0700, and held
 open: every file in it is created relative to that descriptor, never through a path,
 and never through a symbolic link.
+
+A run id tags every process of the run, and the end of a run stops every process of this
+user that carries it, whatever its log dir. So a run id is also claimed on the whole machine:
+a lock file per run id (flock) in a folder of this user's, RUN_ID_LOCK_DIR, held from before
+the check that no live process carries the id until the run's last sweep is done. The kernel
+drops it when the launcher dies, however it dies.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import pathlib
 import pwd
@@ -28,11 +35,13 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class RunDir:
-    """The run's directory, held open by descriptor; files are made inside it by name."""
+    """The run's directory, held open by descriptor; files are made inside it by name. Holds the
+    machine-wide claim on the run id until it is closed."""
 
-    def __init__(self, path: pathlib.Path, fd: int):
+    def __init__(self, path: pathlib.Path, fd: int, run_id: str | None = None):
         self.path = path
         self.fd = fd
+        self.run_id = run_id
 
     def __truediv__(self, name: str) -> pathlib.Path:
         """The path of a file in the run dir, for messages (files are opened through the descriptor)."""
@@ -62,6 +71,88 @@ class RunDir:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.run_id is not None:
+            release_run_id(self.run_id)
+            self.run_id = None
+
+
+def run_id_lock_dir() -> str:
+    """Where run id locks live: a folder of this user's that every launch of theirs finds,
+    whatever its environment (root's is under /run, which only root may write)."""
+    euid = os.geteuid()
+    return "/run/mgpu" if euid == 0 and os.path.isdir("/run") else f"/tmp/mgpu-{euid}"
+
+
+_claims: dict[str, int] = {}  # run id -> the descriptor of its locked file, in this process
+
+
+def _open_lock_dir() -> int:
+    """The lock folder, made if missing (mode 0700); refused unless it is this user's own and private."""
+    path = run_id_lock_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise UsageError(f"{path}: owned by {_owner_name(st.st_uid)} or open to others; mgpu keeps its run id "
+                         f"locks there: remove it")
+    return fd
+
+
+def claim_run_id(run_id: str) -> None:
+    """Lock the run id on this machine (a second claim in this process is a no-op). Raises
+    UsageError naming the launch that holds it."""
+    if run_id in _claims:
+        return
+    name = f"{run_id}.lock"
+    dir_fd = _open_lock_dir()
+    try:
+        for _ in range(100):  # a holder that ends removes its file: lock the one now at the name
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
+                                 f"this machine, in any log dir); choose another run id") from None
+            try:
+                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _claims[run_id] = fd
+            return
+        raise UsageError(f"run id {run_id}: its lock in {run_id_lock_dir()} keeps changing; choose another run id")
+    finally:
+        os.close(dir_fd)
+
+
+def release_run_id(run_id: str) -> None:
+    """Give the claim up. The file is removed while still locked: a launch that opened it meanwhile
+    finds, once it has the lock, that the name is gone or names a new file, and starts over."""
+    fd = _claims.pop(run_id, None)
+    if fd is None:
+        return
+    try:
+        os.unlink(os.path.join(run_id_lock_dir(), f"{run_id}.lock"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _make_dirs(path: pathlib.Path) -> None:
@@ -129,7 +220,21 @@ def check_run_dir(options: SuperviseOptions) -> pathlib.Path:
     the log dir, for a run id that live processes of this user carry (every stop
     of this run would stop them too), and for a log dir that cannot be made, or
     written, or that another user could tamper with.
+
+    The run id is claimed on the whole machine while the live processes are looked for (a
+    launch that starts at the same time, in any log dir, sees the claim rather than no
+    process yet); the claim is kept only if this process held it already (make_run_dir).
     """
+    held = options.run_id in _claims
+    claim_run_id(options.run_id)
+    try:
+        return _check_run_dir(options)
+    finally:
+        if not held:
+            release_run_id(options.run_id)
+
+
+def _check_run_dir(options: SuperviseOptions) -> pathlib.Path:
     fd = _open_log_dir(options)
     try:
         os.stat(options.run_id, dir_fd=fd, follow_symlinks=False)
@@ -149,18 +254,26 @@ def check_run_dir(options: SuperviseOptions) -> pathlib.Path:
 
 
 def make_run_dir(options: SuperviseOptions) -> RunDir:
-    """Check the run can start (check_run_dir), then claim its directory: made fresh, private, held open."""
-    path = check_run_dir(options)
-    log_fd = _open_log_dir(options)
+    """Claim the run id on this machine, check the run can start (check_run_dir), then claim its
+    directory: made fresh, private, held open. The RunDir keeps the run id's claim until closed."""
+    held = options.run_id in _claims
+    claim_run_id(options.run_id)
     try:
+        path = check_run_dir(options)
+        log_fd = _open_log_dir(options)
         try:
-            os.mkdir(options.run_id, RUN_DIR_MODE, dir_fd=log_fd)
-        except FileExistsError:
-            raise _already_exists(options) from None
-        fd = os.open(options.run_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=log_fd)
-        os.fchmod(fd, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask
-    except OSError as e:
-        raise UsageError(f"--log-dir {options.log_dir}: {options.run_id}: {e.strerror or e}") from None
-    finally:
-        os.close(log_fd)
-    return RunDir(path, fd)
+            try:
+                os.mkdir(options.run_id, RUN_DIR_MODE, dir_fd=log_fd)
+            except FileExistsError:
+                raise _already_exists(options) from None
+            fd = os.open(options.run_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=log_fd)
+            os.fchmod(fd, RUN_DIR_MODE)  # mkdir's mode is reduced by the umask
+        except OSError as e:
+            raise UsageError(f"--log-dir {options.log_dir}: {options.run_id}: {e.strerror or e}") from None
+        finally:
+            os.close(log_fd)
+    except BaseException:
+        if not held:
+            release_run_id(options.run_id)
+        raise
+    return RunDir(path, fd, None if held else options.run_id)

@@ -56,6 +56,9 @@ def _run(opts, started: float) -> int:
     info = cluster.resolve(opts.worker_hosts, opts.task_index)
     if info.is_evaluator and opts.model_dir is None:
         raise UsageError("an evaluator task needs --model-dir")
+    from launcher.trainer.outdirs import check_output_dirs
+
+    check_output_dirs({"--model-dir": opts.model_dir, "--export-dir": opts.export_dir})
     if not info.is_evaluator:  # contradictions with the cluster, before the slow import
         cluster.choose_strategy(opts.distribution_strategy, info.num_workers, num_gpus=0)
     from launcher.trainer import datasets  # numpy: only once the options are good

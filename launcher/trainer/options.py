@@ -105,6 +105,8 @@ def _non_negative_int(text: str) -> int:
 
 def _int(text: str) -> int:
     try:
+        if not text.isascii():  # int() also reads '٣' and '²'-like digits of other scripts
+            raise ValueError(text)
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
@@ -112,6 +114,8 @@ def _int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     try:
+        if not text.isascii():  # float() also reads digits of other scripts
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None

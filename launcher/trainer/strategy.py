@@ -25,7 +25,10 @@ def thread_counts(threads: int | None, environ=os.environ) -> tuple[int, int]:
 
     def env_int(name):
         try:
-            return max(0, int(environ.get(name, "0")))
+            text = environ.get(name, "0")
+            if not text.isascii():  # int() also reads digits of other scripts
+                raise ValueError(text)
+            return max(0, int(text))
         except ValueError:
             raise UsageError(f"{name} must be an integer, not {environ[name]!r}") from None
     return env_int("TF_NUM_INTRAOP_THREADS"), env_int("TF_NUM_INTEROP_THREADS")

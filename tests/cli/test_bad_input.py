@@ -73,9 +73,10 @@ def test_bad_arguments(args, expected):
         "utf-8", "surrogateescape") for a in args], "--dry-run"), expected)
 
 
-def test_an_endless_env_file_is_cut_short():
+def test_an_endless_env_file_is_refused():
+    """/dev/zero is not a regular file: refused before a byte is read."""
     assert_usage_error(run_mgpu("launch", "--workers", "h1:2222", "--env-file", "/dev/zero", "--dry-run"),
-                       "--env-file /dev/zero: larger than 16 MiB")
+                       "--env-file /dev/zero: is a character device, not a regular file")
 
 
 @pytest.mark.parametrize("port,expected", [("abc", "Port abc: port 'abc' is not a number"),

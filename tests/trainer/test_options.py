@@ -36,6 +36,8 @@ def run_module(args, env_extra=None):
     (["--worker-hosts", "a:1,b:2", "--task-index", "2"], "out of range"),
     (["--global-batch-size", "64", "--batch-size-per-replica", "8"], "not allowed with"),
     (["--stop-at-accuracy", "1.5"], "must be in (0, 1]"),
+    (["--train-steps", "\u0663"], "not an integer: '\u0663'"),  # ARABIC-INDIC DIGIT THREE: int() reads it
+    (["--stop-at-accuracy", "\u0660.5"], "not a number"),
 ])
 def test_bad_options_exit_2_with_one_line_and_no_tensorflow(poisoned_tensorflow, args, message):
     result = run_module(args, {"PYTHONPATH": poisoned_tensorflow})
@@ -305,3 +307,26 @@ def test_single_worker_strategy_in_a_cluster_fails_before_tensorflow(poisoned_te
     assert result.stderr.strip() == (
         "mgpu train: error: --distribution-strategy off cannot train the 2 workers in TF_CONFIG; "
         "use multi_worker_mirrored or auto")
+
+
+def test_output_dirs_others_could_plant_links_in_are_refused_before_tensorflow(poisoned_tensorflow, tmp_path):
+    """TensorFlow writes checkpoints and exports through paths: a folder another user made, or
+    may write, could redirect them."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    if os.geteuid() == 0:
+        os.chown(theirs, 65534, 65534)  # nobody
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cases = [(["--export-dir", str(shared)], f"--export-dir {shared}: writable by other users")]
+    if os.geteuid() == 0:
+        cases.append((["--model-dir", str(theirs)], f"--model-dir {theirs}: owned by"))
+    for args, message in cases:
+        result = run_module(["--train-steps", "1", *args], {"PYTHONPATH": poisoned_tensorflow})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [result.stderr.strip()] and message in result.stderr, result.stderr
+    made = tmp_path / "new" / "run1"
+    result = run_module(["--train-steps", "1", "--model-dir", str(made)], {"PYTHONPATH": poisoned_tensorflow})
+    assert made.is_dir() and oct(made.stat().st_mode & 0o777) == oct(0o755)
+    assert "numpy must not be imported here" in result.stderr  # the check passed: on to loading the data

@@ -33,3 +33,5 @@ def test_threads_flag_wins_over_the_launchers_env_vars():
     assert strategy.thread_counts(None, {}) == (0, 0)
     with pytest.raises(UsageError, match="TF_NUM_INTRAOP_THREADS must be an integer"):
         strategy.thread_counts(None, {"TF_NUM_INTRAOP_THREADS": "many"})
+    with pytest.raises(UsageError, match="TF_NUM_INTEROP_THREADS must be an integer"):
+        strategy.thread_counts(None, {"TF_NUM_INTEROP_THREADS": "\u0663"})  # int() would read 3

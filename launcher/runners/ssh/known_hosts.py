@@ -20,6 +20,9 @@ import re
 import sys
 import threading
 
+from launcher.errors import UsageError
+from launcher.host.files import MAX_KNOWN_HOSTS_BYTES, read_input_file
+
 REVOKED = "@revoked"
 CERT_AUTHORITY = "@cert-authority"
 
@@ -67,16 +70,16 @@ def parse_line(line: str, path: str, number: int) -> KnownKey | None:
 
 
 def load(paths: list[str]) -> list[KnownKey]:
-    """Entries of every file that exists (unreadable ones are skipped with a warning)."""
+    """Entries of every file that exists (unreadable ones, and those that are not regular files
+    or hold more than MAX_KNOWN_HOSTS_BYTES, are skipped with a warning)."""
     entries = []
     for path in paths:
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             continue
         try:
-            with open(path, "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError as e:
-            print(f"mgpu: warning: cannot read {path}: {e.strerror or e}; skipped", file=sys.stderr, flush=True)
+            lines = read_input_file(path, "", MAX_KNOWN_HOSTS_BYTES).decode("utf-8", "replace").splitlines()
+        except UsageError as e:
+            print(f"mgpu: warning: {e}; skipped", file=sys.stderr, flush=True)
             continue
         for number, line in enumerate(lines, start=1):
             entry = parse_line(line, path, number)

@@ -8,9 +8,10 @@ import os
 
 import paramiko
 
-from launcher.config.addresses import Endpoint, parse_endpoint, parse_port
+from launcher.config.addresses import Endpoint, parse_endpoint, parse_host, parse_port
 from launcher.config.spec import SshSettings
 from launcher.errors import ConnectError, UsageError
+from launcher.host.files import read_input_file
 from launcher.runners.ssh import hostkeys
 
 
@@ -33,22 +34,41 @@ class SshTarget:
 
 
 def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    """--ssh-config, or ~/.ssh/config when it exists. Raises ConnectError for a missing
+    --ssh-config, and UsageError for a file that is not a regular UTF-8 file of at most
+    MAX_INPUT_BYTES, or that paramiko cannot parse."""
+    option = "--ssh-config" if path else "ssh config"
     path = os.path.expanduser(path or "~/.ssh/config")
-    if not os.path.exists(path):
-        if path != os.path.expanduser("~/.ssh/config"):
+    if not os.path.lexists(path):
+        if option != "ssh config":  # the CLI refuses it first; a runner made from Python gets this
             raise ConnectError(f"ssh config file not found: {path}")
         return paramiko.SSHConfig()
+    data = read_input_file(path, option)
     try:
-        return paramiko.SSHConfig.from_path(path)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path}: not a text file (not UTF-8)") from None
+    try:
+        return paramiko.SSHConfig.from_text(text)
     except Exception as e:  # paramiko raises assorted errors for bad files
-        raise ConnectError(f"cannot read ssh config {path}: {e}") from e
+        raise UsageError(f"{option} {path}: {str(e) or type(e).__name__}") from None
 
 
 def hostname_addresses(hosts: list[str], config_path: str | None) -> dict[str, str]:
     """host -> the HostName the ssh config gives it, for the hosts where that differs."""
     config = load_ssh_config(config_path)
-    found = {host: config.lookup(host).get("hostname", host) for host in hosts}
+    found = {host: config_hostname(host, config.lookup(host)) for host in hosts}
     return {host: hostname for host, hostname in found.items() if hostname != host}
+
+
+def config_hostname(alias: str, found: dict) -> str:
+    """The ssh config's HostName for `alias` (the alias itself when none), checked as a host name
+    or address: it goes into TF_CONFIG and onto the SSH connection as written."""
+    hostname = found.get("hostname", alias)
+    try:
+        return parse_host(hostname)
+    except ValueError as exc:
+        raise UsageError(f"{alias}: ssh config: HostName {exc}") from None
 
 
 def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SSHConfig) -> SshTarget:
@@ -80,7 +100,7 @@ def resolve_target(alias: str, settings: SshSettings | None, config: paramiko.SS
     proxy_command = found.get("proxycommand")
     if jumps or not proxy_command or proxy_command.lower() == "none":
         proxy_command = None
-    return SshTarget(alias, found.get("hostname", alias), port, user, identities, tuple(jumps), proxy_command)
+    return SshTarget(alias, config_hostname(alias, found), port, user, identities, tuple(jumps), proxy_command)
 
 
 
