@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 
+import psutil
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
@@ -474,3 +475,67 @@ def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
     finally:
         runner.close()
         server.stop()
+
+
+# A task whose child leaves the session (setsid) and ignores SIGTERM: only SIGKILL ends it, and only
+# the remote watcher can find it, by its tags. The child prints its pid once it ignores TERM.
+STUBBORN_ESCAPEE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(300)'], start_new_session=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_stopped_task_leaves_no_escapee_that_ignores_term(runner):
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", STUBBORN_ESCAPEE]), attempt=0)
+    child = int(proc.stdout.readline())
+    try:
+        assert os.getsid(child) != proc.pid  # out of the group's reach
+        proc.signal_tree(signal.SIGTERM)
+        assert wait_exit(proc) == -signal.SIGTERM
+        proc.signal_tree(signal.SIGKILL)
+        proc.close()  # the session ends: the watcher TERMs, waits kill_grace (2 s), then KILLs
+        assert wait_until(lambda: gone(child), 20) is True
+    finally:
+        if not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+ESCAPEE_LAUNCHER_SCRIPT = """
+import sys, time
+from launcher.plan.planner import TaskPlan
+from launcher.runners.ssh.runner import SshRunner
+from launcher.runners.ssh.options import SshOptions
+from launcher.config.spec import SshSettings
+runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
+env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3], "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
+plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", sys.argv[4]), env, None, False)
+proc = runner.start(plan, 0)
+print(proc.stdout.readline().decode().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
+    launcher = subprocess.Popen([PYTHON, "-c", ESCAPEE_LAUNCHER_SCRIPT, str(ssh_lab.known_hosts),
+                                 str(ssh_lab.ssh_config), unique_run_id("sigkill-escapee"), STUBBORN_ESCAPEE],
+                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = None
+    try:
+        child = int(launcher.stdout.readline())
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_until(lambda: gone(child), 20) is True
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+        if child is not None and not gone(child):
+            os.kill(child, signal.SIGKILL)

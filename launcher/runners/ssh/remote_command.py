@@ -48,8 +48,9 @@ ENV_END = "MGPU_ENV_END"
 TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
 # $1 = process group, $2 = grace seconds, then no tags or all four NAME=value tags (TAG_NAMES).
-# The watcher is in the group too, so it ignores the TERM it sends; the final KILL ends it along
-# with the rest. Its own environment has no tags: it starts before the task's env is exported.
+# The watcher is in the group too, so it ignores the TERM it sends, and its final KILL goes to the
+# tagged processes first: kill signals its operands in order, and signalling the group ends the
+# watcher itself. Its own environment has no tags: it starts before the task's env is exported.
 _WATCHER = r"""trap '' INT TERM HUP
 cat >/dev/null
 g=$1; t=$2; shift 2
@@ -65,7 +66,7 @@ tagged() {
 kill -TERM "-$g" $(tagged "$@") 2>/dev/null
 n=0
 while [ "$n" -lt "$t" ] && { kill -0 "$g" 2>/dev/null || [ -n "$(tagged "$@")" ]; }; do sleep 1; n=$((n+1)); done
-kill -KILL "-$g" $(tagged "$@") 2>/dev/null
+kill -KILL $(tagged "$@") "-$g" 2>/dev/null
 """
 
 
