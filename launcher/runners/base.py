@@ -43,6 +43,12 @@ class TaskProcess(abc.ABC):
         """
         return None
 
+    def joined(self, own_port: int | None, coordinator_port: int | None) -> bool | None:
+        """Whether the task has joined its cluster in a way any framework shows: a process of the
+        task listens on own_port, or holds an established TCP connection to coordinator_port.
+        None when this runner cannot tell."""
+        return None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

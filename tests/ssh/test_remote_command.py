@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -257,17 +258,106 @@ def test_workdir_like_an_option_and_program_paths_with_equals_run_what_they_say(
     assert out.decode().strip() == str(tmp_path / "-P")
 
 
-def test_the_listening_marker_is_taken_out_of_stderr_wherever_it_arrives():
+def test_a_channel_stream_hands_out_every_byte_it_receives():
     from launcher.runners.ssh.stream import ChannelStream
 
-    marker = remote_command.LISTENING_MARKER.encode() + b"\n"
-    # The marker split over two reads, behind a partial line of the task's own output.
-    chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data " + marker[:9], marker[9:] + b"done\n", b""]
+    # What looks like a marker of the wrapper's, split over reads behind a partial line, is the task's own text.
+    chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data MGPU_REMOTE_LIS", b"TENING\ndone\n", b""]
     stream = ChannelStream(lambda size: chunks.pop(0))
     assert stream.readline() == b"MGPU_REMOTE_PGID 7\n"
-    seen = []
-    stream.watch(marker, lambda: seen.append(True))
     data = b""
     while chunk := stream.read1(65536):
         data += chunk
-    assert data == b"loading data done\n" and seen == [True]
+    assert data == b"loading data MGPU_REMOTE_LISTENING\ndone\n"
+
+
+# -- the join watcher -------------------------------------------------------------------------
+
+
+def start_join_watcher(session_id: int, own_port, coordinator_port) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_watch_command(session_id, own_port, coordinator_port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def listening_server(host: str = "127.0.0.2") -> socket.socket:
+    server = socket.socket()
+    server.bind((host, 0))
+    server.listen(8)
+    return server
+
+
+# Listens on argv[1] (0: not at all) and connects to argv[2] (0: nowhere), then says so and waits.
+JOINER = (
+    "import socket, sys, time\n"
+    "own, coordinator = int(sys.argv[1]), int(sys.argv[2])\n"
+    "keep = []\n"
+    "if own:\n"
+    "    s = socket.socket(); s.bind(('127.0.0.3', own)); s.listen(); keep.append(s)\n"
+    "if coordinator:\n"
+    "    keep.append(socket.create_connection(('127.0.0.2', coordinator)))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("listens,connects,reports", [
+    (True, False, [b"listening\n"]),
+    (False, True, [b"connected\n"]),
+    (False, False, []),
+], ids=["listens", "connects", "neither"])
+def test_the_join_watcher_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
+    coordinator = listening_server()  # "process 0", outside the task's session
+    own = free_port_on("127.0.0.3")
+    argv = [sys.executable, "-c", JOINER, str(own if listens else 0),
+            str(coordinator.getsockname()[1] if connects else 0)]
+    proc = start_like_sshd(remote_command.task_command(argv, {}, None, 1))
+    watcher = None
+    try:
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline() == b"up\n"
+        watcher = start_join_watcher(pgid, own, coordinator.getsockname()[1])
+        got = [watcher.stdout.readline() for _ in reports]
+        assert got == reports
+        proc.kill()  # the task ends: so does its watcher, having nothing more to say
+        proc.wait(10)
+        out, err = watcher.communicate(timeout=10)
+        assert (out, err, watcher.returncode) == (b"", b"", 0)
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait(10)
+        coordinator.close()
+
+
+def test_the_join_watcher_ignores_other_sessions_sockets():
+    """The coordinator's own listening socket and a connection from outside the session are not the task's."""
+    coordinator = listening_server()
+    outsider = socket.create_connection(coordinator.getsockname())
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", JOINER, "0", "0"], {}, None, 1))
+    watcher = None
+    try:
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline() == b"up\n"
+        watcher = start_join_watcher(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
+        proc.kill()
+        proc.wait(10)
+        assert watcher.communicate(timeout=10) == (b"", b"")
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait(10)
+        outsider.close()
+        coordinator.close()

@@ -539,3 +539,79 @@ def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
         launcher.wait(10)
         if child is not None and not gone(child):
             os.kill(child, signal.SIGKILL)
+
+
+# -- the task's output, and whether it has joined its cluster -------------------------------
+
+
+def test_stderr_arrives_byte_exact_even_with_the_wrappers_marker_texts(runner):
+    """The wrapper's reports travel on a session of their own: nothing of the task's output is cut."""
+    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\nno newline"
+    program = f"import sys, time; sys.stderr.buffer.write({text!r}); sys.stderr.flush(); time.sleep(1)"
+    with socket.socket() as server:  # so that a join watcher runs, with something to report
+        server.bind(("127.0.0.2", 0))
+        server.listen()
+        proc = runner.start(cluster_plan("sshd-a", [PYTHON, "-c", program], server.getsockname()[1]), attempt=0)
+        out, err = drain(proc)
+        assert wait_exit(proc) == 0
+        proc.close()
+    assert (out, err) == (b"", text)
+
+
+def cluster_plan(host: str, argv, coordinator_port: int, own_port: int | None = None) -> TaskPlan:
+    """worker:1 of a cluster whose worker:0, the coordinator, is at 127.0.0.2:coordinator_port."""
+    own_port = own_port or free_port("127.0.0.3")
+    cluster = {"worker": [f"127.0.0.2:{coordinator_port}", f"127.0.0.3:{own_port}"]}
+    env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}),
+           "MGPU_RUN_ID": unique_run_id("join"), "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "1"}
+    return TaskPlan("worker", 1, host, own_port, False, SshSettings(), tuple(argv), env, None, False)
+
+
+# Connects to the coordinator at 127.0.0.2:argv[1] as JAX's and PyTorch's processes other than 0
+# do (or, with argv[1] = 0, connects nowhere), and never listens.
+CLIENT = ("import socket, sys, time\n"
+          "port = int(sys.argv[1])\n"
+          "conn = socket.create_connection(('127.0.0.2', port)) if port else None\n"
+          "print('up', flush=True); time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("connects", [True, False], ids=["connects", "neither"])
+def test_a_task_that_connects_to_the_coordinator_has_joined(runner, connects):
+    with socket.socket() as coordinator:  # "process 0"
+        coordinator.bind(("127.0.0.2", 0))
+        coordinator.listen()
+        port = coordinator.getsockname()[1]
+        task = cluster_plan("sshd-a", [PYTHON, "-c", CLIENT, str(port if connects else 0)], port)
+        proc = runner.start(task, attempt=0)
+        try:
+            assert proc.stdout.readline() == b"up\n"
+            if connects:
+                assert wait_until(lambda: proc.joined(task.port, port), 15) is True
+                assert proc.listens_on(task.port) is False  # it never listens: joined, but not by its port
+            else:
+                # The task runs and does neither: the watcher, which exits when the task does, says nothing.
+                proc.signal_tree(signal.SIGTERM)
+                assert wait_exit(proc) == -signal.SIGTERM
+                assert proc._watch_done.wait(15)
+                assert proc.joined(task.port, port) is False and proc.listens_on(task.port) is False
+            assert proc.joined(task.port + 1, port) is None  # ports it was not started with: cannot tell
+        finally:
+            proc.signal_tree(signal.SIGKILL)
+            wait_exit(proc)
+            proc.close()
+
+
+def test_a_task_that_listens_on_its_own_port_has_joined(runner):
+    own = free_port("127.0.0.3")
+    program = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.3', %d)); s.listen(); "
+               "print('up', flush=True); time.sleep(300)" % own)
+    task = cluster_plan("sshd-a", [PYTHON, "-c", program], free_port("127.0.0.2"), own)
+    proc = runner.start(task, attempt=0)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        assert wait_until(lambda: proc.joined(task.port, None), 15) is True
+        assert proc.listens_on(task.port) is True
+    finally:
+        proc.signal_tree(signal.SIGKILL)
+        wait_exit(proc)
+        proc.close()

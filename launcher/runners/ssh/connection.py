@@ -52,10 +52,10 @@ class Connection:
         if keepalive > 0:
             threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
-    def release(self) -> None:
-        """Give back the session slot SshRunner.connect took."""
+    def release(self, sessions: int = 1) -> None:
+        """Give back the session slots SshRunner.connect took."""
         with self.lock:
-            self.sessions -= 1
+            self.sessions -= sessions
 
     def signal_group(self, pgid: int, signum: int, timeout: float) -> None:
         """Signal a remote process group without waiting for it. Signals asked for while a
