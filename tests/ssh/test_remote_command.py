@@ -187,13 +187,16 @@ def test_env_values_never_reach_a_command_line_another_user_can_read():
     assert secret not in remote.command
     proc = start_like_sshd(remote)
     try:
-        read_pgid(proc)
-        assert proc.stdout.readline().decode().strip() == secret
-        command = ["ps", "-eo", "args"]
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline().decode().strip() == secret  # the task runs, with its env
+        # -ww: full command lines, whatever COLUMNS says (ps cuts them to COLUMNS even into a pipe).
+        command = ["ps", "-ww", "-eo", "pid=,args="]
         if os.geteuid() == 0 and shutil.which("setpriv"):  # what another user of the host sees
             command = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command]
-        listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        assert "TOKEN" in listing and secret not in listing
+        listing = subprocess.run(command, capture_output=True, check=True).stdout.decode("utf-8", "replace")
+        rows = dict(line.strip().partition(" ")[::2] for line in listing.splitlines())
+        assert "os.environ['TOKEN']" in rows[str(pgid)]  # the task's own command line is in the listing, whole
+        assert secret not in listing
     finally:
         proc.stdin.close()
         proc.kill()

@@ -387,7 +387,10 @@ def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
                     ssh=settings, run_id=partition_id)
         proc = runner.start(task, attempt=0)
         assert proc.stdout.readline() == b"up\n"
-        time.sleep(2)  # keepalives are answered: still connected
+        conn = runner.connect(task)
+        conn.release()
+        # Answered keepalives keep the connection, however long it lasts.
+        assert wait_until(lambda: conn.keepalives_answered >= 2 * 3, 30)
         assert proc.poll() is None
         with server.frozen():
             assert wait_exit(proc, 10) == 255
@@ -547,7 +550,7 @@ def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
 def test_stderr_arrives_byte_exact_even_with_the_wrappers_marker_texts(runner):
     """The wrapper's reports travel on a session of their own: nothing of the task's output is cut."""
     text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\nno newline"
-    program = f"import sys, time; sys.stderr.buffer.write({text!r}); sys.stderr.flush(); time.sleep(1)"
+    program = f"import sys; sys.stderr.buffer.write({text!r})"
     with socket.socket() as server:  # so that a join watcher runs, with something to report
         server.bind(("127.0.0.2", 0))
         server.listen()

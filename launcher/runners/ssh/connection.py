@@ -49,6 +49,7 @@ class Connection:
         self._closed = threading.Event()
         self._signals: list[tuple[int, int]] = []  # (process group, signal) not sent yet
         self._signalling = False
+        self.keepalives_answered = 0
         if keepalive > 0:
             threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
@@ -93,6 +94,8 @@ class Connection:
                 try:
                     # OpenSSH answers unknown global requests with a failure: any answer proves it is alive.
                     self.transport.global_request("keepalive@openssh.com", wait=True)
+                    if self.transport.is_active():
+                        self.keepalives_answered += 1
                 finally:
                     answered.set()
 
