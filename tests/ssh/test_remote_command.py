@@ -173,6 +173,13 @@ def test_pgid_line_parsing():
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
     assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
+    assert remote_command.parse_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == 123
+
+
+def test_a_login_shells_unfinished_line_before_the_pgid_line_stays_in_the_stream():
+    assert remote_command.split_pgid_line(b"Welcome (no newline)MGPU_REMOTE_PGID 42\n") == (b"Welcome (no newline)", 42)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 42\n") == (b"", 42)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 42 and more\n") == (b"MGPU_REMOTE_PGID 42 and more\n", None)
 
 
 def tags(run_id: str) -> dict[str, str]:

@@ -618,3 +618,24 @@ def test_a_task_that_listens_on_its_own_port_has_joined(runner):
         proc.signal_tree(signal.SIGKILL)
         wait_exit(proc)
         proc.close()
+
+
+def test_a_login_shells_unfinished_line_before_the_wrapper_stays_and_the_task_starts(ssh_lab, tmp_path):
+    """A host whose shell prints a line without a newline before running the command (here sshd's
+    ForceCommand does): that text stays in stderr, and the task's own output follows it intact."""
+    server = start_sshd(tmp_path, "chatty", ssh_lab.authorized_keys,
+                        extra='ForceCommand printf "motd, no newline" >&2; eval "$SSH_ORIGINAL_COMMAND"\n')
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known)))
+    try:
+        settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
+        program = "import sys; sys.stderr.write('task line\\n')"
+        proc = runner.start(plan("127.0.0.1", [PYTHON, "-c", program], ssh=settings), attempt=0)
+        out, err = drain(proc)
+        assert wait_exit(proc) == 0
+        proc.close()
+        assert (out, err) == (b"", b"motd, no newlinetask line\n")
+    finally:
+        runner.close()
+        server.stop()

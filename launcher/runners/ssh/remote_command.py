@@ -184,11 +184,20 @@ def task_command(
 
 def parse_pgid_line(line: bytes) -> int | None:
     """The process group from the wrapper's first stderr line, or None if it is another line."""
-    text = line.decode("utf-8", "replace").strip()
-    prefix = PGID_MARKER + " "
-    if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
-        return int(text[len(prefix):])
-    return None
+    return split_pgid_line(line)[1]
+
+
+def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
+    """(what the login shell printed before the wrapper's PGID line on the same line, the process
+    group), or (line, None) if the line does not end with the PGID line. The wrapper prints it
+    before the task starts, so whatever comes before it is the login shell's, never the task's."""
+    found = line.rfind(PGID_MARKER.encode() + b" ")
+    if found < 0:
+        return line, None
+    number = line[found + len(PGID_MARKER) + 1:].rstrip(b"\r\n")
+    if number.isascii() and number.isdigit():
+        return line[:found], int(number)
+    return line, None
 
 
 def signal_command(pgids: Iterable[int], signum: int) -> str:

@@ -227,9 +227,9 @@ class SshRunner(Runner):
                 line = stderr.readline()
                 if not line:
                     break
-                pgid = remote_command.parse_pgid_line(line)
+                shell_output, pgid = remote_command.split_pgid_line(line)
                 if pgid is not None:
-                    stderr.unread(b"".join(before))
+                    stderr.unread(b"".join(before) + shell_output)
                     return pgid
                 before.append(line)
         except socket.timeout:
