@@ -240,14 +240,29 @@ ESCAPEE = (
 )
 
 
-def test_end_of_session_also_kills_tagged_processes_that_left_the_group():
+# The same, with a child that ignores SIGTERM (only the watcher's final SIGKILL ends it); the child
+# prints its pid once it does.
+STUBBORN_ESCAPEE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(120)'], start_new_session=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.mark.parametrize("program", [ESCAPEE, STUBBORN_ESCAPEE], ids=["terms", "ignores-term"])
+def test_end_of_session_also_kills_tagged_processes_that_left_the_group(program):
     run_id = "escapee-" + os.urandom(4).hex()
-    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", ESCAPEE], tags(run_id), None, 2))
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], tags(run_id), None, 2))
     pgid = read_pgid(proc)
     child = psutil.Process(int(proc.stdout.readline()))
-    assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
-    proc.stdin.close()
-    child.wait(15)  # raises TimeoutExpired if the watcher missed it
+    try:
+        assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
+        proc.stdin.close()
+        child.wait(15)  # raises TimeoutExpired if the watcher missed it
+    finally:
+        if child.is_running():
+            child.kill()
     assert wait_group_gone(pgid, 10) == []
     proc.wait(5)
 

@@ -31,8 +31,9 @@ once each, when a process of the task's session listens on the task's own port
 (LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
 established connection to the coordinator's port (CONNECTED: the other JAX and
 PyTorch processes, which never listen). It reads /proc/net/tcp{,6} and the
-processes' socket inodes, polls four times a second, and exits once nothing is
-left to report or the task has ended.
+processes' socket inodes, polls four times a second (every 2 s once the task
+has connected: it has joined, and only its listening is left to report), and
+exits once nothing is left to report or the task has ended.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ while kill -0 "$sid" 2>/dev/null; do
   fi
   [ -n "$listening" ] && exit 0
   [ -z "$own" ] && [ -n "$connected" ] && exit 0
-  sleep 0.25
+  if [ -n "$connected" ]; then sleep 2; else sleep 0.25; fi
 done
 """
 
