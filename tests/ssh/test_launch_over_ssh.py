@@ -238,3 +238,16 @@ def test_missing_identity_file_in_the_spec_is_one_error_line(ssh_lab, tmp_path):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1
         assert err.decode().splitlines() == [f"mgpu: error: sshd-a: identity file {missing} not found"]
+
+
+def test_a_remote_tasks_stderr_reaches_its_log_byte_exact(ssh_lab, tmp_path):
+    """Text that looks like the remote wrapper's reports is the task's own, and stays in its log."""
+    run_id = unique_run_id("byte-exact")
+    (port,) = pick_free_ports(1)
+    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\n"
+    program = f"import sys; sys.stderr.buffer.write({text!r})"
+    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port}", *ssh_args(ssh_lab), "--run-id", run_id,
+                "--no-check", "--", PYTHON, "-c", program)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert (tmp_path / "mgpu-runs" / run_id / "worker-0.log").read_bytes() == text

@@ -202,16 +202,35 @@ def test_without_the_check_a_firewalled_trainer_is_named_by_the_watchdog_or_its_
 
 
 def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
-    # No ready line: the session wrapper on each host reports the listening port.
-    listen = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-              "s.bind(('0.0.0.0', 2222)); s.listen(); time.sleep(6)")
+    # No ready line: the join watcher on each host reports the listening port. The programs listen
+    # until the test has seen mgpu count them ready (they share this machine's filesystem).
+    _, known, config, _ = netns
+    release = tmp_path / "release"
+    listen = ("import os, socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              f"s.bind(('0.0.0.0', 2222)); s.listen(); print('listening', flush=True)\n"
+              f"for _ in range(1200):\n    if os.path.exists({str(release)!r}): break\n    time.sleep(0.1)")
     run_id = unique_run_id("listen")
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check",
-                "--start-timeout", "3", "--", PYTHON, "-c", listen, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    launcher = subprocess.Popen(
+        [PYTHON, "-m", "launcher", "launch", "--ssh-config", str(config), "--known-hosts", str(known), "--workers",
+         "h1:2222,h2:2222", "--run-id", run_id, "--no-check", "--start-timeout", "60", "--", PYTHON, "-c", listen],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in launcher.stdout:  # ends when mgpu does
+            output.append(line)
+            if "all 2 tasks ready after" in line:
+                release.touch()
+        assert launcher.wait(60) == 0, "".join(output)[-3000:]
+    finally:
+        release.touch()
+        launcher.kill()
+        launcher.wait(10)
+    assert any("all 2 tasks ready after" in line for line in output)
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     assert all(task["ready_at"] for task in record["attempts"][0]["tasks"].values())
-    assert "MGPU_REMOTE_LISTENING" not in done.stdout + done.stderr
+    assert "MGPU_REMOTE_LISTENING" not in "".join(output)
     assert not run_processes(run_id)
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -172,6 +173,13 @@ def test_pgid_line_parsing():
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
     assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
     assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
+    assert remote_command.parse_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == 123
+
+
+def test_a_login_shells_unfinished_line_before_the_pgid_line_stays_in_the_stream():
+    assert remote_command.split_pgid_line(b"Welcome (no newline)MGPU_REMOTE_PGID 42\n") == (b"Welcome (no newline)", 42)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 42\n") == (b"", 42)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 42 and more\n") == (b"MGPU_REMOTE_PGID 42 and more\n", None)
 
 
 def tags(run_id: str) -> dict[str, str]:
@@ -186,13 +194,16 @@ def test_env_values_never_reach_a_command_line_another_user_can_read():
     assert secret not in remote.command
     proc = start_like_sshd(remote)
     try:
-        read_pgid(proc)
-        assert proc.stdout.readline().decode().strip() == secret
-        command = ["ps", "-eo", "args"]
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline().decode().strip() == secret  # the task runs, with its env
+        # -ww: full command lines, whatever COLUMNS says (ps cuts them to COLUMNS even into a pipe).
+        command = ["ps", "-ww", "-eo", "pid=,args="]
         if os.geteuid() == 0 and shutil.which("setpriv"):  # what another user of the host sees
             command = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command]
-        listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        assert "TOKEN" in listing and secret not in listing
+        listing = subprocess.run(command, capture_output=True, check=True).stdout.decode("utf-8", "replace")
+        rows = dict(line.strip().partition(" ")[::2] for line in listing.splitlines())
+        assert "os.environ['TOKEN']" in rows[str(pgid)]  # the task's own command line is in the listing, whole
+        assert secret not in listing
     finally:
         proc.stdin.close()
         proc.kill()
@@ -229,14 +240,29 @@ ESCAPEE = (
 )
 
 
-def test_end_of_session_also_kills_tagged_processes_that_left_the_group():
+# The same, with a child that ignores SIGTERM (only the watcher's final SIGKILL ends it); the child
+# prints its pid once it does.
+STUBBORN_ESCAPEE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(120)'], start_new_session=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.mark.parametrize("program", [ESCAPEE, STUBBORN_ESCAPEE], ids=["terms", "ignores-term"])
+def test_end_of_session_also_kills_tagged_processes_that_left_the_group(program):
     run_id = "escapee-" + os.urandom(4).hex()
-    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", ESCAPEE], tags(run_id), None, 2))
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], tags(run_id), None, 2))
     pgid = read_pgid(proc)
     child = psutil.Process(int(proc.stdout.readline()))
-    assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
-    proc.stdin.close()
-    child.wait(15)  # raises TimeoutExpired if the watcher missed it
+    try:
+        assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
+        proc.stdin.close()
+        child.wait(15)  # raises TimeoutExpired if the watcher missed it
+    finally:
+        if child.is_running():
+            child.kill()
     assert wait_group_gone(pgid, 10) == []
     proc.wait(5)
 
@@ -257,17 +283,106 @@ def test_workdir_like_an_option_and_program_paths_with_equals_run_what_they_say(
     assert out.decode().strip() == str(tmp_path / "-P")
 
 
-def test_the_listening_marker_is_taken_out_of_stderr_wherever_it_arrives():
+def test_a_channel_stream_hands_out_every_byte_it_receives():
     from launcher.runners.ssh.stream import ChannelStream
 
-    marker = remote_command.LISTENING_MARKER.encode() + b"\n"
-    # The marker split over two reads, behind a partial line of the task's own output.
-    chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data " + marker[:9], marker[9:] + b"done\n", b""]
+    # What looks like a marker of the wrapper's, split over reads behind a partial line, is the task's own text.
+    chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data MGPU_REMOTE_LIS", b"TENING\ndone\n", b""]
     stream = ChannelStream(lambda size: chunks.pop(0))
     assert stream.readline() == b"MGPU_REMOTE_PGID 7\n"
-    seen = []
-    stream.watch(marker, lambda: seen.append(True))
     data = b""
     while chunk := stream.read1(65536):
         data += chunk
-    assert data == b"loading data done\n" and seen == [True]
+    assert data == b"loading data MGPU_REMOTE_LISTENING\ndone\n"
+
+
+# -- the join watcher -------------------------------------------------------------------------
+
+
+def start_join_watcher(session_id: int, own_port, coordinator_port) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_watch_command(session_id, own_port, coordinator_port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def listening_server(host: str = "127.0.0.2") -> socket.socket:
+    server = socket.socket()
+    server.bind((host, 0))
+    server.listen(8)
+    return server
+
+
+# Listens on argv[1] (0: not at all) and connects to argv[2] (0: nowhere), then says so and waits.
+JOINER = (
+    "import socket, sys, time\n"
+    "own, coordinator = int(sys.argv[1]), int(sys.argv[2])\n"
+    "keep = []\n"
+    "if own:\n"
+    "    s = socket.socket(); s.bind(('127.0.0.3', own)); s.listen(); keep.append(s)\n"
+    "if coordinator:\n"
+    "    keep.append(socket.create_connection(('127.0.0.2', coordinator)))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("listens,connects,reports", [
+    (True, False, [b"listening\n"]),
+    (False, True, [b"connected\n"]),
+    (False, False, []),
+], ids=["listens", "connects", "neither"])
+def test_the_join_watcher_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
+    coordinator = listening_server()  # "process 0", outside the task's session
+    own = free_port_on("127.0.0.3")
+    argv = [sys.executable, "-c", JOINER, str(own if listens else 0),
+            str(coordinator.getsockname()[1] if connects else 0)]
+    proc = start_like_sshd(remote_command.task_command(argv, {}, None, 1))
+    watcher = None
+    try:
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline() == b"up\n"
+        watcher = start_join_watcher(pgid, own, coordinator.getsockname()[1])
+        got = [watcher.stdout.readline() for _ in reports]
+        assert got == reports
+        proc.kill()  # the task ends: so does its watcher, having nothing more to say
+        proc.wait(10)
+        out, err = watcher.communicate(timeout=10)
+        assert (out, err, watcher.returncode) == (b"", b"", 0)
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait(10)
+        coordinator.close()
+
+
+def test_the_join_watcher_ignores_other_sessions_sockets():
+    """The coordinator's own listening socket and a connection from outside the session are not the task's."""
+    coordinator = listening_server()
+    outsider = socket.create_connection(coordinator.getsockname())
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", JOINER, "0", "0"], {}, None, 1))
+    watcher = None
+    try:
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline() == b"up\n"
+        watcher = start_join_watcher(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
+        proc.kill()
+        proc.wait(10)
+        assert watcher.communicate(timeout=10) == (b"", b"")
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait(10)
+        outsider.close()
+        coordinator.close()

@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 
+import psutil
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
@@ -386,7 +387,10 @@ def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
                     ssh=settings, run_id=partition_id)
         proc = runner.start(task, attempt=0)
         assert proc.stdout.readline() == b"up\n"
-        time.sleep(2)  # keepalives are answered: still connected
+        conn = runner.connect(task)
+        conn.release()
+        # Answered keepalives keep the connection, however long it lasts.
+        assert wait_until(lambda: conn.keepalives_answered >= 2 * 3, 30)
         assert proc.poll() is None
         with server.frozen():
             assert wait_exit(proc, 10) == 255
@@ -471,6 +475,167 @@ def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
         assert wait_until(lambda: not run_processes(run_id), 15) is True
         for proc in procs:
             proc.close()
+    finally:
+        runner.close()
+        server.stop()
+
+
+# A task whose child leaves the session (setsid) and ignores SIGTERM: only SIGKILL ends it, and only
+# the remote watcher can find it, by its tags. The child prints its pid once it ignores TERM.
+STUBBORN_ESCAPEE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(300)'], start_new_session=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_stopped_task_leaves_no_escapee_that_ignores_term(runner):
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", STUBBORN_ESCAPEE]), attempt=0)
+    child = int(proc.stdout.readline())
+    try:
+        assert os.getsid(child) != proc.pid  # out of the group's reach
+        proc.signal_tree(signal.SIGTERM)
+        assert wait_exit(proc) == -signal.SIGTERM
+        proc.signal_tree(signal.SIGKILL)
+        proc.close()  # the session ends: the watcher TERMs, waits kill_grace (2 s), then KILLs
+        assert wait_until(lambda: gone(child), 20) is True
+    finally:
+        if not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+ESCAPEE_LAUNCHER_SCRIPT = """
+import sys, time
+from launcher.plan.planner import TaskPlan
+from launcher.runners.ssh.runner import SshRunner
+from launcher.runners.ssh.options import SshOptions
+from launcher.config.spec import SshSettings
+runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
+env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3], "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
+plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", sys.argv[4]), env, None, False)
+proc = runner.start(plan, 0)
+print(proc.stdout.readline().decode().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
+    launcher = subprocess.Popen([PYTHON, "-c", ESCAPEE_LAUNCHER_SCRIPT, str(ssh_lab.known_hosts),
+                                 str(ssh_lab.ssh_config), unique_run_id("sigkill-escapee"), STUBBORN_ESCAPEE],
+                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = None
+    try:
+        child = int(launcher.stdout.readline())
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_until(lambda: gone(child), 20) is True
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+        if child is not None and not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+# -- the task's output, and whether it has joined its cluster -------------------------------
+
+
+def test_stderr_arrives_byte_exact_even_with_the_wrappers_marker_texts(runner):
+    """The wrapper's reports travel on a session of their own: nothing of the task's output is cut."""
+    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\nno newline"
+    program = f"import sys; sys.stderr.buffer.write({text!r})"
+    with socket.socket() as server:  # so that a join watcher runs, with something to report
+        server.bind(("127.0.0.2", 0))
+        server.listen()
+        proc = runner.start(cluster_plan("sshd-a", [PYTHON, "-c", program], server.getsockname()[1]), attempt=0)
+        out, err = drain(proc)
+        assert wait_exit(proc) == 0
+        proc.close()
+    assert (out, err) == (b"", text)
+
+
+def cluster_plan(host: str, argv, coordinator_port: int, own_port: int | None = None) -> TaskPlan:
+    """worker:1 of a cluster whose worker:0, the coordinator, is at 127.0.0.2:coordinator_port."""
+    own_port = own_port or free_port("127.0.0.3")
+    cluster = {"worker": [f"127.0.0.2:{coordinator_port}", f"127.0.0.3:{own_port}"]}
+    env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}),
+           "MGPU_RUN_ID": unique_run_id("join"), "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "1"}
+    return TaskPlan("worker", 1, host, own_port, False, SshSettings(), tuple(argv), env, None, False)
+
+
+# Connects to the coordinator at 127.0.0.2:argv[1] as JAX's and PyTorch's processes other than 0
+# do (or, with argv[1] = 0, connects nowhere), and never listens.
+CLIENT = ("import socket, sys, time\n"
+          "port = int(sys.argv[1])\n"
+          "conn = socket.create_connection(('127.0.0.2', port)) if port else None\n"
+          "print('up', flush=True); time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("connects", [True, False], ids=["connects", "neither"])
+def test_a_task_that_connects_to_the_coordinator_has_joined(runner, connects):
+    with socket.socket() as coordinator:  # "process 0"
+        coordinator.bind(("127.0.0.2", 0))
+        coordinator.listen()
+        port = coordinator.getsockname()[1]
+        task = cluster_plan("sshd-a", [PYTHON, "-c", CLIENT, str(port if connects else 0)], port)
+        proc = runner.start(task, attempt=0)
+        try:
+            assert proc.stdout.readline() == b"up\n"
+            if connects:
+                assert wait_until(lambda: proc.joined(task.port, port), 15) is True
+                assert proc.listens_on(task.port) is False  # it never listens: joined, but not by its port
+            else:
+                # The task runs and does neither: the watcher, which exits when the task does, says nothing.
+                proc.signal_tree(signal.SIGTERM)
+                assert wait_exit(proc) == -signal.SIGTERM
+                assert proc._watch_done.wait(15)
+                assert proc.joined(task.port, port) is False and proc.listens_on(task.port) is False
+            assert proc.joined(task.port + 1, port) is None  # ports it was not started with: cannot tell
+        finally:
+            proc.signal_tree(signal.SIGKILL)
+            wait_exit(proc)
+            proc.close()
+
+
+def test_a_task_that_listens_on_its_own_port_has_joined(runner):
+    own = free_port("127.0.0.3")
+    program = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.3', %d)); s.listen(); "
+               "print('up', flush=True); time.sleep(300)" % own)
+    task = cluster_plan("sshd-a", [PYTHON, "-c", program], free_port("127.0.0.2"), own)
+    proc = runner.start(task, attempt=0)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        assert wait_until(lambda: proc.joined(task.port, None), 15) is True
+        assert proc.listens_on(task.port) is True
+    finally:
+        proc.signal_tree(signal.SIGKILL)
+        wait_exit(proc)
+        proc.close()
+
+
+def test_a_login_shells_unfinished_line_before_the_wrapper_stays_and_the_task_starts(ssh_lab, tmp_path):
+    """A host whose shell prints a line without a newline before running the command (here sshd's
+    ForceCommand does): that text stays in stderr, and the task's own output follows it intact."""
+    server = start_sshd(tmp_path, "chatty", ssh_lab.authorized_keys,
+                        extra='ForceCommand printf "motd, no newline" >&2; eval "$SSH_ORIGINAL_COMMAND"\n')
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    runner = SshRunner(ssh_lab.options(known_hosts=str(known)))
+    try:
+        settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
+        program = "import sys; sys.stderr.write('task line\\n')"
+        proc = runner.start(plan("127.0.0.1", [PYTHON, "-c", program], ssh=settings), attempt=0)
+        out, err = drain(proc)
+        assert wait_exit(proc) == 0
+        proc.close()
+        assert (out, err) == (b"", b"motd, no newlinetask line\n")
     finally:
         runner.close()
         server.stop()

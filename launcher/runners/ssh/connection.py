@@ -49,13 +49,14 @@ class Connection:
         self._closed = threading.Event()
         self._signals: list[tuple[int, int]] = []  # (process group, signal) not sent yet
         self._signalling = False
+        self.keepalives_answered = 0
         if keepalive > 0:
             threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
-    def release(self) -> None:
-        """Give back the session slot SshRunner.connect took."""
+    def release(self, sessions: int = 1) -> None:
+        """Give back the session slots SshRunner.connect took."""
         with self.lock:
-            self.sessions -= 1
+            self.sessions -= sessions
 
     def signal_group(self, pgid: int, signum: int, timeout: float) -> None:
         """Signal a remote process group without waiting for it. Signals asked for while a
@@ -93,6 +94,8 @@ class Connection:
                 try:
                     # OpenSSH answers unknown global requests with a failure: any answer proves it is alive.
                     self.transport.global_request("keepalive@openssh.com", wait=True)
+                    if self.transport.is_active():
+                        self.keepalives_answered += 1
                 finally:
                     answered.set()
 

@@ -18,16 +18,22 @@ POSIX sh running a small wrapper, which:
   processes that left the group with setsid or setpgid), waits up to the grace
   period for them to go, and sends SIGKILL. So no remote process outlives its
   SSH session;
-- with a port to watch, starts a second detached loop that prints LISTENING_MARKER
-  on stderr once a process of the session listens on that port (read from
-  /proc/net/tcp and the processes' socket inodes), then exits; it also exits
-  when the task does. This is how the launcher knows that a program without the
-  ready line has started its server;
 - exports the environment, changes to the workdir and execs argv with stdin
   from /dev/null, so sshd sees the task's own exit status or signal.
 
 Every argv element and env value goes through shlex.quote, so quotes, $(),
-backticks, newlines and unicode arrive byte-exact.
+backticks, newlines and unicode arrive byte-exact. After the PGID line, which comes
+before the task runs, stdout and stderr carry only the task's own bytes.
+
+Whether the task has joined its cluster is watched out of band, by a second session
+on the same connection (join_watch_command): a loop that reports on its own stdout,
+once each, when a process of the task's session listens on the task's own port
+(LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
+established connection to the coordinator's port (CONNECTED: the other JAX and
+PyTorch processes, which never listen). It reads /proc/net/tcp{,6} and the
+processes' socket inodes, polls four times a second (every 2 s once the task
+has connected: it has joined, and only its listening is left to report), and
+exits once nothing is left to report or the task has ended.
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ from launcher.config.addresses import parse_env_name
 from launcher.protocol import ENV_ATTEMPT, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
 
 PGID_MARKER = "MGPU_REMOTE_PGID"
-LISTENING_MARKER = "MGPU_REMOTE_LISTENING"
 # The login shell gets the command as one argument, and Linux caps one argument at 128 KiB.
 MAX_COMMAND_BYTES = 128 * 1024 - 1
 ENV_END = "MGPU_ENV_END"
@@ -49,8 +54,9 @@ TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
 # $1 = process group, $2 = grace seconds, then no tags or all four NAME=value tags (TAG_NAMES).
 # The watcher is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
-# for its stacks when a run stalls); the final KILL ends it along
-# with the rest. Its own environment has no tags: it starts before the task's env is exported.
+# for its stacks when a run stalls), and its final KILL goes to the tagged processes first: kill
+# signals its operands in order, and signalling the group ends the watcher itself. Its own
+# environment has no tags: it starts before the task's env is exported.
 _WATCHER = r"""trap '' INT TERM HUP ABRT
 cat >/dev/null
 g=$1; t=$2; shift 2
@@ -66,7 +72,7 @@ tagged() {
 kill -TERM "-$g" $(tagged "$@") 2>/dev/null
 n=0
 while [ "$n" -lt "$t" ] && { kill -0 "$g" 2>/dev/null || [ -n "$(tagged "$@")" ]; }; do sleep 1; n=$((n+1)); done
-kill -KILL "-$g" $(tagged "$@") 2>/dev/null
+kill -KILL $(tagged "$@") "-$g" 2>/dev/null
 """
 
 
@@ -76,24 +82,50 @@ class RemoteTask:
     stdin: bytes  # to send on the session's stdin at once: the env values
 
 
-# $1 = session id (the task's process group), $2 = port. Field 4 after the command name
-# in /proc/PID/stat is the session; a listening socket has state 0A in /proc/net/tcp*.
-_LISTEN_WATCHER = (
-    "trap '' INT TERM HUP ABRT; "
-    'sid=$1; hex=$(printf \':%04X\' "$2"); '
-    'while kill -0 "$sid" 2>/dev/null; do '
-    "inodes=$(awk -v p=\"$hex\" '$4 == \"0A\" && substr($2, length($2) - 4) == p {print $10}' "
-    "/proc/net/tcp /proc/net/tcp6 2>/dev/null); "
-    'if [ -n "$inodes" ]; then for dir in /proc/[0-9]*; do '
-    '{ read -r stat < "$dir/stat"; } 2>/dev/null || continue; '
-    'set -- ${stat##*) }; [ "$4" = "$sid" ] || continue; '
-    'links=$(ls -l "$dir/fd" 2>/dev/null); '
-    'for inode in $inodes; do case "$links" in *"socket:[$inode]"*) '
-    f'echo {LISTENING_MARKER}; exit 0;; esac; done; '
-    "done; fi; "
-    "sleep 0.25; "
-    "done"
-)
+# Reports of the join watcher, one per line on its stdout.
+LISTENING = "listening"
+CONNECTED = "connected"
+
+# $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none).
+# Field 4 after the command name in /proc/PID/stat is the session; in /proc/net/tcp* field 4 is
+# the state (0A listening, 01 established), fields 2 and 3 the local and remote address:port.
+_JOIN_WATCHER = r"""trap '' INT TERM HUP
+sid=$1
+hex() { [ "$1" = - ] || printf ':%04X' "$1"; }
+own=$(hex "$2"); coord=$(hex "$3")
+listening=; connected=
+while kill -0 "$sid" 2>/dev/null; do
+  found=$(awk -v own="$own" -v coord="$coord" '
+    own != "" && $4 == "0A" && substr($2, length($2) - 4) == own { print "listening", $10 }
+    coord != "" && $4 == "01" && substr($3, length($3) - 4) == coord { print "connected", $10 }
+  ' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  if [ -n "$found" ]; then
+    for dir in /proc/[0-9]*; do
+      { read -r stat < "$dir/stat"; } 2>/dev/null || continue
+      set -- ${stat##*) }
+      [ "$4" = "$sid" ] || continue
+      links=$(ls -l "$dir/fd" 2>/dev/null)
+      set -- $found
+      while [ "$#" -ge 2 ]; do
+        case "$links" in *"socket:[$2]"*)
+          if [ "$1" = listening ] && [ -z "$listening" ]; then listening=1; echo listening; fi
+          if [ "$1" = connected ] && [ -z "$connected" ]; then connected=1; echo connected; fi;;
+        esac
+        shift 2
+      done
+    done
+  fi
+  [ -n "$listening" ] && exit 0
+  [ -z "$own" ] && [ -n "$connected" ] && exit 0
+  if [ -n "$connected" ]; then sleep 2; else sleep 0.25; fi
+done
+"""
+
+
+def join_watch_command(session_id: int, own_port: int | None, coordinator_port: int | None) -> str:
+    """The command line of the join watcher for one remote task (see the module docstring)."""
+    ports = " ".join("-" if port is None else str(int(port)) for port in (own_port, coordinator_port))
+    return sh(_JOIN_WATCHER) + f" mgpu-join {int(session_id)} {ports}"
 
 
 def sh(script: str) -> str:
@@ -122,7 +154,6 @@ def task_command(
     env: Mapping[str, str],
     workdir: str | None,
     kill_grace: int,
-    listen_port: int | None = None,
 ) -> RemoteTask:
     """The command line that starts one task over SSH, and what to send on its stdin (see the
     module docstring). Raises ValueError for a bad env name."""
@@ -144,10 +175,6 @@ def task_command(
         + f' mgpu-watch "$$" {int(kill_grace)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
         "exec 3<&-",
     ]
-    if listen_port is not None:
-        lines.append(
-            "( ( exec /bin/sh -c " + shlex.quote(_LISTEN_WATCHER) + f' mgpu-listen "$$" {int(listen_port)} >&2 ) & )'
-        )
     if names:
         lines.append("export " + " ".join(f'{name}="$mgpu_v{i}"' for i, name in enumerate(names)))
     run = "exec " + " ".join(shlex.quote(a) for a in argv)
@@ -159,11 +186,20 @@ def task_command(
 
 def parse_pgid_line(line: bytes) -> int | None:
     """The process group from the wrapper's first stderr line, or None if it is another line."""
-    text = line.decode("utf-8", "replace").strip()
-    prefix = PGID_MARKER + " "
-    if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
-        return int(text[len(prefix):])
-    return None
+    return split_pgid_line(line)[1]
+
+
+def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
+    """(what the login shell printed before the wrapper's PGID line on the same line, the process
+    group), or (line, None) if the line does not end with the PGID line. The wrapper prints it
+    before the task starts, so whatever comes before it is the login shell's, never the task's."""
+    found = line.rfind(PGID_MARKER.encode() + b" ")
+    if found < 0:
+        return line, None
+    number = line[found + len(PGID_MARKER) + 1:].rstrip(b"\r\n")
+    if number.isascii() and number.isdigit():
+        return line[:found], int(number)
+    return line, None
 
 
 def signal_command(pgids: Iterable[int], signum: int) -> str:

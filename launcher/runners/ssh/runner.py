@@ -17,7 +17,8 @@ import threading
 
 import paramiko
 
-from launcher.errors import ConnectError
+from launcher.errors import ConnectError, MgpuError
+from launcher.plan.coordinator import coordinator_port
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
 from launcher.runners.base import Runner, TaskProcess
@@ -32,24 +33,70 @@ _SESSIONS_PER_CONNECTION = 8
 
 
 class SshTaskProcess(TaskProcess):
-    def __init__(self, conn: Connection, chan: paramiko.Channel, stderr: ChannelStream, pgid: int, options: SshOptions):
+    def __init__(self, conn: Connection, chan: paramiko.Channel, stderr: ChannelStream, pgid: int, options: SshOptions,
+                 own_port: int | None = None, coordinator_port: int | None = None):
         self._conn = conn
         self._chan = chan
         self._options = options
         self.pid = pgid
         self._closed = False
+        self._lock = threading.Lock()
         self.stdout = ChannelStream(chan.recv)
         self.stderr = stderr
         stderr.on_eof = self._eof_note
+        self._own_port = own_port
+        self._coordinator_port = coordinator_port
         self._listening = False
-        stderr.watch(remote_command.LISTENING_MARKER.encode() + b"\n", self._on_listening)
+        self._connected = False
+        self._watch_chan: paramiko.Channel | None = None
+        self._watch_failed = False
+        self._watch_done = threading.Event()  # the watcher has said all it will
+        self._watching = own_port is not None or coordinator_port is not None
+        if self._watching:
+            threading.Thread(target=self._watch_join, daemon=True, name=f"ssh-join-watch {pgid}").start()
 
-    def _on_listening(self) -> None:
-        self._listening = True
+    @property
+    def sessions(self) -> int:
+        """SSH sessions this task holds on its connection: the task's, and its join watcher's."""
+        return 2 if self._watching else 1
 
-    def listens_on(self, port: int) -> bool:
-        """Reported by the remote wrapper, which watches the task's port (see remote_command.py)."""
+    def _watch_join(self) -> None:
+        """Open the join watcher's session and take its reports (see remote_command.py)."""
+        command = remote_command.join_watch_command(self.pid, self._own_port, self._coordinator_port)
+        try:
+            chan = self._conn.open_session(self._options.connect_timeout)
+            with self._lock:
+                if self._closed:
+                    chan.close()
+                    return
+                self._watch_chan = chan
+            chan.exec_command(command)
+            reports = ChannelStream(chan.recv)
+            while line := reports.readline():
+                report = line.strip().decode("ascii", "replace")
+                if report == remote_command.LISTENING:
+                    self._listening = True
+                elif report == remote_command.CONNECTED:
+                    self._connected = True
+        except (MgpuError, paramiko.SSHException, EOFError, OSError):
+            self._watch_failed = True
+        finally:
+            self._watch_done.set()
+
+    def listens_on(self, port: int) -> bool | None:
+        """Reported by the remote join watcher (see remote_command.py)."""
+        if port != self._own_port or self._watch_failed:
+            return None
         return self._listening
+
+    def joined(self, own_port: int | None, coordinator_port: int | None) -> bool | None:
+        """Reported by the remote join watcher, which watches the ports this task was started with."""
+        if self._watch_failed or (own_port, coordinator_port) == (None, None):
+            return None
+        if own_port not in (None, self._own_port) or coordinator_port not in (None, self._coordinator_port):
+            return None  # not the ports being watched
+        return (own_port is not None and self._listening) or (coordinator_port is not None and self._connected)
+
     def _eof_note(self) -> bytes:
         if self._conn.active or self.poll() != EXIT_CONNECTION_LOST:
             return b""
@@ -81,12 +128,16 @@ class SshTaskProcess(TaskProcess):
         self._conn.signal_group(self.pid, signum, self._options.connect_timeout)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watch_chan = self._watch_chan
         # Closing the channel ends the session; the remote watcher then kills anything left in the group.
         self._chan.close()
-        self._conn.release()
+        if watch_chan is not None:
+            watch_chan.close()  # the join watcher ends on its own once the task has
+        self._conn.release(self.sessions)
 
 
 class SshRunner(Runner):
@@ -110,8 +161,8 @@ class SshRunner(Runner):
         except (OSError, UnicodeError):
             return None
 
-    def connect(self, task: TaskPlan) -> Connection:
-        """A connection to the task's host with a free session slot (opens one if needed)."""
+    def connect(self, task: TaskPlan, sessions: int = 1) -> Connection:
+        """A connection to the task's host with `sessions` free session slots (opens one if needed)."""
         target = self.target(task)
         with self._lock:
             host_lock = self._host_locks.setdefault(target, threading.Lock())
@@ -120,11 +171,11 @@ class SshRunner(Runner):
             pool[:] = [c for c in pool if c.active or c.sessions > 0]
             for conn in pool:
                 with conn.lock:
-                    if conn.active and conn.sessions < _SESSIONS_PER_CONNECTION:
-                        conn.sessions += 1
+                    if conn.active and conn.sessions + sessions <= _SESSIONS_PER_CONNECTION:
+                        conn.sessions += sessions
                         return conn
             conn = connect(target, self.options, self._config)
-            conn.sessions = 1
+            conn.sessions = sessions
             pool.append(conn)
             return conn
 
@@ -143,10 +194,12 @@ class SshRunner(Runner):
         return env
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        remote = remote_command.task_command(
-            task.argv, self.task_env(task, attempt), task.workdir, self.options.kill_grace, listen_port=task.port
-        )
-        conn = self.connect(task)
+        """Start the task; its join watcher watches its own port and the coordinator's."""
+        remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
+                                             self.options.kill_grace)
+        own_port, coordinator = task.port, coordinator_port(task)
+        sessions = 2 if own_port is not None or coordinator is not None else 1
+        conn = self.connect(task, sessions)
         try:
             chan = conn.open_session(self.options.connect_timeout)
             try:
@@ -161,9 +214,9 @@ class SshRunner(Runner):
                 chan.close()
                 raise
         except BaseException:
-            conn.release()
+            conn.release(sessions)
             raise
-        return SshTaskProcess(conn, chan, stderr, pgid, self.options)
+        return SshTaskProcess(conn, chan, stderr, pgid, self.options, own_port, coordinator)
 
     def _read_pgid(self, chan: paramiko.Channel, stderr: ChannelStream, conn: Connection) -> int:
         """Consume the wrapper's process-group line; lines the login shell printed before it stay in the stream."""
@@ -174,9 +227,9 @@ class SshRunner(Runner):
                 line = stderr.readline()
                 if not line:
                     break
-                pgid = remote_command.parse_pgid_line(line)
+                shell_output, pgid = remote_command.split_pgid_line(line)
                 if pgid is not None:
-                    stderr.unread(b"".join(before))
+                    stderr.unread(b"".join(before) + shell_output)
                     return pgid
                 before.append(line)
         except socket.timeout:

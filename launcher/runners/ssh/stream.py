@@ -21,10 +21,6 @@ class ChannelStream(io.RawIOBase):
     def __init__(self, recv, on_eof=None):
         super().__init__()
         self._recv = recv
-        # A marker the remote wrapper prints into this stream: taken out wherever it
-        # arrives, and reported to on_marker instead.
-        self.marker: bytes | None = None
-        self.on_marker = None
         self._buffer = bytearray()
         self._eof = False
         self.on_eof = on_eof
@@ -65,15 +61,14 @@ class ChannelStream(io.RawIOBase):
 
     def read1(self, size: int = -1) -> bytes:
         """What has arrived, at most `size` bytes, waiting only when nothing has (a partial line too)."""
-        while not self._eof and not self._buffer[:self._safe_length()]:
+        while not self._eof and not self._buffer:
             self._fill()
         if not self._buffer:
             if self.on_eof is not None:
                 note, self.on_eof = self.on_eof(), None
                 return note
             return b""
-        safe = self._safe_length()
-        size = safe if size is None or size < 0 else min(size, safe)
+        size = len(self._buffer) if size is None or size < 0 else min(size, len(self._buffer))
         data = bytes(self._buffer[:size])
         del self._buffer[:size]
         return data
@@ -88,25 +83,6 @@ class ChannelStream(io.RawIOBase):
         if not chunk:
             self._eof = True
         self._buffer += chunk
-        self._take_markers()
-
-    def watch(self, marker: bytes, on_marker) -> None:
-        """Take `marker` out of the stream wherever it arrives, calling on_marker() instead."""
-        self.marker, self.on_marker = marker, on_marker
-        self._take_markers()
-
-    def _take_markers(self) -> None:
-        while self.marker and (found := self._buffer.find(self.marker)) >= 0:
-            del self._buffer[found:found + len(self.marker)]
-            self.on_marker()
-
-    def _safe_length(self) -> int:
-        """How much of the buffer can be handed out: not a tail that may be the start of a marker."""
-        if self.marker and not self._eof:
-            for size in range(min(len(self.marker) - 1, len(self._buffer)), 0, -1):
-                if self._buffer.endswith(self.marker[:size]):
-                    return len(self._buffer) - size
-        return len(self._buffer)
 
     def readinto(self, buffer) -> int:
         line = self.readline(len(buffer))

@@ -38,6 +38,7 @@ class SignalStatusTransport(paramiko.Transport):
 
     def _handle_channel_request(chan, m):  # noqa: N805 - called as table[ptype](chan, m)
         start = m.packet.tell()
+        signalled = False
         try:
             if m.get_text() == "exit-signal":
                 m.get_boolean()  # want_reply
@@ -46,10 +47,15 @@ class SignalStatusTransport(paramiko.Transport):
                     chan.mgpu_exit_signal = int(signal.Signals["SIG" + name])
                 except KeyError:  # a signal this system has no name for
                     chan.mgpu_exit_signal = int(signal.SIGKILL)
+                signalled = True
         except Exception:
             pass
         m.packet.seek(start)
         paramiko.Channel._handle_request(chan, m)
+        if signalled:
+            # As paramiko does for exit-status: the task has ended even while the channel stays open
+            # (a child that left its group can hold the task's output open).
+            chan.status_event.set()
 
     _channel_handler_table = {
         **paramiko.Transport._channel_handler_table,
