@@ -16,6 +16,7 @@ from launcher.cli.options import (
 )
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
+from launcher.plan.render import TF_CONFIG_FORMATS
 
 legacy_keras_option = click.option(
     "--legacy-keras", is_flag=True,
@@ -122,8 +123,10 @@ TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 
 --format env prints TF_CONFIG as a shell `export` line; --format keras-env
 prints `export` lines of the KERAS_DISTRIBUTION_* variables that
-keras.distribution.initialize() reads (Keras 3 on the JAX backend; nothing for
-the evaluator, which is not a member of the job). Hosts appear as `mgpu launch`
+keras.distribution.initialize() reads (Keras 3 on the JAX backend), and
+--format torch-env those of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT (PyTorch's env:// rendezvous); nothing for the
+evaluator, which is not a member of the job. Hosts appear as `mgpu launch`
 writes them: an ssh-config alias as its HostName, unless --keep-host-names.
 
 \b
@@ -131,6 +134,7 @@ Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format keras-env)"
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format torch-env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
   srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
@@ -144,9 +148,10 @@ Examples:
               help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
                    "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "
                    "rank the evaluator).")
-@click.option("--format", "fmt", type=click.Choice(["json", "env", "keras-env"]), default="json", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(TF_CONFIG_FORMATS), default="json", show_default=True,
               help="json: TF_CONFIG; env: an `export TF_CONFIG='...'` line for a shell; "
-                   "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX.")
+                   "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX; "
+                   "torch-env: those of RANK, WORLD_SIZE, MASTER_ADDR... for PyTorch.")
 @host_address_options
 def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task

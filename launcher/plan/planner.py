@@ -12,10 +12,10 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, KERAS_DISTRIBUTION_ENV
+from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.devices import split_devices
-from launcher.plan.keras_env import KerasJob, collectives_env
+from launcher.plan.job_env import Job, collectives_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,23 +147,24 @@ def plan_tasks(
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
-    keras_job = KerasJob(cluster)
+    names = task_names(spec.tasks)
+    job = Job(cluster, dict(zip(names, machine_of)))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for rank, (task, (task_type, index), local, visible) in enumerate(
-            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
-        keras_env = keras_job.env(task_type, index)
+            zip(spec.tasks, names, is_local, devices)):
+        job_env = job.env(task_type, index)
         env = {
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
-            **keras_env,
+            **job_env,
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
             **_thread_env(spec.threads_per_task),
         }
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
-        if keras_env:  # a member of the job: its JAX collectives must work on its hardware
+        if job_env:  # a member of the job: its JAX collectives must work on its hardware
             env.update(collectives_env(visible))
         if spec.legacy_keras:
             env[LEGACY_KERAS_ENV] = "1"
@@ -190,7 +191,7 @@ def plan_tasks(
 
 def _check_env(env: Mapping[str, str]) -> None:
     for name in env:
-        if name == "TF_CONFIG" or name in KERAS_DISTRIBUTION_ENV or name.startswith("MGPU_"):
+        if name == "TF_CONFIG" or name in JOB_ENV or name.startswith("MGPU_"):
             raise SpecError(f"environment variable {name} is set by mgpu for each task and cannot be given")
 
 

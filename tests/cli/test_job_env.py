@@ -1,4 +1,4 @@
-"""The Keras 3 distribution environment every task gets beside TF_CONFIG, and JAX's CPU collectives."""
+"""The distribution environment every member of the job gets beside TF_CONFIG (Keras 3, PyTorch), and JAX's CPU collectives."""
 
 import subprocess
 
@@ -163,3 +163,110 @@ def test_a_thousand_slurm_tasks_with_an_evaluator_still_fit_in_the_environment(m
         _, task_env, _ = task_start(document, rank, step_env)
         assert keras_env({"env": task_env}) == keras_env({"env": plans[rank].env})
     assert plans[1023].type == "evaluator" and keras_env({"env": plans[1023].env}) == {}
+
+
+# -- PyTorch ----------------------------------------------------------------------------------
+
+TORCH_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torch_env(task):
+    return {name: task["env"][name] for name in TORCH_NAMES if name in task["env"]}
+
+
+def test_workers_in_order_worker_0_is_the_master(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2300,h2:2222,h3")
+    assert [torch_env(task) for task in tasks] == [
+        {"RANK": str(i), "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+         "MASTER_ADDR": "h1", "MASTER_PORT": "2300"} for i in range(3)]
+
+
+def test_the_chief_is_rank_0_and_the_evaluator_gets_nothing(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2222", "--chief", "h0:2400", "--evaluator", "h9")
+    assert [(t["type"], t["env"].get("RANK")) for t in tasks] == [
+        ("chief", "0"), ("worker", "1"), ("worker", "2"), ("evaluator", None)]
+    assert {(t["env"]["MASTER_ADDR"], t["env"]["MASTER_PORT"], t["env"]["WORLD_SIZE"]) for t in tasks[:3]} == {
+        ("h0", "2400", "3")}
+    assert torch_env(tasks[3]) == {}
+
+
+def test_master_is_the_first_tf_config_address(mgpu):
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--chief")
+    first = tasks[0]["tf_config"]["cluster"]["chief"][0]
+    assert {f"{t['env']['MASTER_ADDR']}:{t['env']['MASTER_PORT']}" for t in tasks} == {first}
+
+
+def test_local_ranks_count_the_members_of_each_host(mgpu):
+    """Slots on one host are numbered from 0 there; the evaluator on a host takes no local rank."""
+    tasks = dry_run_tasks(mgpu, "--hosts", "a:3,b:2", "--evaluator", "a")
+    assert [(t["host"], t["env"].get("LOCAL_RANK"), t["env"].get("LOCAL_WORLD_SIZE")) for t in tasks] == [
+        ("a", "0", "3"), ("a", "1", "3"), ("a", "2", "3"), ("b", "0", "2"), ("b", "1", "2"), ("a", None, None)]
+    assert [t["env"].get("RANK") for t in tasks] == ["0", "1", "2", "3", "4", None]
+
+
+def test_ipv6_master_addr_has_no_brackets(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "[fd00::1]:2222,[fd00::2]:2222")
+    assert (tasks[1]["env"]["MASTER_ADDR"], tasks[1]["env"]["MASTER_PORT"]) == ("fd00::1", "2222")
+
+
+@pytest.mark.parametrize("name", TORCH_NAMES)
+def test_torch_names_are_reserved(mgpu, tmp_path, name):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {{worker: [h1:2222]}}\nenv: {{{name}: '1'}}\n")
+    result = mgpu("launch", "--spec", str(spec), "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
+    assert result.exit_code == 2 and "is set by mgpu for each task" in result.stderr
+
+
+def test_text_dry_run_shows_them(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "MASTER_ADDR=h1" in result.stdout and "MASTER_PORT=2222" in result.stdout
+    assert "WORLD_SIZE=2" in result.stdout and "RANK=1" in result.stdout
+
+
+def test_tf_config_torch_env_format_exports_them(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2500", "--task-index", "1",
+                  "--format", "torch-env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, TORCH_NAMES) == {
+        "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "h0", "MASTER_PORT": "2500"}
+    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
+                  "--task-index", "0", "--format", "torch-env")
+    assert result.exit_code == 0 and result.stdout.strip() == ""
+
+
+def test_slurm_step_tasks_get_them_from_the_plan(mgpu):
+    """Inside the srun step each task takes its own RANK and LOCAL_RANK from the plan's document."""
+    from launcher.plan.planner import TaskPlan
+    from launcher.runners.slurm import step_environment
+    from launcher.runners.slurm_task import read_plan_environment, task_start
+
+    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--evaluator", "--gpus-per-task", "0", env=env)
+    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
+                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
+             for rank, t in enumerate(tasks)]
+    document = read_plan_environment(step_environment(plans, {"HOME": "/root", "RANK": "stale"}))
+    started = [torch_env({"env": task_start(document, rank, {"RANK": "stale"})[1]}) for rank in range(len(plans))]
+    assert started[:3] == [
+        {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": size,
+         "MASTER_ADDR": "node1", "MASTER_PORT": "5000"}
+        for rank, local, size in ((0, 0, "2"), (1, 1, "2"), (2, 0, "1"))]
+    assert started[3] == {}  # the evaluator (node2's second Slurm task): not a member
+    assert [t["type"] for t in tasks] == ["worker", "worker", "worker", "evaluator"]
+
+
+def test_planning_stays_linear(mgpu):
+    """Every task shares the strings of the job: the plan of 4096 tasks holds one MASTER_ADDR."""
+    from launcher.config.spec import ClusterSpec, TaskSpec
+    from launcher.plan.planner import plan_tasks
+
+    spec = ClusterSpec(tasks=tuple(TaskSpec(role="worker", host=f"node{i // 8}", port=2222 + i % 8) for i in range(4096)))
+    plans = plan_tasks(spec, run_id="r", local_hosts=frozenset(), launcher_python="python3")
+    assert len({id(plan.env["MASTER_ADDR"]) for plan in plans}) == 1
+    assert len({id(plan.env["WORLD_SIZE"]) for plan in plans}) == 1
+    assert plans[4095].env["LOCAL_RANK"] == "7" and plans[4095].env["RANK"] == "4095"
