@@ -48,7 +48,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 
 
 @cli.command("launch", help=LAUNCH_HELP)
-@cluster_options
+@cluster_options(no_value_with="--local or --slurm")
 @click.option("--local", type=click.IntRange(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--slurm", is_flag=True,
@@ -121,13 +121,18 @@ def launch_command(**opts) -> None:
 
 TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 
---format env prints TF_CONFIG as a shell `export` line; --format keras-env
-prints `export` lines of the KERAS_DISTRIBUTION_* variables that
-keras.distribution.initialize() reads (Keras 3 on the JAX backend), and
---format torch-env those of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT (PyTorch's env:// rendezvous); nothing for the
-evaluator, which is not a member of the job. Hosts appear as `mgpu launch`
-writes them: an ssh-config alias as its HostName, unless --keep-host-names.
+
+--format env        TF_CONFIG as a shell `export` line
+--format keras-env  `export` lines of KERAS_DISTRIBUTION_*, which
+                    keras.distribution.initialize() reads (Keras 3, JAX)
+--format torch-env  those of RANK, WORLD_SIZE, LOCAL_RANK,
+                    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (PyTorch)
+--format jax-env    those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+                    JAX_PROCESS_ID (jax.distributed.initialize())
+
+The evaluator is not a member of the job: the last three print nothing for it.
+Hosts appear as `mgpu launch` writes them: an ssh-config alias as its
+HostName, unless --keep-host-names.
 
 \b
 Examples:
@@ -135,13 +140,14 @@ Examples:
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format keras-env)"
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format torch-env)"
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format jax-env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
   srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
 
 
 @cli.command("tf-config", help=TF_CONFIG_HELP)
-@cluster_options
+@cluster_options(no_value_with="--from-slurm")
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
 @click.option("--task-index", type=click.IntRange(min=0), help="Which task of its type (required without --from-slurm).")
 @click.option("--from-slurm", is_flag=True,
@@ -151,7 +157,8 @@ Examples:
 @click.option("--format", "fmt", type=click.Choice(TF_CONFIG_FORMATS), default="json", show_default=True,
               help="json: TF_CONFIG; env: an `export TF_CONFIG='...'` line for a shell; "
                    "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX; "
-                   "torch-env: those of RANK, WORLD_SIZE, MASTER_ADDR... for PyTorch.")
+                   "torch-env: those of RANK, WORLD_SIZE, MASTER_ADDR... for PyTorch; "
+                   "jax-env: those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.")
 @host_address_options
 def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
@@ -213,7 +220,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 
 
 @cli.command("check", help=CHECK_HELP)
-@cluster_options
+@cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
 @legacy_keras_option

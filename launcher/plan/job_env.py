@@ -1,13 +1,15 @@
-"""The distribution environment of each task beside TF_CONFIG: Keras 3 and PyTorch. Pure: no I/O.
+"""The distribution environment of each task beside TF_CONFIG: Keras 3, PyTorch, JAX. Pure: no I/O.
 
 Every framework numbers the same processes from the same cluster addresses as TF_CONFIG: the
 chief, when there is one, is process 0, then the workers in order; process 0's address is the
 coordinator (Keras on JAX) and the rendezvous (PyTorch's MASTER_ADDR:MASTER_PORT), so a program may
-take any route. The evaluator is not a member of the job and gets none of them.
+take any route (JAX's coordinator listens where TF's server of the same task would). The evaluator is not a member of the job and gets none of them.
 
 - Keras 3 on JAX: `keras.distribution.initialize()` reads KERAS_DISTRIBUTION_*.
 - PyTorch: `init_process_group()` (env://) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
   LOCAL_RANK and LOCAL_WORLD_SIZE count the members on the task's host, as torchrun sets them.
+- JAX: `jax.distributed.initialize()` reads JAX_COORDINATOR_ADDRESS; JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID (Kubeflow Trainer's names) are for the program to pass in.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Mapping, Sequence
 
 from launcher.config.spec import CHIEF, WORKER
 from launcher.protocol import (
-    ENV_JAX_CPU_COLLECTIVES, ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID,
+    ENV_JAX_COORDINATOR_ADDRESS, ENV_JAX_CPU_COLLECTIVES, ENV_JAX_NUM_PROCESSES, ENV_JAX_PROCESS_ID, ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID,
     ENV_TORCH_LOCAL_RANK, ENV_TORCH_LOCAL_WORLD_SIZE, ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT, ENV_TORCH_RANK,
     ENV_TORCH_WORLD_SIZE,
 )
@@ -41,6 +43,7 @@ class Job:
                    for role in _JOB_ROLES
                    for index, address in enumerate(cluster.get(role, ()))]
         self.addresses = ",".join(address for _, _, address in members)
+        self.coordinator = members[0][2] if members else ""
         self.size = str(len(members))
         self.process_ids = {(role, index): process_id for process_id, (role, index, _) in enumerate(members)}
         self.master_addr, self.master_port = split_address(members[0][2]) if members else ("", "")
@@ -65,6 +68,7 @@ class Job:
             ENV_TORCH_RANK: rank, ENV_TORCH_WORLD_SIZE: self.size,
             ENV_TORCH_LOCAL_RANK: self.local_ranks[name], ENV_TORCH_LOCAL_WORLD_SIZE: self.local_sizes[name],
             ENV_TORCH_MASTER_ADDR: self.master_addr, ENV_TORCH_MASTER_PORT: self.master_port,
+            ENV_JAX_COORDINATOR_ADDRESS: self.coordinator, ENV_JAX_NUM_PROCESSES: self.size, ENV_JAX_PROCESS_ID: rank,
         }
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 from launcher.config.addresses import format_address
 from launcher.config.spec import SshSettings
 from launcher.plan.planner import TaskEnv, TaskPlan
-from launcher.protocol import KERAS_DISTRIBUTION_ENV, TORCH_DISTRIBUTED_ENV
+from launcher.protocol import JAX_DISTRIBUTED_ENV, KERAS_DISTRIBUTION_ENV, TORCH_DISTRIBUTED_ENV
 
 # What `--dry-run --json` shows of each task.
 DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "tf_config")
@@ -131,12 +131,13 @@ def _joined(lines: list[str]) -> list[str]:
 
 
 # `mgpu tf-config --format`: the variables each format exports (json and env: TF_CONFIG).
-EXPORT_FORMATS = {"keras-env": KERAS_DISTRIBUTION_ENV, "torch-env": TORCH_DISTRIBUTED_ENV}
+EXPORT_FORMATS = {"keras-env": KERAS_DISTRIBUTION_ENV, "torch-env": TORCH_DISTRIBUTED_ENV,
+                  "jax-env": JAX_DISTRIBUTED_ENV}
 TF_CONFIG_FORMATS = ("json", "env", *EXPORT_FORMATS)
 
 
 def render_tf_config(plan: TaskPlan, fmt: str) -> str:
-    """`json`: TF_CONFIG. `env`: its shell `export` line. `keras-env`, `torch-env`: `export` lines of
+    """`json`: TF_CONFIG. `env`: its shell `export` line. `keras-env`, `torch-env`, `jax-env`: `export` lines of
     that framework's distribution variables, one per line; none for a task outside the job (the
     evaluator)."""
     if fmt == "env":

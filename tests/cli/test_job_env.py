@@ -270,3 +270,55 @@ def test_planning_stays_linear(mgpu):
     assert len({id(plan.env["MASTER_ADDR"]) for plan in plans}) == 1
     assert len({id(plan.env["WORLD_SIZE"]) for plan in plans}) == 1
     assert plans[4095].env["LOCAL_RANK"] == "7" and plans[4095].env["RANK"] == "4095"
+
+
+# -- JAX --------------------------------------------------------------------------------------
+
+JAX_NAMES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def jax_env(task):
+    return {name: task["env"][name] for name in JAX_NAMES if name in task["env"]}
+
+
+def test_jax_variables_follow_the_job(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,[fd00::2]:2300", "--chief", "[fd00::9]:2400", "--evaluator", "h9")
+    assert [jax_env(task) for task in tasks] == [
+        {"JAX_COORDINATOR_ADDRESS": "[fd00::9]:2400", "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": str(i)}
+        for i in range(3)] + [{}]
+
+
+@pytest.mark.parametrize("name", JAX_NAMES)
+def test_jax_names_are_reserved(mgpu, name):
+    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+
+
+def test_tf_config_jax_env_format_exports_them(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "jax-env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, JAX_NAMES) == {
+        "JAX_COORDINATOR_ADDRESS": "h1:2222", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+
+
+def test_installed_jax_reads_the_coordinator_address_itself():
+    """jax.distributed.initialize() takes JAX_COORDINATOR_ADDRESS from the environment; the process count
+    and id it does not, which is why the README's recipe passes them in."""
+    import inspect
+
+    from jax._src import distributed
+
+    source = inspect.getsource(distributed.State.initialize)
+    assert "os.environ.get('JAX_COORDINATOR_ADDRESS')" in source
+    assert "JAX_NUM_PROCESSES" not in source and "JAX_PROCESS_ID" not in source
+
+
+def test_chief_and_evaluator_help_names_the_options_of_each_command(mgpu):
+    """`--chief` takes no value with --local or --slurm (launch) and --from-slurm (tf-config); check has neither."""
+    launch, tf_config, check = (mgpu(command, "--help").stdout for command in ("launch", "tf-config", "check"))
+    assert "With --local or --slurm, no value." in " ".join(launch.split())
+    assert "With --from-slurm, no value." in " ".join(tf_config.split()) and "--local" not in tf_config
+    assert "no value" not in check and "--local" not in check
+    result = mgpu("check", "--workers", "h1", "--chief")
+    assert result.exit_code == 2 and "requires an argument" in result.stderr
