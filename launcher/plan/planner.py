@@ -14,7 +14,7 @@ from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
 from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
-from launcher.plan.devices import split_devices
+from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
 from launcher.plan.job_env import Job, collectives_env
 
 
@@ -145,14 +145,15 @@ def plan_tasks(
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
+    shared_gpu = shares_a_gpu(machine_of, devices)
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
     job = Job(cluster, dict(zip(names, machine_of)))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
-    for rank, (task, (task_type, index), local, visible) in enumerate(
-            zip(spec.tasks, names, is_local, devices)):
+    for rank, (task, (task_type, index), local, visible, shared) in enumerate(
+            zip(spec.tasks, names, is_local, devices, shared_gpu)):
         job_env = job.env(task_type, index)
         env = {
             ENV_RUN_ID: run_id,
@@ -164,6 +165,8 @@ def plan_tasks(
         }
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        if shared:  # the user's values win (below)
+            env.update(SHARED_GPU_ENV)
         if job_env:  # a member of the job: its JAX collectives must work on its hardware
             env.update(collectives_env(visible))
         if spec.legacy_keras:
