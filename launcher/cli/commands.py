@@ -82,8 +82,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Set an environment variable in every task (repeatable).")
 @click.option("--env-file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="Set environment variables from a file of NAME=VALUE lines.")
-@click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
-              help="Pass this variable of the launcher's environment on to every task (repeatable).")
+@click.option("--forward-env", type=params.ENV_NAME_OR_PREFIX, multiple=True, metavar="NAME|PREFIX*",
+              help="Pass this variable of the launcher's environment on to every task (repeatable); "
+                   "PREFIX* passes every variable whose name starts with PREFIX, e.g. 'NCCL_*'.")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
 @legacy_keras_option

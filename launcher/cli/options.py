@@ -265,11 +265,16 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     given: dict[str, str] = {}
     if opts.get("env_file"):
         given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
-    for name in opts.get("forward_env", ()):
-        if name not in os.environ:
-            raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
-        _check_one_text(f"--forward-env {name}", os.environ[name])
-        given[name] = os.environ[name]
+    for pattern in opts.get("forward_env", ()):
+        if pattern.endswith("*"):  # a prefix: whatever of it is set here, maybe nothing
+            names = sorted(name for name in os.environ if name.startswith(pattern[:-1]))
+        elif pattern in os.environ:
+            names = [pattern]
+        else:
+            raise UsageError(f"--forward-env {pattern}: {pattern} is not set in this environment")
+        for name in names:
+            _check_one_text(f"--forward-env {name}", os.environ[name])
+            given[name] = os.environ[name]
     given.update(opts.get("env_pairs", ()))
     env = {**spec.env, **given}
     gpus = opts.get("gpus_per_task")
