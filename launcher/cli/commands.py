@@ -40,7 +40,7 @@ Examples:
   mgpu launch --local 2 --chief --evaluator -- --train-steps 500 --model-dir /tmp/m
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
-  mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
+  mgpu launch --spec cluster.yaml --max-restarts 2
   salloc -N 2 --ntasks-per-node 2 mgpu launch --slurm -- --train-steps 500
 
 Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
