@@ -322,3 +322,16 @@ def test_chief_and_evaluator_help_names_the_options_of_each_command(mgpu):
     assert "no value" not in check and "--local" not in check
     result = mgpu("check", "--workers", "h1", "--chief")
     assert result.exit_code == 2 and "requires an argument" in result.stderr
+
+
+def test_tf_config_from_slurm_exports_torch_and_jax_variables(mgpu):
+    step = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3", "SLURMD_NODENAME": "node2"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "torch-env", env=step)
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, TORCH_NAMES) == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node1", "MASTER_PORT": "4000"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "jax-env", env=step)
+    assert exported(result.stdout, JAX_NAMES) == {
+        "JAX_COORDINATOR_ADDRESS": "node1:4000", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
