@@ -53,3 +53,23 @@ ENV_KERAS_PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
 KERAS_DISTRIBUTION_ENV = (ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID)
 # JAX's cross-process collectives on CPU; set to "gloo" for tasks without GPUs.
 ENV_JAX_CPU_COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+
+# What PyTorch's env:// rendezvous reads (torch.distributed.init_process_group, torchrun's names):
+# set for every member of the cluster. Process 0 (the chief, else worker 0) listens on its TF_CONFIG
+# port as MASTER_PORT. LOCAL_RANK and LOCAL_WORLD_SIZE count the members on the same host.
+ENV_TORCH_RANK = "RANK"
+ENV_TORCH_WORLD_SIZE = "WORLD_SIZE"
+ENV_TORCH_LOCAL_RANK = "LOCAL_RANK"
+ENV_TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_TORCH_MASTER_ADDR = "MASTER_ADDR"
+ENV_TORCH_MASTER_PORT = "MASTER_PORT"
+TORCH_DISTRIBUTED_ENV = (ENV_TORCH_RANK, ENV_TORCH_WORLD_SIZE, ENV_TORCH_LOCAL_RANK, ENV_TORCH_LOCAL_WORLD_SIZE,
+                         ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT)
+# JAX's multi-process job, under the names Kubeflow Trainer's JAX runtime sets. jax.distributed.initialize()
+# reads JAX_COORDINATOR_ADDRESS itself (JAX 0.4 to 0.10 at least); the count and the id are passed in.
+ENV_JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
+JAX_DISTRIBUTED_ENV = (ENV_JAX_COORDINATOR_ADDRESS, ENV_JAX_NUM_PROCESSES, ENV_JAX_PROCESS_ID)
+# Every name mgpu sets for each member of the job; a user's env may not set them.
+JOB_ENV = KERAS_DISTRIBUTION_ENV + TORCH_DISTRIBUTED_ENV + JAX_DISTRIBUTED_ENV

@@ -16,6 +16,7 @@ from launcher.cli.options import (
 )
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
+from launcher.plan.render import TF_CONFIG_FORMATS
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
@@ -40,7 +41,7 @@ Examples:
   mgpu launch --local 2 --chief --evaluator -- --train-steps 500 --model-dir /tmp/m
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
-  mgpu launch --spec cluster_specs/chief_workers_evaluator.yaml --max-restarts 2
+  mgpu launch --spec cluster.yaml --max-restarts 2
   salloc -N 2 --ntasks-per-node 2 mgpu launch --slurm -- --train-steps 500
 
 Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
@@ -48,7 +49,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 
 
 @cli.command("launch", help=LAUNCH_HELP)
-@cluster_options
+@cluster_options(no_value_with="--local or --slurm")
 @click.option("--local", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
 @click.option("--slurm", is_flag=True,
@@ -86,8 +87,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Set an environment variable in every task (repeatable).")
 @click.option("--env-file", type=params.InputFile(), metavar="FILE",
               help="Set environment variables from a file of NAME=VALUE lines.")
-@click.option("--forward-env", type=params.ENV_NAME, multiple=True, metavar="NAME",
-              help="Pass this variable of the launcher's environment on to every task (repeatable).")
+@click.option("--forward-env", type=params.ENV_NAME_OR_PREFIX, multiple=True, metavar="NAME|PREFIX*",
+              help="Pass this variable of the launcher's environment on to every task (repeatable); "
+                   "PREFIX* passes every variable whose name starts with PREFIX, e.g. 'NCCL_*'.")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
 @legacy_keras_option
@@ -125,33 +127,44 @@ def launch_command(**opts) -> None:
 
 TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 
---format env prints TF_CONFIG as a shell `export` line; --format keras-env
-prints `export` lines of the KERAS_DISTRIBUTION_* variables that
-keras.distribution.initialize() reads (Keras 3 on the JAX backend; nothing for
-the evaluator, which is not a member of the job). Hosts appear as `mgpu launch`
-writes them: an ssh-config alias as its HostName, unless --keep-host-names.
+
+--format env        TF_CONFIG as a shell `export` line
+--format keras-env  `export` lines of KERAS_DISTRIBUTION_*, which
+                    keras.distribution.initialize() reads (Keras 3, JAX)
+--format torch-env  those of RANK, WORLD_SIZE, LOCAL_RANK,
+                    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (PyTorch)
+--format jax-env    those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+                    JAX_PROCESS_ID (jax.distributed.initialize())
+
+The evaluator is not a member of the job: the last three print nothing for it.
+Hosts appear as `mgpu launch` writes them: an ssh-config alias as its
+HostName, unless --keep-host-names.
 
 \b
 Examples:
   mgpu tf-config --workers h1:2222,h2:2222 --task-index 1
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format env)"
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 0 --format keras-env)"
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format torch-env)"
+  eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format jax-env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
   srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
 """
 
 
 @cli.command("tf-config", help=TF_CONFIG_HELP)
-@cluster_options
+@cluster_options(no_value_with="--from-slurm")
 @click.option("--task-type", type=click.Choice(ROLES), default=WORKER, show_default=True)
 @click.option("--task-index", type=params.Count(min=0), help="Which task of its type (required without --from-slurm).")
 @click.option("--from-slurm", is_flag=True,
               help="Inside a Slurm job step: this task's TF_CONFIG, from SLURM_PROCID and the step's nodes, "
                    "ports from --port upward on each node (--chief, --evaluator: rank 0 is the chief, the last "
                    "rank the evaluator).")
-@click.option("--format", "fmt", type=click.Choice(["json", "env", "keras-env"]), default="json", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(TF_CONFIG_FORMATS), default="json", show_default=True,
               help="json: TF_CONFIG; env: an `export TF_CONFIG='...'` line for a shell; "
-                   "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX.")
+                   "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX; "
+                   "torch-env: those of RANK, WORLD_SIZE, MASTER_ADDR... for PyTorch; "
+                   "jax-env: those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.")
 @host_address_options
 def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
     from launcher.plan.planner import select_task
@@ -213,7 +226,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 
 
 @cli.command("check", help=CHECK_HELP)
-@cluster_options
+@cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
 @legacy_keras_option

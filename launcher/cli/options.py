@@ -26,16 +26,22 @@ from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
 THIS_MACHINE = object()
 
 
-def cluster_options(func):
-    """Options that say which tasks make up the cluster: shared by launch, tf-config and check."""
+def cluster_options(no_value_with: str | None):
+    """Options that say which tasks make up the cluster: shared by launch, tf-config and check.
+
+    `no_value_with` names the options of the command under which --chief and --evaluator take no
+    value (the task runs where that option puts it); None: they always take a host.
+    """
+    role_option = {"is_flag": False, "flag_value": THIS_MACHINE} if no_value_with else {}
+    no_value = f" With {no_value_with}, no value." if no_value_with else ""
     options = [
         click.option("--workers", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
                      help="Worker hosts, comma-separated: host, host:port, user@host:port or [IPv6]:port; "
                           "Slurm hostlists such as node[01-04]:2222 expand."),
-        click.option("--chief", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
-                     metavar="HOST:PORT", help="A chief task (task type 'chief'). With --local, no value."),
-        click.option("--evaluator", type=params.ENDPOINT, is_flag=False, flag_value=THIS_MACHINE,
-                     metavar="HOST", help="A sidecar evaluator (not part of the cluster). With --local, no value."),
+        click.option("--chief", type=params.ENDPOINT, **role_option,
+                     metavar="HOST:PORT", help="A chief task (task type 'chief')." + no_value),
+        click.option("--evaluator", type=params.ENDPOINT, **role_option,
+                     metavar="HOST", help="A sidecar evaluator (not part of the cluster)." + no_value),
         click.option("--port", type=params.PORT, default=2222, show_default=True,
                      help="Port for hosts listed without one."),
         click.option("--hosts", "slot_hosts", type=params.SLOTS_LIST, metavar="HOST:SLOTS,...",
@@ -46,9 +52,13 @@ def cluster_options(func):
         click.option("--spec", "spec_file", type=params.InputFile(), metavar="FILE",
                      help="A YAML or JSON cluster spec (see the README for its schema)."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 ssh_config_option = click.option(
@@ -249,11 +259,16 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     given: dict[str, str] = {}
     if opts.get("env_file"):
         given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
-    for name in opts.get("forward_env", ()):
-        if name not in os.environ:
-            raise UsageError(f"--forward-env {name}: {name} is not set in this environment")
-        _check_one_text(f"--forward-env {name}", os.environ[name])
-        given[name] = os.environ[name]
+    for pattern in opts.get("forward_env", ()):
+        if pattern.endswith("*"):  # a prefix: whatever of it is set here, maybe nothing
+            names = sorted(name for name in os.environ if name.startswith(pattern[:-1]))
+        elif pattern in os.environ:
+            names = [pattern]
+        else:
+            raise UsageError(f"--forward-env {pattern}: {pattern} is not set in this environment")
+        for name in names:
+            _check_one_text(f"--forward-env {name}", os.environ[name])
+            given[name] = os.environ[name]
     given.update(opts.get("env_pairs", ()))
     env = {**spec.env, **given}
     gpus = opts.get("gpus_per_task")

@@ -65,6 +65,14 @@ class Count(click.IntRange):
         return super().convert(value, param, ctx)
 
 
+def _env_name_or_prefix(text: str) -> str:
+    """`NAME`, or `PREFIX*` for every variable whose name starts with PREFIX (`NCCL_*`)."""
+    if text.endswith("*"):
+        parse_env_name(text[:-1])
+        return text
+    return parse_env_name(text)
+
+
 def _task_selectors(text: str) -> frozenset[str]:
     return frozenset(parse_task_selector(part.strip()) for part in text.split(","))
 
@@ -97,5 +105,6 @@ SLOTS_LIST = ParsedParam("host:slots,...", parse_slots_list)
 PORT = ParsedParam("port", parse_port)
 ENV_ASSIGNMENT = ParsedParam("NAME=VALUE", parse_env_assignment)
 ENV_NAME = ParsedParam("NAME", parse_env_name)
+ENV_NAME_OR_PREFIX = ParsedParam("NAME or PREFIX*", _env_name_or_prefix)
 TASK_SELECTORS = ParsedParam("type[:index],...", _task_selectors)
 RUN_ID = ParsedParam("run-id", parse_run_id)

@@ -46,3 +46,18 @@ def assign_visible_devices(gpu_count: int | None, tasks_on_host: int, gpus_per_t
             f"the host has {gpu_count}"
         )
     return [",".join(str(i * gpus_per_task + g) for g in range(gpus_per_task)) for i in range(tasks_on_host)]
+
+
+# For tasks that share a GPU: TensorFlow and JAX each take most of a GPU's memory when they start
+# unless told to grow as needed, and then a second process on that GPU runs out of memory.
+SHARED_GPU_ENV = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def shares_a_gpu(machine_of: Sequence[str], devices: Sequence[str | None]) -> list[bool]:
+    """Whether each task is given a GPU that another task on its machine is given too."""
+    users: collections.Counter = collections.Counter()
+    for machine, visible in zip(machine_of, devices):
+        for gpu in visible.split(",") if visible else ():
+            users[(machine, gpu)] += 1
+    return [bool(visible) and any(users[(machine, gpu)] > 1 for gpu in visible.split(","))
+            for machine, visible in zip(machine_of, devices)]

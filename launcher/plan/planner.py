@@ -12,10 +12,10 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, KERAS_DISTRIBUTION_ENV
+from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
-from launcher.plan.devices import split_devices
-from launcher.plan.keras_env import KerasJob, collectives_env
+from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
+from launcher.plan.job_env import Job, collectives_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,19 +145,21 @@ def plan_tasks(
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
+    shared_gpu = shares_a_gpu(machine_of, devices)
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
-    keras_job = KerasJob(cluster)
+    names = task_names(spec.tasks)
+    job = Job(cluster, dict(zip(names, machine_of)))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
-    for rank, (task, (task_type, index), local, visible) in enumerate(
-            zip(spec.tasks, task_names(spec.tasks), is_local, devices)):
-        keras_env = keras_job.env(task_type, index)
+    for rank, (task, (task_type, index), local, visible, shared) in enumerate(
+            zip(spec.tasks, names, is_local, devices, shared_gpu)):
+        job_env = job.env(task_type, index)
         env = {
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
-            **keras_env,
+            **job_env,
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
             # Python prints every thread's stack on SIGABRT: how the stall watchdog sees where tasks are.
             "PYTHONFAULTHANDLER": "1",
@@ -165,7 +167,9 @@ def plan_tasks(
         }
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
-        if keras_env:  # a member of the job: its JAX collectives must work on its hardware
+        if shared:  # the user's values win (below)
+            env.update(SHARED_GPU_ENV)
+        if job_env:  # a member of the job: its JAX collectives must work on its hardware
             env.update(collectives_env(visible))
         if spec.legacy_keras:
             env[LEGACY_KERAS_ENV] = "1"
@@ -192,7 +196,7 @@ def plan_tasks(
 
 def _check_env(env: Mapping[str, str]) -> None:
     for name in env:
-        if name == "TF_CONFIG" or name in KERAS_DISTRIBUTION_ENV or name.startswith("MGPU_"):
+        if name == "TF_CONFIG" or name in JOB_ENV or name.startswith("MGPU_"):
             raise SpecError(f"environment variable {name} is set by mgpu for each task and cannot be given")
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 from launcher.config.addresses import format_address
 from launcher.config.spec import SshSettings
 from launcher.plan.planner import TaskEnv, TaskPlan
-from launcher.protocol import KERAS_DISTRIBUTION_ENV
+from launcher.protocol import JAX_DISTRIBUTED_ENV, KERAS_DISTRIBUTION_ENV, TORCH_DISTRIBUTED_ENV
 
 # What `--dry-run --json` shows of each task.
 DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "tf_config")
@@ -130,12 +130,19 @@ def _joined(lines: list[str]) -> list[str]:
     return [line + ("," if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
 
 
+# `mgpu tf-config --format`: the variables each format exports (json and env: TF_CONFIG).
+EXPORT_FORMATS = {"keras-env": KERAS_DISTRIBUTION_ENV, "torch-env": TORCH_DISTRIBUTED_ENV,
+                  "jax-env": JAX_DISTRIBUTED_ENV}
+TF_CONFIG_FORMATS = ("json", "env", *EXPORT_FORMATS)
+
+
 def render_tf_config(plan: TaskPlan, fmt: str) -> str:
-    """`json`: TF_CONFIG. `env`: its shell `export` line. `keras-env`: `export` lines of the Keras
-    distribution variables, one per line; none for a task outside the job (the evaluator)."""
+    """`json`: TF_CONFIG. `env`: its shell `export` line. `keras-env`, `torch-env`, `jax-env`: `export` lines of
+    that framework's distribution variables, one per line; none for a task outside the job (the
+    evaluator)."""
     if fmt == "env":
         return f"export TF_CONFIG={shlex.quote(plan.env['TF_CONFIG'])}"
-    if fmt == "keras-env":
+    if fmt in EXPORT_FORMATS:
         return "\n".join(f"export {name}={shlex.quote(plan.env[name])}"
-                         for name in KERAS_DISTRIBUTION_ENV if name in plan.env)
+                         for name in EXPORT_FORMATS[fmt] if name in plan.env)
     return json.dumps(plan.tf_config, indent=2)

@@ -38,11 +38,14 @@ def plan_document(plans) -> dict:
     # Shared by every task that has it; a task without it lists it under "unset" (the evaluator
     # lacks the Keras job variables, as long as the cluster list, that every other task shares).
     common = {k: v for k, v in envs[0].items() if all(env.get(k, v) == v for env in envs)}
+    # Names some task has and another lacks: the one that lacks them (the evaluator, without RANK)
+    # must not inherit them from the step's environment either.
+    named = dict.fromkeys(k for env in envs for k in env)
     tasks = []
     for plan, env in zip(plans, envs):
         task = {"host": plan.host, "type": plan.type, "index": plan.index,
                 "env": {k: v for k, v in env.items() if k not in common}}
-        unset = [k for k in common if k not in env]
+        unset = [k for k in named if k not in env]
         if unset:
             task["unset"] = unset
         if list(plan.argv) != list(plans[0].argv) or plan.workdir != plans[0].workdir:

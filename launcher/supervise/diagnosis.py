@@ -174,8 +174,29 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(
         re.compile(r"Attempt to convert a value \(PerReplica"),
         "Keras 3 model.fit does not support MultiWorkerMirroredStrategy (keras-team/keras#20585); "
-        "run with --legacy-keras (tf_keras), use Keras 3 on the JAX backend (see examples/keras_jax_fit.py), "
-        "or write a custom training loop",
+        "run with --legacy-keras (tf_keras), use Keras 3 on the JAX backend (KERAS_BACKEND=jax; call "
+        "keras.distribution.initialize(), which reads the KERAS_DISTRIBUTION_* variables mgpu sets, then "
+        "keras.distribution.set_distribution(keras.distribution.DataParallel()) before building the model; "
+        "examples/keras_jax_fit.py in mgpu's source tree is a whole program), or write a custom training loop",
+    ),
+    KnownFailure(
+        re.compile(r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected, but not set"),
+        "PyTorch's env:// rendezvous found no RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT: `mgpu launch` sets "
+        "them (and LOCAL_RANK, LOCAL_WORLD_SIZE) for the chief and the workers, not the evaluator, which is not "
+        "a member of the job; under another scheduler, `eval \"$(mgpu tf-config ... --format torch-env)\"` "
+        "exports them",
+    ),
+    KnownFailure(
+        re.compile(r"coordinator_address should be defined"),
+        "jax.distributed.initialize() found no coordinator: `mgpu launch` sets JAX_COORDINATOR_ADDRESS (with "
+        "JAX_NUM_PROCESSES and JAX_PROCESS_ID) for the chief and the workers, not the evaluator, which is not a "
+        "member of the job; under another scheduler, `eval \"$(mgpu tf-config ... --format jax-env)\"` exports them",
+    ),
+    KnownFailure(
+        re.compile(r"Number of processes must be defined|process id of the current process must be defined"),
+        "jax.distributed.initialize() reads only the coordinator from the environment: pass the rest in, "
+        "jax.distributed.initialize(num_processes=int(os.environ[\"JAX_NUM_PROCESSES\"]), "
+        "process_id=int(os.environ[\"JAX_PROCESS_ID\"])) (mgpu sets both for the chief and the workers)",
     ),
     KnownFailure(
         re.compile(r"Address already in use|No address added out of total \d+ resolved|Failed to bind"),

@@ -36,6 +36,7 @@ class AllReduceSettings:
     options: tf.distribute.experimental.CommunicationOptions | None = None
     exchange: str = "auto"  # auto | allreduce | factors
     factor_dtype: str = "bfloat16"  # factors: wire and rebuild dtype, bfloat16 | float32
+    gpus: int = 0  # GPUs of this worker: the cost model's constants are CPU costs
 
 
 def allreduce_gradients(grads: list[tf.Tensor], settings: AllReduceSettings) -> list[tf.Tensor]:
@@ -68,8 +69,12 @@ def factored_layers(model: keras.Model, batch_per_replica: int, replicas: int,
 
 def choose_factored_layers(settings: AllReduceSettings, model: keras.Model,
                            batch_per_replica: int, replicas: int) -> list:
-    """The layers whose kernel gradients are rebuilt from factors (empty: plain all-reduce)."""
-    if settings.exchange == "allreduce":
+    """The layers whose kernel gradients are rebuilt from factors (empty: plain all-reduce).
+
+    `auto` on a worker with GPUs all-reduces every gradient: the cost model weighs bytes against
+    CPU multiply-adds, measured on CPUs, and says nothing of NCCL's all-reduce on GPUs.
+    """
+    if settings.exchange == "allreduce" or (settings.exchange == "auto" and settings.gpus > 0):
         return []
     if settings.exchange == "factors":
         return [layer for layer in model.layers if _linear_dense(layer)]

@@ -193,7 +193,7 @@ def _add_cluster_options(g) -> None:
                    "gradient and of the inputs and output gradients of each Dense layer without "
                    "activation, whose kernel gradient each worker then rebuilds with a matmul; "
                    "auto: factors for the Dense layers where that moves fewer bytes, with 2 or "
-                   "more replicas, else allreduce")
+                   "more replicas on CPUs, else allreduce (always on workers with GPUs)")
     g.add_argument("--factor-dtype", choices=FACTOR_DTYPES, default="bfloat16",
                    help="dtype of the factors exchange on the wire and in the rebuild "
                    "(float32: exact up to rounding)")

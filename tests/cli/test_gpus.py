@@ -31,3 +31,37 @@ def test_remote_hosts_number_their_own_tasks(mgpu, gpus_on_path):
     assert devices(result) == ["0,1", "2,3", "0,1"]
     # Without --gpus-per-task a remote host's GPUs are not known at planning time: leave them alone.
     assert devices(mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json", env=env)) == [None, None]
+
+
+SHARED_GPU_ENV = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def memory_env(task):
+    return {name: task["env"][name] for name in SHARED_GPU_ENV if name in task["env"]}
+
+
+def test_tasks_sharing_a_gpu_grow_their_memory_instead_of_taking_it(mgpu, gpus_on_path):
+    """3 tasks on 2 GPUs: GPU 0 has tasks 0 and 2, which must not preallocate; task 1 has GPU 1 alone."""
+    two_gpus = gpus_on_path(2)
+    result = mgpu("launch", "--local", "3", "--dry-run", "--json", env=two_gpus)
+    assert result.exit_code == 0, result.stderr
+    tasks = result.json()["tasks"]
+    assert [task["env"]["CUDA_VISIBLE_DEVICES"] for task in tasks] == ["0", "1", "0"]
+    assert [memory_env(task) for task in tasks] == [SHARED_GPU_ENV, {}, SHARED_GPU_ENV]
+    text = mgpu("launch", "--local", "3", "--dry-run", env=two_gpus).stdout
+    assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in text and "XLA_PYTHON_CLIENT_PREALLOCATE=false" in text
+
+
+def test_tasks_with_their_own_gpus_or_none_keep_the_defaults(mgpu, gpus_on_path):
+    for count, local in ((4, "2"), (0, "3")):
+        result = mgpu("launch", "--local", local, "--dry-run", "--json", env=gpus_on_path(count))
+        assert [memory_env(task) for task in result.json()["tasks"]] == [{}] * int(local)
+    result = mgpu("launch", "--workers", "h1,h2", "--dry-run", "--json", env=gpus_on_path(1))  # uncounted GPUs
+    assert [memory_env(task) for task in result.json()["tasks"]] == [{}, {}]
+
+
+def test_the_users_memory_settings_win(mgpu, gpus_on_path):
+    result = mgpu("launch", "--local", "2", "--env", "XLA_PYTHON_CLIENT_PREALLOCATE=true", "--show-secrets",
+                  "--dry-run", "--json", env=gpus_on_path(1))
+    assert [memory_env(task) for task in result.json()["tasks"]] == [
+        {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}] * 2

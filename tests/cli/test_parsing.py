@@ -184,3 +184,32 @@ def test_forwarded_variables(mgpu):
                   "--show-secrets", env={"MY_TOKEN": "s3cret", "OTHER": "x"})
     env = result.json()["tasks"][0]["env"]
     assert env["MY_TOKEN"] == "s3cret" and "OTHER" not in env
+
+
+def test_forwarded_prefixes(mgpu):
+    """`NCCL_*` forwards every NCCL_ variable set here, and nothing when none is."""
+    result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "NCCL_*", "--forward-env", "MY_TOKEN",
+                  "--dry-run", "--json", "--show-secrets",
+                  env={"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCLX": "no", "MY_TOKEN": "t"})
+    assert result.exit_code == 0, result.stderr
+    env = result.json()["tasks"][0]["env"]
+    assert (env["NCCL_DEBUG"], env["NCCL_SOCKET_IFNAME"], env["MY_TOKEN"]) == ("INFO", "eth0", "t")
+    assert "NCCLX" not in env
+    text = mgpu("launch", "--workers", "h1:2222", "--forward-env", "NCCL_*", "--dry-run",
+                env={"NCCL_DEBUG": "INFO"}).stdout
+    assert "NCCL_DEBUG=***" in text  # forwarded values are hidden like the others
+    result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "MGPU_NOTHING_SET_HERE_*", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("pattern", ["*", "NCCL*_", "1NCCL_*", "NC-CL*"])
+def test_bad_forwarded_prefixes_are_refused(mgpu, pattern):
+    result = mgpu("launch", "--workers", "h1:2222", "--forward-env", pattern, "--dry-run")
+    assert result.exit_code == 2 and "is not a valid environment variable name" in result.stderr
+
+
+def test_a_prefix_that_takes_in_a_reserved_name_is_refused(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222", "--forward-env", "MASTER_*", "--dry-run",
+                  env={"MASTER_ADDR": "elsewhere"})
+    assert result.exit_code == 2
+    assert "environment variable MASTER_ADDR is set by mgpu for each task and cannot be given" in result.stderr

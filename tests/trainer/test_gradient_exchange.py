@@ -113,6 +113,17 @@ def test_auto_factors_a_dense_layer_only_when_the_cost_model_finds_factors_cheap
     assert choose_factored_layers(auto, model, 16, replicas=2) == dense
     float32_factors = AllReduceSettings(exchange="auto", factor_dtype="float32")
     assert choose_factored_layers(float32_factors, model, 128, replicas=4) == []
+
+
+def test_auto_all_reduces_every_gradient_on_workers_with_gpus():
+    """The cost model's constants are CPU costs: on GPUs auto keeps NCCL's all-reduce; factors stay an explicit choice."""
+    from launcher.trainer import models
+    from launcher.trainer.allreduce import AllReduceSettings, choose_factored_layers
+    model = models.build("cnn")
+    assert choose_factored_layers(AllReduceSettings(exchange="auto"), model, 128, replicas=2) != []
+    assert choose_factored_layers(AllReduceSettings(exchange="auto", gpus=1), model, 128, replicas=2) == []
+    dense = [layer for layer in model.layers if getattr(layer, "units", None) in (1024, 10)]
+    assert choose_factored_layers(AllReduceSettings(exchange="factors", gpus=4), model, 128, replicas=2) == dense
     assert choose_factored_layers(AllReduceSettings(exchange="allreduce"), model, 16, 2) == []
     forced = choose_factored_layers(AllReduceSettings(exchange="factors"), model, 128, 1)
     assert [tuple(layer.kernel.shape) for layer in forced] == [(3136, 1024), (1024, 10)]

@@ -1,0 +1,88 @@
+"""The distribution environment of each task beside TF_CONFIG: Keras 3, PyTorch, JAX. Pure: no I/O.
+
+Every framework numbers the same processes from the same cluster addresses as TF_CONFIG: the
+chief, when there is one, is process 0, then the workers in order; process 0's address is the
+coordinator (Keras on JAX) and the rendezvous (PyTorch's MASTER_ADDR:MASTER_PORT), so a program may
+take any route (JAX's coordinator listens where TF's server of the same task would). The evaluator is not a member of the job and gets none of them.
+
+- Keras 3 on JAX: `keras.distribution.initialize()` reads KERAS_DISTRIBUTION_*.
+- PyTorch: `init_process_group()` (env://) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
+  LOCAL_RANK and LOCAL_WORLD_SIZE count the members on the task's host, as torchrun sets them.
+- JAX: `jax.distributed.initialize()` reads JAX_COORDINATOR_ADDRESS; JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID (Kubeflow Trainer's names) are for the program to pass in.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from launcher.config.spec import CHIEF, WORKER
+from launcher.protocol import (
+    ENV_JAX_COORDINATOR_ADDRESS, ENV_JAX_CPU_COLLECTIVES, ENV_JAX_NUM_PROCESSES, ENV_JAX_PROCESS_ID, ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID,
+    ENV_TORCH_LOCAL_RANK, ENV_TORCH_LOCAL_WORLD_SIZE, ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT, ENV_TORCH_RANK,
+    ENV_TORCH_WORLD_SIZE,
+)
+
+# The order of processes: the chief, when there is one, is process 0 and so the coordinator.
+_JOB_ROLES = (CHIEF, WORKER)
+# JAX's cross-process collectives for CPU-only tasks. Recent JAX already defaults to it; older
+# releases default to none, and then every cross-process computation fails.
+CPU_COLLECTIVES = "gloo"
+
+
+class Job:
+    """The job's processes, worked out once per plan: the strings every task shares (the addresses,
+    the sizes) are made once, so that planning N tasks stays O(N) in time and memory.
+
+    `cluster` is TF_CONFIG's cluster; `machine_of` names the machine of each member, by (role, index),
+    for the per-host counts.
+    """
+
+    def __init__(self, cluster: Mapping[str, Sequence[str]], machine_of: Mapping[tuple[str, int], str]):
+        members = [(role, index, address)
+                   for role in _JOB_ROLES
+                   for index, address in enumerate(cluster.get(role, ()))]
+        self.addresses = ",".join(address for _, _, address in members)
+        self.coordinator = members[0][2] if members else ""
+        self.size = str(len(members))
+        self.process_ids = {(role, index): process_id for process_id, (role, index, _) in enumerate(members)}
+        self.master_addr, self.master_port = split_address(members[0][2]) if members else ("", "")
+        self.local_ranks: dict[tuple[str, int], str] = {}
+        counts: dict[str, int] = {}
+        for role, index, _ in members:
+            machine = machine_of.get((role, index), "")
+            self.local_ranks[(role, index)] = str(counts.get(machine, 0))
+            counts[machine] = counts.get(machine, 0) + 1
+        sizes = {machine: str(count) for machine, count in counts.items()}
+        self.local_sizes = {name: sizes[machine_of.get(name, "")] for name in self.local_ranks}
+
+    def env(self, task_type: str, task_index: int) -> dict[str, str]:
+        """The job's variables for one task; empty for a task outside the job (the evaluator)."""
+        name = (task_type, task_index)
+        process_id = self.process_ids.get(name)
+        if process_id is None:
+            return {}
+        rank = str(process_id)
+        return {
+            ENV_KERAS_JOB_ADDRESSES: self.addresses, ENV_KERAS_NUM_PROCESSES: self.size, ENV_KERAS_PROCESS_ID: rank,
+            ENV_TORCH_RANK: rank, ENV_TORCH_WORLD_SIZE: self.size,
+            ENV_TORCH_LOCAL_RANK: self.local_ranks[name], ENV_TORCH_LOCAL_WORLD_SIZE: self.local_sizes[name],
+            ENV_TORCH_MASTER_ADDR: self.master_addr, ENV_TORCH_MASTER_PORT: self.master_port,
+            ENV_JAX_COORDINATOR_ADDRESS: self.coordinator, ENV_JAX_NUM_PROCESSES: self.size, ENV_JAX_PROCESS_ID: rank,
+        }
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """`host:port` or `[IPv6]:port` as (host, port), the host without brackets (MASTER_ADDR's form)."""
+    host, _, port = address.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), port
+
+
+def collectives_env(visible_devices: str | None) -> dict[str, str]:
+    """JAX's CPU collectives for a task that has no GPUs (CUDA_VISIBLE_DEVICES empty).
+
+    Tasks with GPUs, and tasks on hosts whose GPUs were not counted (None), keep JAX's default.
+    """
+    if visible_devices == "":
+        return {ENV_JAX_CPU_COLLECTIVES: CPU_COLLECTIVES}
+    return {}

@@ -1,0 +1,337 @@
+"""The distribution environment every member of the job gets beside TF_CONFIG (Keras 3, PyTorch), and JAX's CPU collectives."""
+
+import subprocess
+
+import pytest
+
+KERAS_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
+COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+
+
+def dry_run_tasks(mgpu, *args, env=None):
+    result = mgpu("launch", *args, "--dry-run", "--json", env=env)
+    assert result.exit_code == 0, result.stderr
+    return result.json()["tasks"]
+
+
+def keras_env(task):
+    return {name: task["env"][name] for name in KERAS_NAMES if name in task["env"]}
+
+
+def test_workers_in_order_worker_0_coordinates(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2300,h3")
+    assert [keras_env(task) for task in tasks] == [
+        {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "h1:2222,h2:2300,h3:2222",
+         "KERAS_DISTRIBUTION_NUM_PROCESSES": "3", "KERAS_DISTRIBUTION_PROCESS_ID": str(i)}
+        for i in range(3)]
+
+
+def test_the_chief_is_process_0_and_the_evaluator_is_not_in_the_job(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--evaluator", "h9")
+    assert [(t["type"], t["index"], t["env"].get("KERAS_DISTRIBUTION_PROCESS_ID")) for t in tasks] == [
+        ("chief", 0, "0"), ("worker", 0, "1"), ("worker", 1, "2"), ("evaluator", 0, None)]
+    assert tasks[0]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "h0:2222,h1:2222,h2:2222"
+    assert {t["env"]["KERAS_DISTRIBUTION_NUM_PROCESSES"] for t in tasks[:3]} == {"3"}
+    assert keras_env(tasks[3]) == {} and COLLECTIVES not in tasks[3]["env"]
+
+
+def test_job_addresses_are_the_tf_config_addresses(mgpu):
+    """Both routes name the same hosts and ports: whatever TF_CONFIG holds, so do the job addresses."""
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--chief")
+    cluster = tasks[0]["tf_config"]["cluster"]
+    assert tasks[0]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == ",".join(cluster["chief"] + cluster["worker"])
+
+
+def test_ipv6_addresses_keep_their_brackets(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "[fd00::1]:2222,[fd00::2]:2222")
+    assert tasks[1]["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "[fd00::1]:2222,[fd00::2]:2222"
+
+
+def test_tasks_without_gpus_get_gloo(mgpu, gpus_on_path):
+    no_gpus = gpus_on_path(0)
+    tasks = dry_run_tasks(mgpu, "--local", "2", env=no_gpus)
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == ["gloo", "gloo"]
+    tasks = dry_run_tasks(mgpu, "--workers", "h1,h2", "--gpus-per-task", "0", env=no_gpus)
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == ["gloo", "gloo"]
+
+
+def test_tasks_with_gpus_or_uncounted_gpus_keep_jax_default(mgpu, gpus_on_path):
+    tasks = dry_run_tasks(mgpu, "--local", "2", env=gpus_on_path(2))
+    assert [task["env"].get("CUDA_VISIBLE_DEVICES") for task in tasks] == ["0", "1"]
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == [None, None]
+    # A remote host's GPUs are not counted at planning time: CUDA_VISIBLE_DEVICES and JAX are left alone.
+    tasks = dry_run_tasks(mgpu, "--workers", "h1,h2", env=gpus_on_path(3))
+    assert [task["env"].get(COLLECTIVES) for task in tasks] == [None, None]
+
+
+def test_the_users_collectives_win(mgpu, gpus_on_path):
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--env", f"{COLLECTIVES}=mpi", "--show-secrets", env=gpus_on_path(0))
+    assert [task["env"][COLLECTIVES] for task in tasks] == ["mpi", "mpi"]
+
+
+@pytest.mark.parametrize("name", KERAS_NAMES)
+def test_keras_names_are_reserved_in_spec_files(mgpu, tmp_path, name):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {{worker: [h1:2222]}}\nenv: {{{name}: '1'}}\n")
+    result = mgpu("launch", "--spec", str(spec), "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+
+
+def test_text_dry_run_shows_them(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "KERAS_DISTRIBUTION_JOB_ADDRESSES=h1:2222,h2:2222" in result.stdout
+    assert "KERAS_DISTRIBUTION_PROCESS_ID=1" in result.stdout
+
+
+def exported(shell_lines: str, names) -> dict:
+    script = shell_lines + "\n" + "".join(f'printf "%s\\n" "${{{name}-unset}}"\n' for name in names)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10, check=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+def test_tf_config_keras_env_format_exports_the_keras_variables(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--task-index", "1",
+                  "--format", "keras-env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, KERAS_NAMES) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h0:2222,h1:2222,h2:2222",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "2",
+    }
+
+
+def test_tf_config_keras_env_format_gives_the_evaluator_nothing(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
+                  "--task-index", "0", "--format", "keras-env")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_tf_config_env_format_stays_one_line_of_tf_config(mgpu):
+    """Scripts read it as one line per task (srun --label, say): the Keras variables have their own format."""
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.startswith("export TF_CONFIG=")
+
+
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+                   "SLURM_GPUS_PER_TASK", "SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                   "SLURMD_NODENAME")
+ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def test_slurm_tasks_get_the_same_variables(mgpu):
+    """Rank r of the srun step is process r of the job (the chief first), as in TF_CONFIG."""
+    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--chief", "--gpus-per-task", "0", env=env)
+    assert [task["env"]["KERAS_DISTRIBUTION_PROCESS_ID"] for task in tasks] == ["0", "1", "2", "3"]
+    assert {task["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] for task in tasks} == {
+        "node1:5000,node1:5001,node2:5000,node2:5001"}
+    assert {task["env"][COLLECTIVES] for task in tasks} == {"gloo"}
+
+
+def test_tf_config_from_slurm_exports_the_keras_variables(mgpu):
+    step = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "keras-env", env=step)
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, KERAS_NAMES) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "node1:4000,node2:4000",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+    }
+
+
+def test_a_thousand_slurm_tasks_with_an_evaluator_still_fit_in_the_environment(mgpu):
+    """The job addresses are shared by every task but the evaluator: written once, not per task."""
+    from launcher.plan.planner import TaskPlan
+    from launcher.runners.slurm import step_environment
+    from launcher.runners.slurm_task import read_plan_environment, task_start
+
+    env = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "gpu-node-[0001-0128]", "SLURM_TASKS_PER_NODE": "8(x128)"}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--evaluator", "--gpus-per-task", "1", env=env)
+    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
+                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
+             for rank, t in enumerate(tasks)]
+    step_env = step_environment(plans, {"HOME": "/root"})
+    assert sum(len(name) + len(value) for name, value in step_env.items()) < 1024 * 1024
+    document = read_plan_environment(step_env)
+    for rank in (0, 1022, 1023):
+        _, task_env, _ = task_start(document, rank, step_env)
+        assert keras_env({"env": task_env}) == keras_env({"env": plans[rank].env})
+    assert plans[1023].type == "evaluator" and keras_env({"env": plans[1023].env}) == {}
+
+
+# -- PyTorch ----------------------------------------------------------------------------------
+
+TORCH_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torch_env(task):
+    return {name: task["env"][name] for name in TORCH_NAMES if name in task["env"]}
+
+
+def test_workers_in_order_worker_0_is_the_master(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2300,h2:2222,h3")
+    assert [torch_env(task) for task in tasks] == [
+        {"RANK": str(i), "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+         "MASTER_ADDR": "h1", "MASTER_PORT": "2300"} for i in range(3)]
+
+
+def test_the_chief_is_rank_0_and_the_evaluator_gets_nothing(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2222", "--chief", "h0:2400", "--evaluator", "h9")
+    assert [(t["type"], t["env"].get("RANK")) for t in tasks] == [
+        ("chief", "0"), ("worker", "1"), ("worker", "2"), ("evaluator", None)]
+    assert {(t["env"]["MASTER_ADDR"], t["env"]["MASTER_PORT"], t["env"]["WORLD_SIZE"]) for t in tasks[:3]} == {
+        ("h0", "2400", "3")}
+    assert torch_env(tasks[3]) == {}
+
+
+def test_master_is_the_first_tf_config_address(mgpu):
+    tasks = dry_run_tasks(mgpu, "--local", "2", "--chief")
+    first = tasks[0]["tf_config"]["cluster"]["chief"][0]
+    assert {f"{t['env']['MASTER_ADDR']}:{t['env']['MASTER_PORT']}" for t in tasks} == {first}
+
+
+def test_local_ranks_count_the_members_of_each_host(mgpu):
+    """Slots on one host are numbered from 0 there; the evaluator on a host takes no local rank."""
+    tasks = dry_run_tasks(mgpu, "--hosts", "a:3,b:2", "--evaluator", "a")
+    assert [(t["host"], t["env"].get("LOCAL_RANK"), t["env"].get("LOCAL_WORLD_SIZE")) for t in tasks] == [
+        ("a", "0", "3"), ("a", "1", "3"), ("a", "2", "3"), ("b", "0", "2"), ("b", "1", "2"), ("a", None, None)]
+    assert [t["env"].get("RANK") for t in tasks] == ["0", "1", "2", "3", "4", None]
+
+
+def test_ipv6_master_addr_has_no_brackets(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "[fd00::1]:2222,[fd00::2]:2222")
+    assert (tasks[1]["env"]["MASTER_ADDR"], tasks[1]["env"]["MASTER_PORT"]) == ("fd00::1", "2222")
+
+
+@pytest.mark.parametrize("name", TORCH_NAMES)
+def test_torch_names_are_reserved(mgpu, tmp_path, name):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {{worker: [h1:2222]}}\nenv: {{{name}: '1'}}\n")
+    result = mgpu("launch", "--spec", str(spec), "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
+    assert result.exit_code == 2 and "is set by mgpu for each task" in result.stderr
+
+
+def test_text_dry_run_shows_them(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "MASTER_ADDR=h1" in result.stdout and "MASTER_PORT=2222" in result.stdout
+    assert "WORLD_SIZE=2" in result.stdout and "RANK=1" in result.stdout
+
+
+def test_tf_config_torch_env_format_exports_them(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2500", "--task-index", "1",
+                  "--format", "torch-env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, TORCH_NAMES) == {
+        "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "h0", "MASTER_PORT": "2500"}
+    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
+                  "--task-index", "0", "--format", "torch-env")
+    assert result.exit_code == 0 and result.stdout.strip() == ""
+
+
+def test_slurm_step_tasks_get_them_from_the_plan(mgpu):
+    """Inside the srun step each task takes its own RANK and LOCAL_RANK from the plan's document."""
+    from launcher.plan.planner import TaskPlan
+    from launcher.runners.slurm import step_environment
+    from launcher.runners.slurm_task import read_plan_environment, task_start
+
+    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--evaluator", "--gpus-per-task", "0", env=env)
+    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
+                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
+             for rank, t in enumerate(tasks)]
+    document = read_plan_environment(step_environment(plans, {"HOME": "/root", "RANK": "stale"}))
+    started = [torch_env({"env": task_start(document, rank, {"RANK": "stale"})[1]}) for rank in range(len(plans))]
+    assert started[:3] == [
+        {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": size,
+         "MASTER_ADDR": "node1", "MASTER_PORT": "5000"}
+        for rank, local, size in ((0, 0, "2"), (1, 1, "2"), (2, 0, "1"))]
+    assert started[3] == {}  # the evaluator (node2's second Slurm task): not a member
+    assert [t["type"] for t in tasks] == ["worker", "worker", "worker", "evaluator"]
+
+
+def test_planning_stays_linear(mgpu):
+    """Every task shares the strings of the job: the plan of 4096 tasks holds one MASTER_ADDR."""
+    from launcher.config.spec import ClusterSpec, TaskSpec
+    from launcher.plan.planner import plan_tasks
+
+    spec = ClusterSpec(tasks=tuple(TaskSpec(role="worker", host=f"node{i // 8}", port=2222 + i % 8) for i in range(4096)))
+    plans = plan_tasks(spec, run_id="r", local_hosts=frozenset(), launcher_python="python3")
+    assert len({id(plan.env["MASTER_ADDR"]) for plan in plans}) == 1
+    assert len({id(plan.env["WORLD_SIZE"]) for plan in plans}) == 1
+    assert plans[4095].env["LOCAL_RANK"] == "7" and plans[4095].env["RANK"] == "4095"
+
+
+# -- JAX --------------------------------------------------------------------------------------
+
+JAX_NAMES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def jax_env(task):
+    return {name: task["env"][name] for name in JAX_NAMES if name in task["env"]}
+
+
+def test_jax_variables_follow_the_job(mgpu):
+    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,[fd00::2]:2300", "--chief", "[fd00::9]:2400", "--evaluator", "h9")
+    assert [jax_env(task) for task in tasks] == [
+        {"JAX_COORDINATOR_ADDRESS": "[fd00::9]:2400", "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": str(i)}
+        for i in range(3)] + [{}]
+
+
+@pytest.mark.parametrize("name", JAX_NAMES)
+def test_jax_names_are_reserved(mgpu, name):
+    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
+
+
+def test_tf_config_jax_env_format_exports_them(mgpu):
+    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "jax-env")
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, JAX_NAMES) == {
+        "JAX_COORDINATOR_ADDRESS": "h1:2222", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+
+
+def test_installed_jax_reads_the_coordinator_address_itself():
+    """jax.distributed.initialize() takes JAX_COORDINATOR_ADDRESS from the environment; the process count
+    and id it does not, which is why the README's recipe passes them in."""
+    import inspect
+
+    from jax._src import distributed
+
+    source = inspect.getsource(distributed.State.initialize)
+    assert "os.environ.get('JAX_COORDINATOR_ADDRESS')" in source
+    assert "JAX_NUM_PROCESSES" not in source and "JAX_PROCESS_ID" not in source
+
+
+def test_chief_and_evaluator_help_names_the_options_of_each_command(mgpu):
+    """`--chief` takes no value with --local or --slurm (launch) and --from-slurm (tf-config); check has neither."""
+    launch, tf_config, check = (mgpu(command, "--help").stdout for command in ("launch", "tf-config", "check"))
+    assert "With --local or --slurm, no value." in " ".join(launch.split())
+    assert "With --from-slurm, no value." in " ".join(tf_config.split()) and "--local" not in tf_config
+    assert "no value" not in check and "--local" not in check
+    result = mgpu("check", "--workers", "h1", "--chief")
+    assert result.exit_code == 2 and "requires an argument" in result.stderr
+
+
+def test_tf_config_from_slurm_exports_torch_and_jax_variables(mgpu):
+    step = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3", "SLURMD_NODENAME": "node2"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "torch-env", env=step)
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, TORCH_NAMES) == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node1", "MASTER_PORT": "4000"}
+    result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "jax-env", env=step)
+    assert exported(result.stdout, JAX_NAMES) == {
+        "JAX_COORDINATOR_ADDRESS": "node1:4000", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
