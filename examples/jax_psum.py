@@ -15,11 +15,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-READY_LINE = "MGPU_TASK_READY"  # tells mgpu this task has joined the job (see mgpu's README)
-
 jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                            process_id=int(os.environ["JAX_PROCESS_ID"]))
-print(READY_LINE, flush=True)
 
 # One value per local device, each process's id + 1; psum adds them across every device of the job.
 values = jnp.full(jax.local_device_count(), jax.process_index() + 1.0)

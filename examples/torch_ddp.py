@@ -27,9 +27,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-READY_LINE = "MGPU_TASK_READY"  # tells mgpu this task has joined the job (see mgpu's README)
-
-
 def ddp_setup() -> torch.device:
     """Join the process group that the environment describes; this process's device."""
     if torch.cuda.is_available():
@@ -114,7 +111,6 @@ def main() -> None:
     args = parser.parse_args()
 
     device = ddp_setup()
-    print(READY_LINE, flush=True)
     print(f"[RANK{dist.get_rank()}] joined: rank {dist.get_rank()} of {dist.get_world_size()}, "
           f"local rank {os.environ['LOCAL_RANK']}, pid {os.getpid()}", flush=True)
     dataset = synthetic_dataset(args.dataset_size, seed=1)
@@ -126,6 +122,9 @@ def main() -> None:
     loss = trainer.train(args.epochs)
     checksum = sum(float(p.detach().double().sum()) for p in trainer.model.module.parameters())
     print(f"[RANK{dist.get_rank()}] done: epochs {args.epochs}, loss {loss}, weights sum {checksum:.10f}", flush=True)
+    # Every rank done before process 0's store goes away: without it, process 0 may abort at exit
+    # ("terminate called without an active exception") while the others still talk to it.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -16,14 +16,12 @@ from launcher.host import proctree
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# Long enough for a task that never listens on its port (not process 0): it prints the ready line.
-START_TIMEOUT = "240"
 
 
 def mgpu_launch(tmp_path, launch_args, program):
     run_id = f"fw-{secrets.token_hex(4)}"
     argv = [sys.executable, "-m", "launcher", "launch", *launch_args, "--threads-per-task", "1",
-            "--start-timeout", START_TIMEOUT, "--log-dir", str(tmp_path / "runs"), "--run-id", run_id,
+            "--log-dir", str(tmp_path / "runs"), "--run-id", run_id,
             "--", sys.executable, *program]
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONPATH=str(REPO)))

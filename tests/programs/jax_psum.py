@@ -14,10 +14,9 @@ HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
 
 
 def main() -> None:
-    addresses = os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
-    jax.distributed.initialize(coordinator_address=addresses[0],
-                               num_processes=int(os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
-                               process_id=int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"]))
+    # JAX reads JAX_COORDINATOR_ADDRESS itself; the process count and id it takes as arguments.
+    jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                               process_id=int(os.environ["JAX_PROCESS_ID"]))
     psum = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")
     started = time.monotonic()
     rounds = 0

@@ -16,10 +16,8 @@ HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
 
 
 def main() -> None:
-    addresses = os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
-    rank = int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"])
-    world = int(os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"])
-    dist.init_process_group("gloo", init_method=f"tcp://{addresses[0]}", rank=rank, world_size=world)
+    dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from mgpu
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -36,6 +34,9 @@ def main() -> None:
             break
         time.sleep(0.2)
     print(f"rank {rank}: {steps} steps, loss {loss.item():.3f}", flush=True)
+    # Every rank done before rank 0's store goes away: without it, rank 0 may abort at exit
+    # ("terminate called without an active exception") while the others still talk to it.
+    dist.barrier()
     dist.destroy_process_group()
 
 
