@@ -156,7 +156,7 @@ class TaskOutput:
     ):
         self.plan = plan
         self.log_path = log_path
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.tail: collections.deque[diagnosis.TaskLine] = collections.deque(maxlen=TAIL_LINES)
         self.ready = threading.Event()
         # The port a "could not bind" message named (0: unnamed); None when there was none.
         self.bind_failure: int | None = None
@@ -252,7 +252,7 @@ class TaskOutput:
                 self.bind_failure = port
         with self._lock:
             self._log.write(chunk)
-            self.tail.append(text[:TAIL_LINE_CHARS])
+            self.tail.append(diagnosis.TaskLine(text[:TAIL_LINE_CHARS], stderr=not is_stdout))
         if self._console is None or is_ready_line:  # the supervisor announces readiness once for all
             return
         if self._noise is not None and text.strip() and self._noise[is_stdout].is_noise(text):

@@ -26,13 +26,14 @@ The rules:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import signal
 import sys
 import time
 from typing import Callable, Sequence, TextIO
 
-from launcher import protocol
+from launcher import error_file, protocol
 from launcher.host.probe import port_in_use
 from launcher.host import proctree
 from launcher.supervise import runrecord
@@ -43,7 +44,7 @@ from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.signals import Signals
 from launcher.supervise.rundir import RunDir, make_run_dir
-from launcher.supervise.summary import TaskView, closing_line, failure_summary, start_timeout_summary
+from launcher.supervise.summary import TaskView, closing_line, describe_exit, failure_summary, start_timeout_summary
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
@@ -73,21 +74,15 @@ def supervise(
         run_dir.close()
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {runrecord.signal_name(-returncode)}"
-    if returncode == protocol.EXIT_PREEMPTED:
-        return f"exited with code {returncode} (preempted)"
-    return f"exited with code {returncode}"
-
-
 @dataclasses.dataclass
 class _Task:
     plan: TaskPlan
     proc: TaskProcess
     output: TaskOutput
     sidecar: bool  # its failure does not stop training
+    attempt: int
     returncode: int | None = None
+    ended_at: float | None = None  # when its end was seen, seconds since the epoch
     ready: bool = False
     listened: bool | None = None  # known at a start timeout: whether it listened on its port
 
@@ -229,13 +224,13 @@ class _Supervisor:
         runner = self.runner_for(plan)
         output = self.output.open_task(plan, attempt)
         try:
-            proc = runner.start(plan, attempt)
+            proc = runner.start(self._with_error_file(plan, attempt), attempt)
         except BaseException:
             output.close()
             raise
         output.attach(proc.stdout, proc.stderr)
         self.record.task_started(plan, proc.pid, log_name(plan))
-        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types)
+        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt)
         if not plan.waits_for_ready and (plan.port is None or proc.listens_on(plan.port) is None):
             task.ready = True  # nothing to wait for, or no way to tell: counts as started
             self.record.task_ready(plan)
@@ -309,6 +304,7 @@ class _Supervisor:
                 returncode = task.proc.poll()
                 if returncode is not None:
                     task.returncode = returncode
+                    task.ended_at = time.time()
                     self.record.task_ended(task.plan, returncode)
                     ended.append(task)
         return ended
@@ -373,13 +369,22 @@ class _Supervisor:
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
             return start_timeout_summary(head, [self._view(t) for t in outcome.missing])
         task = outcome.failed
-        head = f"{task.plan.name} on {task.plan.host} {describe_exit(task.returncode)}"
-        if task.output.bind_failure is not None:
-            head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
-        return failure_summary(head + after, self._view(task))
+        peers = [self._view(t) for t in self._last_attempt[1] if t is not task and not t.sidecar]
+        return failure_summary(self._view(task), peers, after)
 
-    @staticmethod
-    def _view(task: _Task) -> TaskView:
+    def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
+        """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
+        task can write to; the run dir is not on SSH or Slurm hosts)."""
+        if not plan.local or plan.slurm_rank is not None:
+            return plan
+        path = self.run_dir / error_file.file_name(plan.type, plan.index, attempt)
+        return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
+
+    def _view(self, task: _Task) -> TaskView:
         plan = task.plan
+        error = None
+        if task.returncode not in (None, 0) and plan.local and plan.slurm_rank is None:
+            error = error_file.read(error_file.file_name(plan.type, plan.index, task.attempt), self.run_dir.fd)
         return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
-                        task.output.log_path, task.listened)
+                        task.output.log_path, task.listened, task.returncode, task.ended_at,
+                        task.output.bind_failure, error)

@@ -1,7 +1,8 @@
 """The worker program: trains (or, as an evaluator task, evaluates) one task of a cluster.
 
 `main` parses options without TensorFlow, loads the data, and only then imports it.
-Every error ends as one line on stderr and an exit code; --debug adds the traceback.
+Every error ends as one line on stderr and an exit code; --debug adds the traceback. Under the
+launcher, the error and its traceback also go to the task's error file (launcher/error_file.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 import time
 import traceback
 
+from launcher import error_file
 from launcher.errors import EXIT_FAILED, EXIT_INTERRUPTED, MgpuError, UsageError
 
 
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         debug = opts.debug
         return _run(opts, started)
     except MgpuError as exc:
+        error_file.write(exc, exit="error")
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: error: {exc}", file=sys.stderr, flush=True)
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line, and the traceback on request
+        error_file.write(exc)
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: internal error: {_one_line(exc)}"
