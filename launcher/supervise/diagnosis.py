@@ -138,7 +138,9 @@ def last_python_error(lines: Sequence[str]) -> PythonError | None:
         line = lines[i]
         match = _FRAME.match(line)
         if match:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            # The source line, indented below its frame; none when the source is not at hand (`python -c`).
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            code = following.strip() if following[:1].isspace() and not _FRAME.match(following) else ""
             where = f"{match['file']}:{match['line']} in {match['function']}"
             frames.append((match["file"], f"{where}: {code}" if code else where))
             i += 2 if code else 1

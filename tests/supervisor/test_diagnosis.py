@@ -164,3 +164,9 @@ def test_a_stdout_line_amid_a_traceback_is_never_the_cause():
 def test_a_traceback_on_stdout_is_still_found_when_stderr_has_none():
     # A program whose stderr goes to its stdout (2>&1 in a wrapper script).
     assert diagnosis.cause(["step 1"] + TRACEBACK, stderr=[])[1][0] == "RuntimeError: loss is nan"
+
+
+def test_a_frame_without_its_source_line_does_not_hide_the_exception():
+    # `python -c` and programs run from bytecode alone print no source line under a frame.
+    lines = ["Traceback (most recent call last):", '  File "<string>", line 4, in <module>', "KeyError: 'shard'"]
+    assert diagnosis.cause(lines) == ("exception", ["KeyError: 'shard'", "at <string>:4 in <module>"])
