@@ -12,7 +12,6 @@ import sys
 import time
 import traceback
 
-from launcher import error_file
 from launcher.errors import EXIT_FAILED, EXIT_INTERRUPTED, MgpuError, UsageError
 
 
@@ -33,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         debug = opts.debug
         return _run(opts, started)
     except MgpuError as exc:
-        error_file.write(exc, exit="error")
+        _record(exc, "error")
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: error: {exc}", file=sys.stderr, flush=True)
@@ -41,12 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line, and the traceback on request
-        error_file.write(exc)
+        _record(exc, "exception")
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: internal error: {_one_line(exc)}"
               f"{'' if debug else ' (run with --debug for the traceback)'}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+
+
+def _record(exc: BaseException, exit: str) -> None:
+    """Tell the launcher why this task fails, through its error file (when it gave one)."""
+    from launcher import error_file  # imported only when failing: the trainer loads no more of the launcher
+
+    error_file.write(exc, exit=exit)
 
 
 def _one_line(exc: BaseException) -> str:
