@@ -33,7 +33,9 @@ def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -
         code = train(opts, info, arrays, started)
     except tf.errors.OpError as exc:
         first_line = (exc.message or str(exc)).strip().splitlines()[0]
-        raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
+        # Chained: the error file's traceback keeps TensorFlow's whole message (which names the
+        # tasks that stopped sending heartbeats, also when its C++ log records are turned off).
+        raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from exc
     leave(info, code)
 
 

@@ -185,3 +185,6 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path):
     assert hint.startswith("hint: a task stopped sending heartbeats") and "firewall" not in hint
     assert summary[-2:] == [f"log: {tmp_path / 'runs' / 'frozen' / 'worker-1.log'}",
                             f"log: {tmp_path / 'runs' / 'frozen' / 'worker-0.log'}"]
+    # The trainer's error file keeps TensorFlow's whole message, which names the frozen task too.
+    written = json.loads((tmp_path / "runs" / "frozen" / "worker-0.attempt0.error.json").read_text())
+    assert written["exit"] == "error" and "/job:worker/replica:0/task:1" in written["traceback"]
