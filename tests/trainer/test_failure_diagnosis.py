@@ -181,6 +181,9 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path):
     summary = err[err.index("mgpu: error: "):].splitlines()
     assert summary[0] == ("mgpu: error: worker:1 on 127.0.0.1 stopped sending heartbeats "
                           "(reported by worker:0, which exited with code 1)")
+    # What worker:0 reported: TensorFlow's line that says why, not the "Graph execution error:" heading.
+    assert summary[1] == "worker:0 reported:"
+    assert summary[2].startswith("  worker:0: TensorFlow ") and "Graph execution error" not in summary[2]
     [hint] = hint_lines(err)
     assert hint.startswith("hint: a task stopped sending heartbeats") and "firewall" not in hint
     assert summary[-2:] == [f"log: {tmp_path / 'runs' / 'frozen' / 'worker-1.log'}",
