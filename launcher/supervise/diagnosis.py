@@ -61,6 +61,9 @@ MAX_LINE = 400  # longer cause lines are cut
 _UNHEALTHY = "The following tasks are unhealthy (stopped sending heartbeats):"
 _HEARTBEAT_TIMEOUT = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+) heartbeat timeout")
 _TASK_NAME = re.compile(r"^/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)$")
+# A task's own heartbeat to the coordination service failed (TF 2.21: a DEADLINE_EXCEEDED or
+# UNAVAILABLE record, then "RPC: /tensorflow.CoordinationService/Heartbeat" on a line of its own).
+_LEADER_HEARTBEAT = re.compile(r"/tensorflow\.CoordinationService/Heartbeat\b")
 
 
 class TaskLine(NamedTuple):
@@ -212,6 +215,17 @@ def unhealthy_tasks(lines: Sequence[str]) -> list[str]:
     return names
 
 
+def coordination_leader(names: Iterable[str]) -> str | None:
+    """The task that runs TensorFlow's coordination service: chief:0 when there is a chief, else worker:0."""
+    names = set(names)
+    return next((name for name in ("chief:0", "worker:0") if name in names), None)
+
+
+def leader_unanswered(lines: Sequence[str]) -> bool:
+    """Whether the task's heartbeats to the coordination service went unanswered."""
+    return any(_LEADER_HEARTBEAT.search(line) for line in lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskEnd:
     """How a task of the cluster ended, as blame() weighs it."""
@@ -219,9 +233,11 @@ class TaskEnd:
     name: str
     failed: bool  # it ended by itself with a non-zero code or a signal, before the launcher stopped the run
     ended_at: float | None = None  # when it failed (seconds since the epoch): its error file's time, else when seen
+    running: bool = False  # it was still running when the reporter failed
 
 
 UNHEALTHY = "unhealthy"  # the reporter said its heartbeats stopped
+LEADER_SILENT = "leader silent"  # the reporter's heartbeats to it, the coordination service, went unanswered
 FAILED_FIRST = "failed first"  # it failed before the reporter
 REPORTER = "reporter"  # nothing points elsewhere
 
@@ -229,7 +245,7 @@ REPORTER = "reporter"  # nothing points elsewhere
 @dataclasses.dataclass(frozen=True)
 class Blame:
     task: str  # the task at fault
-    reason: str  # UNHEALTHY, FAILED_FIRST or REPORTER
+    reason: str  # UNHEALTHY, LEADER_SILENT, FAILED_FIRST or REPORTER
     others: tuple[str, ...] = ()  # further tasks reported unhealthy
 
 
@@ -238,13 +254,19 @@ def blame(reporter: TaskEnd, reporter_lines: Sequence[str], peers: Sequence[Task
 
     1. The tasks the reporter says stopped sending heartbeats (a frozen, stopped or killed peer
        makes the others fail, not itself): the first of them that is one of `peers`.
-    2. A peer that failed by itself before the reporter (its failure often is the reporter's cause).
-    3. The reporter.
+    2. The task that runs the coordination service, if the reporter's heartbeats to it went
+       unanswered while it was still running (frozen, or cut off).
+    3. A peer that failed by itself before the reporter (its failure often is the reporter's cause).
+    4. The reporter.
     """
     known = {peer.name for peer in peers}
     unhealthy = [name for name in unhealthy_tasks(reporter_lines) if name in known and name != reporter.name]
     if unhealthy:
         return Blame(unhealthy[0], UNHEALTHY, tuple(unhealthy[1:]))
+    leader = coordination_leader([reporter.name, *known])
+    if leader != reporter.name and leader_unanswered(reporter_lines):
+        if any(peer.name == leader and peer.running for peer in peers):
+            return Blame(leader, LEADER_SILENT)
     if reporter.ended_at is not None:
         earlier = [p for p in peers if p.failed and p.ended_at is not None and p.ended_at < reporter.ended_at]
         if earlier:
@@ -274,10 +296,10 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "(--port, host:port in --workers, or the spec)",
     ),
     KnownFailure(
-        re.compile(r"stopped sending heartbeats|heartbeat timeout"),
-        "a task stopped sending heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, starved of "
-        "CPU) or died (killed, out of memory: see `dmesg` on its host); look at that task and its host, "
-        "not at the network",
+        re.compile(r"stopped sending heartbeats|heartbeat timeout|/tensorflow\.CoordinationService/Heartbeat\b"),
+        "a task stopped sending or answering heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, "
+        "starved of CPU), died (killed, out of memory: see `dmesg` on its host) or its host dropped off the "
+        "network; it had joined the cluster, so look at that task and its host first",
     ),
     KnownFailure(
         # Not for a heartbeat timeout: that peer is frozen or dead, the network is not to blame.

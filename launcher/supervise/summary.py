@@ -59,10 +59,10 @@ class TaskView:
 
     def end(self, reporter: TaskView) -> diagnosis.TaskEnd:
         """How it ended, for blame: failed by itself if seen ended, non-zero, no later than `reporter`."""
-        failed = (self.returncode not in (None, 0) and self.ended_at is not None
-                  and reporter.ended_at is not None and self.ended_at <= reporter.ended_at)
+        ended_first = self.ended_at is not None and reporter.ended_at is not None and self.ended_at <= reporter.ended_at
+        failed = self.returncode not in (None, 0) and ended_first
         when = self.error.timestamp.timestamp() if self.error is not None else self.ended_at
-        return diagnosis.TaskEnd(self.name, failed, when)
+        return diagnosis.TaskEnd(self.name, failed, when, running=not ended_first)
 
     def head(self) -> str:
         """"worker:0 on host exited with code 1", with the port it could not bind."""
@@ -76,7 +76,8 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     """Why the run failed, `failed` being the task that stopped it and `peers` the other training tasks.
 
     The first line names the task at fault (diagnosis.blame: a peer `failed` reports unhealthy,
-    a peer that failed before it, else `failed` itself) and `after` (the restarts). Then why it
+    the coordination service's task when it stopped answering, a peer that failed before it, else
+    `failed` itself) and `after` (the restarts). Then why it
     failed (its error file, else exception and frame, first error line, or its last lines), what
     `failed` reported when the fault was a peer's, known-failure hints, and where the logs are.
     """
@@ -88,6 +89,9 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     if verdict.reason == diagnosis.UNHEALTHY:
         also = f", and so did {', '.join(verdict.others)}" if verdict.others else ""
         head = f"{at_fault.name} on {at_fault.host} stopped sending heartbeats{also} (reported by {reported})"
+    elif verdict.reason == diagnosis.LEADER_SILENT:
+        head = (f"{at_fault.name} on {at_fault.host} stopped answering heartbeats (it runs TensorFlow's "
+                f"coordination service; reported by {reported})")
     else:
         head = f"{at_fault.head()} (before {reported})"
     lines = [head + after]

@@ -98,7 +98,7 @@ def test_the_tasks_reported_unhealthy_are_named_as_mgpu_names_them():
 
 def test_a_heartbeat_report_gets_the_frozen_peer_hint_not_the_network_one():
     [hint] = diagnosis.hints(HEARTBEAT_REPORT)
-    assert hint.startswith("hint: a task stopped sending heartbeats") and "SIGSTOP" in hint
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "SIGSTOP" in hint
     assert "firewall" not in hint and "DNS" not in hint
     # The network hint still answers the wording of a peer that cannot be reached.
     [hint] = diagnosis.hints(["E0000 00:00:1.2 1 c.cc:1] Failed to send RegisterTask: UNAVAILABLE: failed to connect "
@@ -170,3 +170,35 @@ def test_a_frame_without_its_source_line_does_not_hide_the_exception():
     # `python -c` and programs run from bytecode alone print no source line under a frame.
     lines = ["Traceback (most recent call last):", '  File "<string>", line 4, in <module>', "KeyError: 'shard'"]
     assert diagnosis.cause(lines) == ("exception", ["KeyError: 'shard'", "at <string>:4 in <module>"])
+
+
+# What worker:1 printed when worker:0, which runs the coordination service, was stopped with SIGSTOP.
+LEADER_SILENT_REPORT = [
+    "E0000 00:00:1795467571.761572   22279 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort "
+    "DEADLINE_EXCEEDED: Deadline Exceeded",
+    "",
+    "RPC: /tensorflow.CoordinationService/Heartbeat",
+    "E0000 00:00:1795467571.761655   22279 ring_alg.cc:291] Aborting RingReduce with DEADLINE_EXCEEDED: Collective "
+    "ops is aborted by: Deadline Exceeded",
+    "",
+    "RPC: /tensorflow.CoordinationService/Heartbeat",
+    "The error could be from a previous operation. Restart your program to reset. "
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    "mgpu train: error: worker:1: TensorFlow DeadlineExceededError: Collective ops is aborted by: Deadline Exceeded",
+]
+
+
+def test_unanswered_heartbeats_blame_the_task_that_runs_the_coordination_service():
+    reporter = end("worker:1", True, 100.0)
+    running = diagnosis.TaskEnd("worker:0", False, None, running=True)
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [running, end("worker:2")]) == \
+        diagnosis.Blame("worker:0", diagnosis.LEADER_SILENT)
+    # With a chief, the chief runs it.
+    chief = diagnosis.TaskEnd("chief:0", False, None, running=True)
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [chief, running]).task == "chief:0"
+    # Not a leader that had already ended by itself (it left early: the reporter's failure is its own),
+    # nor when the reporter is the leader.
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [end("worker:0", False, 90.0)]).task == "worker:1"
+    assert diagnosis.blame(end("worker:0", True, 1.0), LEADER_SILENT_REPORT, [end("worker:1")]).task == "worker:0"
+    [hint] = diagnosis.hints(LEADER_SILENT_REPORT)
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats")

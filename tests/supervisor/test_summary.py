@@ -58,4 +58,4 @@ def test_a_frozen_peer_shows_no_last_lines_but_what_its_reporter_said():
                        "(reported by worker:0, which exited with code 1)")
     assert text[1:3] == ["worker:0 reported:", "  " + report[0]]
     [hint] = [line for line in text if line.startswith("hint: ")]
-    assert hint.startswith("hint: a task stopped sending heartbeats")
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats")

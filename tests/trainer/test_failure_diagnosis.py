@@ -143,9 +143,15 @@ def test_the_trainers_error_file_is_what_the_summary_shows(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path):
-    # worker:1 is stopped (SIGSTOP) mid-training; TensorFlow's coordination service makes worker:0
-    # fail for it. The summary names worker:1, and sends the user to it, not to the network.
+@pytest.mark.parametrize("frozen_task, reporter, head", [
+    ("worker:1", "worker:0", "worker:1 on 127.0.0.1 stopped sending heartbeats (reported by worker:0, which exited "
+                             "with code 1)"),
+    ("worker:0", "worker:1", "worker:0 on 127.0.0.1 stopped answering heartbeats (it runs TensorFlow's coordination "
+                             "service; reported by worker:1, which exited with code 1)"),
+])
+def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, reporter, head):
+    # A worker is stopped (SIGSTOP) mid-training; TensorFlow makes the other fail for it. The
+    # summary names the frozen one, and sends the user to it, not to firewalls.
     import queue
     import signal
     import threading
@@ -164,7 +170,7 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path):
         else:
             pytest.fail("worker:0 never reported a training step")
         run = json.loads((tmp_path / "runs" / "frozen" / "run.json").read_text())
-        frozen = run["attempts"][0]["tasks"]["worker:1"]["pid"]
+        frozen = run["attempts"][0]["tasks"][frozen_task]["pid"]
         os.kill(frozen, signal.SIGSTOP)
         proc.wait(timeout=180)
     finally:
@@ -179,15 +185,15 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path):
     assert proc.returncode == 1
     err = (tmp_path / "stderr.txt").read_text()
     summary = err[err.index("mgpu: error: "):].splitlines()
-    assert summary[0] == ("mgpu: error: worker:1 on 127.0.0.1 stopped sending heartbeats "
-                          "(reported by worker:0, which exited with code 1)")
-    # What worker:0 reported: TensorFlow's line that says why, not the "Graph execution error:" heading.
-    assert summary[1] == "worker:0 reported:"
-    assert summary[2].startswith("  worker:0: TensorFlow ") and "Graph execution error" not in summary[2]
+    assert summary[0] == f"mgpu: error: {head}"
+    # What the other reported: TensorFlow's line that says why, not the "Graph execution error:" heading.
+    assert summary[1] == f"{reporter} reported:"
+    assert summary[2].startswith(f"  {reporter}: TensorFlow ") and "Graph execution error" not in summary[2]
     [hint] = hint_lines(err)
-    assert hint.startswith("hint: a task stopped sending heartbeats") and "firewall" not in hint
-    assert summary[-2:] == [f"log: {tmp_path / 'runs' / 'frozen' / 'worker-1.log'}",
-                            f"log: {tmp_path / 'runs' / 'frozen' / 'worker-0.log'}"]
-    # The trainer's error file keeps TensorFlow's whole message, which names the frozen task too.
-    written = json.loads((tmp_path / "runs" / "frozen" / "worker-0.attempt0.error.json").read_text())
-    assert written["exit"] == "error" and "/job:worker/replica:0/task:1" in written["traceback"]
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "firewall" not in hint
+    logs = tmp_path / "runs" / "frozen"
+    assert summary[-2:] == [f"log: {logs / (frozen_task.replace(':', '-') + '.log')}",
+                            f"log: {logs / (reporter.replace(':', '-') + '.log')}"]
+    if frozen_task == "worker:1":  # the error file keeps TensorFlow's whole message, which names it too
+        written = json.loads((logs / "worker-0.attempt0.error.json").read_text())
+        assert written["exit"] == "error" and "/job:worker/replica:0/task:1" in written["traceback"]
