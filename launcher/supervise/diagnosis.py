@@ -61,9 +61,10 @@ MAX_LINE = 400  # longer cause lines are cut
 _UNHEALTHY = "The following tasks are unhealthy (stopped sending heartbeats):"
 _HEARTBEAT_TIMEOUT = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+) heartbeat timeout")
 _TASK_NAME = re.compile(r"^/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)$")
-# A task's own heartbeat to the coordination service failed (TF 2.21: a DEADLINE_EXCEEDED or
-# UNAVAILABLE record, then "RPC: /tensorflow.CoordinationService/Heartbeat" on a line of its own).
-_LEADER_HEARTBEAT = re.compile(r"/tensorflow\.CoordinationService/Heartbeat\b")
+# A task's own heartbeat to the coordination service went unanswered (TF 2.21: a DEADLINE_EXCEEDED
+# record, then this line). Not "... while calling /tensorflow.CoordinationService/Heartbeat:" with
+# "Connection refused": then the service's task is gone, not frozen.
+_LEADER_HEARTBEAT = re.compile(r"^RPC: /tensorflow\.CoordinationService/Heartbeat$")
 
 
 class TaskLine(NamedTuple):
@@ -223,7 +224,7 @@ def coordination_leader(names: Iterable[str]) -> str | None:
 
 def leader_unanswered(lines: Sequence[str]) -> bool:
     """Whether the task's heartbeats to the coordination service went unanswered."""
-    return any(_LEADER_HEARTBEAT.search(line) for line in lines)
+    return any(_LEADER_HEARTBEAT.match(line.strip()) for line in lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,7 +297,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "(--port, host:port in --workers, or the spec)",
     ),
     KnownFailure(
-        re.compile(r"stopped sending heartbeats|heartbeat timeout|/tensorflow\.CoordinationService/Heartbeat\b"),
+        re.compile(r"stopped sending heartbeats|heartbeat timeout|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"),
         "a task stopped sending or answering heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, "
         "starved of CPU), died (killed, out of memory: see `dmesg` on its host) or its host dropped off the "
         "network; it had joined the cluster, so look at that task and its host first",

@@ -202,3 +202,16 @@ def test_unanswered_heartbeats_blame_the_task_that_runs_the_coordination_service
     assert diagnosis.blame(end("worker:0", True, 1.0), LEADER_SILENT_REPORT, [end("worker:1")]).task == "worker:0"
     [hint] = diagnosis.hints(LEADER_SILENT_REPORT)
     assert hint.startswith("hint: a task stopped sending or answering heartbeats")
+
+
+def test_a_coordination_service_that_is_gone_is_not_taken_for_a_silent_one():
+    # What worker:1 printed when worker:0, which runs the service, had already exited.
+    gone = ["tensorflow.python.framework.errors_impl.UnavailableError: {{function_node __wrapped__CollectiveReduceV2}} "
+            "Collective ops is aborted by: Failed to send RPC to coordination service.",
+            "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling "
+            "/tensorflow.CoordinationService/Heartbeat:",
+            ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; '
+            'last error: UNKNOWN: ipv4:127.0.0.1:42399: Failed to connect to remote host: Connection refused"}']
+    assert not diagnosis.leader_unanswered(gone)
+    [hint] = diagnosis.hints(gone)
+    assert hint.startswith("hint: a task could not reach another")
