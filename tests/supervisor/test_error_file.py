@@ -146,3 +146,31 @@ def test_the_cause_is_the_exception_however_stdout_lines_interleave(run_id, tmp_
         interleaved += any(line.startswith("Epoch") for line in log[start:end])
         assert_run_gone(rid)
     assert interleaved > 0  # the test saw what it is about
+
+
+def test_only_a_valid_error_document_is_read():
+    try:
+        raise ValueError("shard 7 is missing\nsecond line")
+    except ValueError as exc:
+        doc = error_file.document(exc)
+    good = error_file.parse(json.dumps(doc).encode())
+    assert good is not None and good.headline == "ValueError: shard 7 is missing"
+    assert good.frame.startswith(f"{__file__}:") and good.frame.endswith('raise ValueError("shard 7 is missing\\nsecond line")')
+    assert error_file.parse(json.dumps({**doc, "exit": "error"}).encode()).headline == "shard 7 is missing"
+    for bad in ({**doc, "version": 2}, {**doc, "exit": "crashed"}, {**doc, "message": 7}, {**doc, "frame": ["x"]},
+                {**doc, "timestamp": "2026-11-23T12:00:00"}, {**doc, "timestamp": "yesterday"},
+                {k: v for k, v in doc.items() if k != "exception"}, [doc]):
+        assert error_file.parse(json.dumps(bad).encode()) is None, bad
+    assert error_file.parse(b"\xff\xfe") is None
+    assert error_file.parse(json.dumps(doc).encode() + b" " * error_file.MAX_BYTES) is None
+
+
+def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("MGPU_ERROR_FILE", raising=False)
+    assert not error_file.write(RuntimeError("x"))
+    target = tmp_path / "error.json"
+    monkeypatch.setenv("MGPU_ERROR_FILE", str(target))
+    assert error_file.write(RuntimeError("x"))
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # written under another name, then renamed
+    monkeypatch.setenv("MGPU_ERROR_FILE", str(tmp_path / "missing-folder" / "error.json"))
+    assert not error_file.write(RuntimeError("x"))  # never raises
