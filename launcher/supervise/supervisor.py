@@ -377,7 +377,7 @@ class _Supervisor:
         task can write to; the run dir is not on SSH or Slurm hosts)."""
         if not plan.local or plan.slurm_rank is not None:
             return plan
-        path = self.run_dir / error_file.file_name(plan.type, plan.index, attempt)
+        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()  # the task's workdir may differ
         return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
 
     def _view(self, task: _Task) -> TaskView:

@@ -174,3 +174,31 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # written under another name, then renamed
     monkeypatch.setenv("MGPU_ERROR_FILE", str(tmp_path / "missing-folder" / "error.json"))
     assert not error_file.write(RuntimeError("x"))  # never raises
+
+
+def test_the_error_file_path_holds_in_the_tasks_own_workdir(run_id, tmp_path, monkeypatch):
+    # A relative --log-dir, and a task that runs in another folder.
+    from launcher.runners.local import LocalRunner
+    from launcher.supervise.supervisor import SuperviseOptions, supervise
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    program = """
+        from launcher.error_file import record
+        @record
+        def main():
+            raise LookupError("written from elsewhere")
+        main()
+    """
+    plans = [p.__class__(**{**p.__dict__, "workdir": str(elsewhere)}) for p in python_plans(run_id, program)]
+    runner = LocalRunner()
+    with open(tmp_path / "console.txt", "w") as console:
+        try:
+            supervise(plans, lambda plan: runner, SuperviseOptions(run_id=run_id, log_dir="runs", grace_period=2.0),
+                      console)
+        except TaskFailed as e:
+            failure = str(e)
+    assert (tmp_path / "runs" / run_id / "worker-0.attempt0.error.json").is_file()
+    assert failure.splitlines()[1] == "  LookupError: written from elsewhere"
+    assert_run_gone(run_id)
