@@ -297,7 +297,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "(--port, host:port in --workers, or the spec)",
     ),
     KnownFailure(
-        re.compile(r"stopped sending heartbeats|heartbeat timeout|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"),
+        re.compile(r"stopped sending heartbeats|heartbeat timeout"
+                   r"|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"),
         "a task stopped sending or answering heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, "
         "starved of CPU), died (killed, out of memory: see `dmesg` on its host) or its host dropped off the "
         "network; it had joined the cluster, so look at that task and its host first",

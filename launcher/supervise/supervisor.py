@@ -377,7 +377,8 @@ class _Supervisor:
         task can write to; the run dir is not on SSH or Slurm hosts)."""
         if not plan.local or plan.slurm_rank is not None:
             return plan
-        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()  # the task's workdir may differ
+        # Absolute: the task's workdir may not be the launcher's.
+        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
         return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
 
     def _view(self, task: _Task) -> TaskView:

@@ -147,7 +147,8 @@ def test_a_stdout_line_amid_a_traceback_is_never_the_cause():
     # The reader threads of the two streams append lines in whatever order they get them: a stdout
     # line may land anywhere in the traceback. At every position, the cause is the exception.
     stdout_line = "Epoch: 0, accuracy: 0.72"
-    expected = ("exception", ["RuntimeError: loss is nan", 'at /home/me/train.py:31 in train: raise RuntimeError("loss is nan")'])
+    expected = ("exception", ["RuntimeError: loss is nan",
+                              'at /home/me/train.py:31 in train: raise RuntimeError("loss is nan")'])
     for position in range(len(TRACEBACK) + 1):
         tail = [diagnosis.TaskLine(line, stderr=True) for line in TRACEBACK]
         tail.insert(position, diagnosis.TaskLine(stdout_line, stderr=False))

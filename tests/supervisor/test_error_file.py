@@ -155,7 +155,8 @@ def test_only_a_valid_error_document_is_read():
         doc = error_file.document(exc)
     good = error_file.parse(json.dumps(doc).encode())
     assert good is not None and good.headline == "ValueError: shard 7 is missing"
-    assert good.frame.startswith(f"{__file__}:") and good.frame.endswith('raise ValueError("shard 7 is missing\\nsecond line")')
+    assert good.frame.startswith(f"{__file__}:")
+    assert good.frame.endswith('raise ValueError("shard 7 is missing\\nsecond line")')
     assert error_file.parse(json.dumps({**doc, "exit": "error"}).encode()).headline == "shard 7 is missing"
     for bad in ({**doc, "version": 2}, {**doc, "exit": "crashed"}, {**doc, "message": 7}, {**doc, "frame": ["x"]},
                 {**doc, "timestamp": "2026-11-23T12:00:00"}, {**doc, "timestamp": "yesterday"},
