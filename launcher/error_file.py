@@ -112,8 +112,12 @@ def write(exc: BaseException, exit: str = "exception", path: str | None = None) 
     if not path:
         return False
     try:
-        data = json.dumps(document(exc, exit), ensure_ascii=False).encode("utf-8", "replace")
-        if len(data) > MAX_BYTES:  # a message of many wide characters: keep the file readable
+        doc = document(exc, exit)
+        data = json.dumps(doc, ensure_ascii=False).encode("utf-8", "replace")
+        if len(data) > MAX_BYTES:  # text of many wide characters: the traceback's end is enough
+            doc["traceback"] = doc["traceback"][-MAX_TRACEBACK // 8:]
+            data = json.dumps(doc, ensure_ascii=False).encode("utf-8", "replace")
+        if len(data) > MAX_BYTES:
             return False
         temporary = f"{path}.{os.getpid()}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -203,3 +203,20 @@ def test_the_error_file_path_holds_in_the_tasks_own_workdir(run_id, tmp_path, mo
     assert (tmp_path / "runs" / run_id / "worker-0.attempt0.error.json").is_file()
     assert failure.splitlines()[1] == "  LookupError: written from elsewhere"
     assert_run_gone(run_id)
+
+
+def test_a_huge_error_still_fits_the_file(tmp_path):
+    # Wide characters everywhere: message and traceback are cut so that the launcher reads the file.
+    def deep(n):
+        if n == 0:
+            raise ValueError("\U0001f600" * 100000)
+        deep(n - 1)
+    try:
+        deep(300)
+    except ValueError as exc:
+        assert error_file.write(exc, path=str(tmp_path / "e.json"))
+    data = (tmp_path / "e.json").read_bytes()
+    assert len(data) <= error_file.MAX_BYTES
+    error = error_file.parse(data)
+    assert error is not None and error.exception == "ValueError"
+    assert error.frame.endswith('raise ValueError("\\U0001f600" * 100000)')
