@@ -5,13 +5,15 @@
   without a GPU, the absl preamble, oneDNN and CPU-feature notices, INFO and
   WARNING records). Summaries leave it out, and so does the console unless
   asked (`--show-tf-logs`); log files keep every line.
-- cause(): the lines that say why a task failed: the last Python exception
+- cause(): the lines that say why a task failed: what it wrote to its error
+  file (launcher/error_file.py), else the last Python exception
   (type, message, and the deepest frame outside libraries), else the first
   error line, else the last meaningful lines. Tracebacks are read from stderr
   alone when it has one: lines of the two streams arrive interleaved, and a
   stdout line inside a traceback is not its exception.
 - blame(): which task is at fault when one fails: the task it reports
-  unhealthy, else a peer that failed before it, else itself.
+  unhealthy, else the coordination service's task if it stopped answering,
+  else a peer that failed before it, else itself.
 - hints(): one `hint: ...` line per known failure whose wording appears.
 """
 
