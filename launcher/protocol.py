@@ -21,6 +21,9 @@ ENV_RUN_ID = "MGPU_RUN_ID"  # tags every process of a run, so none can be left b
 ENV_TASK_TYPE = "MGPU_TASK_TYPE"
 ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
+# Where a failing task may write why it failed, as JSON (launcher/error_file.py); one path per task
+# and attempt, in the run dir. Set at start for tasks on this machine only, not in the plan.
+ENV_ERROR_FILE = "MGPU_ERROR_FILE"
 
 # A task may report its progress with lines "MGPU_PROGRESS <step>/<total>" on stdout (total 0:
 # unknown). The launcher shows them as a progress bar with rate and ETA; the log keeps the lines.

@@ -5,9 +5,15 @@
   without a GPU, the absl preamble, oneDNN and CPU-feature notices, INFO and
   WARNING records). Summaries leave it out, and so does the console unless
   asked (`--show-tf-logs`); log files keep every line.
-- cause(): the lines that say why a task failed: the last Python exception
+- cause(): the lines that say why a task failed: what it wrote to its error
+  file (launcher/error_file.py), else the last Python exception
   (type, message, and the deepest frame outside libraries), else the first
-  error line, else the last meaningful lines.
+  error line, else the last meaningful lines. Tracebacks are read from stderr
+  alone when it has one: lines of the two streams arrive interleaved, and a
+  stdout line inside a traceback is not its exception.
+- blame(): which task is at fault when one fails: the task it reports
+  unhealthy, else the coordination service's task if it stopped answering,
+  else a peer that failed before it, else itself.
 - hints(): one `hint: ...` line per known failure whose wording appears.
 """
 
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
+
+from launcher.error_file import TaskError
 
 # What TensorFlow's gRPC server prints when its port is taken (TF 2.21), and the
 # classic wording of older releases and other servers.
@@ -51,6 +59,23 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 _LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|^<frozen |^<string>$")
 _ERROR_LINE = re.compile(r"\b(?:[A-Za-z]*Error|ERROR|[A-Za-z]*Exception|FATAL|Fatal|fatal|Traceback)\b|^error:")
 MAX_LINE = 400  # longer cause lines are cut
+
+# TensorFlow's coordination service names the tasks whose heartbeats stopped: TF 2.21 on the lines
+# after this one ("/job:worker/replica:0/task:1"), older releases in "Task /job:... heartbeat timeout".
+_UNHEALTHY = "The following tasks are unhealthy (stopped sending heartbeats):"
+_HEARTBEAT_TIMEOUT = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+) heartbeat timeout")
+_TASK_NAME = re.compile(r"^/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)$")
+# A task's own heartbeat to the coordination service went unanswered (TF 2.21: a DEADLINE_EXCEEDED
+# record, then this line). Not "... while calling /tensorflow.CoordinationService/Heartbeat:" with
+# "Connection refused": then the service's task is gone, not frozen.
+_LEADER_HEARTBEAT = re.compile(r"^RPC: /tensorflow\.CoordinationService/Heartbeat$")
+
+
+class TaskLine(NamedTuple):
+    """A line of a task's output and the stream it came on."""
+
+    text: str
+    stderr: bool
 
 
 def bind_failure(line: str) -> int | None:
@@ -122,7 +147,9 @@ def last_python_error(lines: Sequence[str]) -> PythonError | None:
         line = lines[i]
         match = _FRAME.match(line)
         if match:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            # The source line, indented below its frame; none when the source is not at hand (`python -c`).
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            code = following.strip() if following[:1].isspace() and not _FRAME.match(following) else ""
             where = f"{match['file']}:{match['line']} in {match['function']}"
             frames.append((match["file"], f"{where}: {code}" if code else where))
             i += 2 if code else 1
@@ -139,14 +166,22 @@ def last_python_error(lines: Sequence[str]) -> PythonError | None:
     return PythonError(_cut(exception), _cut(frame) if frame else None)
 
 
-def cause(lines: Sequence[str], fallback_lines: int = 20) -> tuple[str, list[str]]:
-    """Why a task failed, from its output: (a title, the lines to show).
+def cause(lines: Sequence[str], fallback_lines: int = 20, stderr: Sequence[str] | None = None,
+          error: TaskError | None = None) -> tuple[str, list[str]]:
+    """Why a task failed: (a title, the lines to show).
 
-    The last Python exception with its frame; else the first error line; else the last
-    `fallback_lines` meaningful lines (title "last N lines").
+    What the task wrote to its error file, if it did; else, from its output: the last Python
+    exception with its frame (from `stderr`, the task's stderr lines, when they hold a traceback:
+    a stdout line that arrived amid it is not its exception); else the first error line; else
+    the last `fallback_lines` meaningful lines (title "last N lines").
     """
+    if error is not None:
+        frame = [f"at {error.frame}"] if error.frame and error.exit == "exception" else []
+        return "error file", [_cut(line) for line in [error.headline] + frame]
     kept = meaningful(lines)
-    error = last_python_error(kept)
+    error = last_python_error(meaningful(stderr)) if stderr is not None else None
+    if error is None:
+        error = last_python_error(kept)
     if error is not None:
         return "exception", [error.exception] + ([f"at {error.frame}"] if error.frame else [])
     for line in kept:
@@ -159,6 +194,90 @@ def cause(lines: Sequence[str], fallback_lines: int = 20) -> tuple[str, list[str
 def last_words(lines: Sequence[str], count: int = 3) -> list[str]:
     """What a task printed last that is not noise (for tasks that never started)."""
     return [_cut(line) for line in meaningful(lines)[-count:]]
+
+
+# -- the task at fault ------------------------------------------------------------------------
+
+
+def unhealthy_tasks(lines: Sequence[str]) -> list[str]:
+    """The tasks TensorFlow's coordination service reports as unhealthy (their heartbeats stopped),
+    as mgpu names them ("worker:1", "chief:0": a TF_CONFIG job name is the task type), in order."""
+    names: list[str] = []
+
+    def add(job: str, task: str) -> None:
+        name = f"{job}:{int(task)}"
+        if name not in names:
+            names.append(name)
+
+    for i, line in enumerate(lines):
+        if _UNHEALTHY in line:
+            for following in lines[i + 1:]:
+                match = _TASK_NAME.match(following.strip())
+                if not match:
+                    break
+                add(match["job"], match["task"])
+        for match in _HEARTBEAT_TIMEOUT.finditer(line):
+            add(match["job"], match["task"])
+    return names
+
+
+def coordination_leader(names: Iterable[str]) -> str | None:
+    """The task that runs TensorFlow's coordination service: chief:0 when there is a chief, else worker:0."""
+    names = set(names)
+    return next((name for name in ("chief:0", "worker:0") if name in names), None)
+
+
+def leader_unanswered(lines: Sequence[str]) -> bool:
+    """Whether the task's heartbeats to the coordination service went unanswered."""
+    return any(_LEADER_HEARTBEAT.match(line.strip()) for line in lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEnd:
+    """How a task of the cluster ended, as blame() weighs it."""
+
+    name: str
+    failed: bool  # it ended by itself with a non-zero code or a signal, before the launcher stopped the run
+    ended_at: float | None = None  # when it failed (seconds since the epoch): its error file's time, else when seen
+    running: bool = False  # it was still running when the reporter failed
+
+
+UNHEALTHY = "unhealthy"  # the reporter said its heartbeats stopped
+LEADER_SILENT = "leader silent"  # the reporter's heartbeats to it, the coordination service, went unanswered
+FAILED_FIRST = "failed first"  # it failed before the reporter
+REPORTER = "reporter"  # nothing points elsewhere
+
+
+@dataclasses.dataclass(frozen=True)
+class Blame:
+    task: str  # the task at fault
+    reason: str  # UNHEALTHY, LEADER_SILENT, FAILED_FIRST or REPORTER
+    others: tuple[str, ...] = ()  # further tasks reported unhealthy
+
+
+def blame(reporter: TaskEnd, reporter_lines: Sequence[str], peers: Sequence[TaskEnd]) -> Blame:
+    """The task at fault when `reporter` failed and stopped the run.
+
+    1. The tasks the reporter says stopped sending heartbeats (a frozen, stopped or killed peer
+       makes the others fail, not itself): the first of them that is one of `peers`.
+    2. The task that runs the coordination service, if the reporter's heartbeats to it went
+       unanswered while it was still running (frozen, or cut off).
+    3. A peer that failed by itself before the reporter (its failure often is the reporter's cause).
+    4. The reporter.
+    """
+    known = {peer.name for peer in peers}
+    unhealthy = [name for name in unhealthy_tasks(reporter_lines) if name in known and name != reporter.name]
+    if unhealthy:
+        return Blame(unhealthy[0], UNHEALTHY, tuple(unhealthy[1:]))
+    leader = coordination_leader([reporter.name, *known])
+    if leader != reporter.name and leader_unanswered(reporter_lines):
+        if any(peer.name == leader and peer.running for peer in peers):
+            return Blame(leader, LEADER_SILENT)
+    if reporter.ended_at is not None:
+        earlier = [p for p in peers if p.failed and p.ended_at is not None and p.ended_at < reporter.ended_at]
+        if earlier:
+            return Blame(min(earlier, key=lambda p: p.ended_at).name, FAILED_FIRST)
+    return Blame(reporter.name, REPORTER)
 
 
 # -- known failures ---------------------------------------------------------------------------
@@ -204,10 +323,19 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "(--port, host:port in --workers, or the spec)",
     ),
     KnownFailure(
+        re.compile(r"stopped sending heartbeats|heartbeat timeout"
+                   r"|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"),
+        "a task stopped sending or answering heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, "
+        "starved of CPU), died (killed, out of memory: see `dmesg` on its host) or its host dropped off the "
+        "network; it had joined the cluster, so look at that task and its host first",
+    ),
+    KnownFailure(
+        # Not for a heartbeat timeout: that peer is frozen or dead, the network is not to blame.
         re.compile(
+            r"^(?!.*(?:stopped sending heartbeats|heartbeat timeout))(?:.*?)(?:"
             r"failed to connect to all addresses|DNS resolution failed|Name or service not known"
             r"|coordination service.*(?:Unavailable|UNAVAILABLE|Deadline|DEADLINE)"
-            r"|(?:Unavailable|UNAVAILABLE|DeadlineExceeded|DEADLINE_EXCEEDED).*(?:coordination|heartbeat|RegisterTask)"
+            r"|(?:Unavailable|UNAVAILABLE|DeadlineExceeded|DEADLINE_EXCEEDED).*(?:coordination|heartbeat|RegisterTask))"
         ),
         "a task could not reach another (it had ended, or the network does not let it through): every host "
         "must resolve and connect to the addresses in TF_CONFIG (firewall, ssh-config alias, DNS); "

@@ -172,7 +172,7 @@ class TaskOutput:
         previous attempt ended in the middle of a line."""
         self.plan = plan
         self.log_path = log_path
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.tail: collections.deque[diagnosis.TaskLine] = collections.deque(maxlen=TAIL_LINES)
         self.ready = threading.Event()
         self.last_activity = time.monotonic()  # of the last bytes read from either stream
         report = notice or (lambda text: None)

@@ -9,8 +9,18 @@ import dataclasses
 import pathlib
 from typing import Sequence
 
-from launcher.supervise import diagnosis, stacks
+from launcher import protocol
+from launcher.error_file import TaskError
+from launcher.supervise import diagnosis, runrecord, stacks
 from launcher.supervise.console_text import console_safe
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {runrecord.signal_name(-returncode)}"
+    if returncode == protocol.EXIT_PREEMPTED:
+        return f"exited with code {returncode} (preempted)"
+    return f"exited with code {returncode}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,18 +31,87 @@ class TaskView:
     host: str
     port: int | None
     waits_for_ready: bool  # speaks the ready-line protocol
-    lines: Sequence[str]  # its last lines of output, this attempt
+    tail: Sequence[diagnosis.TaskLine]  # its last lines of output, this attempt
     log_path: pathlib.Path
     joined: bool | None = None  # whether it listened on its port (or dialled the coordinator's); None: unknown
     coordinator_port: int | None = None  # a connection to it counts as joining; None: only listening counts
+    returncode: int | None = None
+    ended_at: float | None = None  # when the launcher saw it end (seconds since the epoch)
+    bind_failure: int | None = None  # the port a "could not bind" line named (0: unnamed)
+    error: TaskError | None = None  # what it wrote to its error file
+
+    @property
+    def lines(self) -> list[str]:
+        return [line.text for line in self.tail]
+
+    @property
+    def stderr(self) -> list[str]:
+        return [line.text for line in self.tail if line.stderr]
+
+    def cause(self) -> tuple[str, list[str]]:
+        title, shown = diagnosis.cause(self.lines, stderr=self.stderr, error=self.error)
+        return title, [console_safe(line) for line in shown]  # output may carry terminal control sequences
+
+    def hint_lines(self) -> list[str]:
+        """Its output and what its error file says: where known failures are looked for."""
+        if self.error is None:
+            return self.lines
+        return self.lines + self.error.message.splitlines() + (self.error.traceback or "").splitlines()
+
+    def end(self, reporter: TaskView) -> diagnosis.TaskEnd:
+        """How it ended, for blame: failed by itself if seen ended, non-zero, no later than `reporter`."""
+        ended_first = self.ended_at is not None and reporter.ended_at is not None and self.ended_at <= reporter.ended_at
+        failed = self.returncode not in (None, 0) and ended_first
+        when = self.error.timestamp.timestamp() if self.error is not None else self.ended_at
+        return diagnosis.TaskEnd(self.name, failed, when, running=not ended_first)
+
+    def head(self) -> str:
+        """"worker:0 on host exited with code 1", with the port it could not bind."""
+        head = f"{self.name} on {self.host} {describe_exit(self.returncode)}"
+        if self.bind_failure is not None:
+            head += f": port in use: {self.host}:{self.bind_failure or self.port}"
+        return head
 
 
-def failure_summary(head: str, task: TaskView) -> str:
-    """`head`, then why the task failed (exception and frame, first error line, or its last lines),
-    known-failure hints, and where its log is."""
+def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str = "") -> str:
+    """Why the run failed, `failed` being the task that stopped it and `peers` the other training tasks.
+
+    The first line names the task at fault (diagnosis.blame: a peer `failed` reports unhealthy,
+    the coordination service's task when it stopped answering, a peer that failed before it, else
+    `failed` itself) and `after` (the restarts). Then why it
+    failed (its error file, else exception and frame, first error line, or its last lines), what
+    `failed` reported when the fault was a peer's, known-failure hints, and where the logs are.
+    """
+    verdict = diagnosis.blame(failed.end(failed), failed.hint_lines(), [peer.end(failed) for peer in peers])
+    if verdict.reason == diagnosis.REPORTER:
+        return _one_task_summary(failed.head() + after, failed)
+    at_fault = next(peer for peer in peers if peer.name == verdict.task)
+    reported = f"{failed.name}, which {describe_exit(failed.returncode)}"
+    if verdict.reason == diagnosis.UNHEALTHY:
+        also = f", and so did {', '.join(verdict.others)}" if verdict.others else ""
+        head = f"{at_fault.name} on {at_fault.host} stopped sending heartbeats{also} (reported by {reported})"
+    elif verdict.reason == diagnosis.LEADER_SILENT:
+        head = (f"{at_fault.name} on {at_fault.host} stopped answering heartbeats (it runs TensorFlow's "
+                f"coordination service; reported by {reported})")
+    else:
+        head = f"{at_fault.head()} (before {reported})"
+    lines = [head + after]
+    title, shown = at_fault.cause()
+    if shown and not title.startswith("last "):  # a frozen task's last lines say nothing of why
+        lines.extend("  " + line for line in shown)
+    lines.append(f"{failed.name} reported:")
+    title, shown = failed.cause()
+    lines.extend("  " + line for line in shown or ["nothing"])
+    hints = diagnosis.hints(at_fault.hint_lines())
+    lines.extend(hints + [h for h in diagnosis.hints(failed.hint_lines()) if h not in hints])
+    lines.append(f"log: {at_fault.log_path}")
+    lines.append(f"log: {failed.log_path}")
+    return "\n".join(lines)
+
+
+def _one_task_summary(head: str, task: TaskView) -> str:
     lines = [head]
-    title, shown = diagnosis.cause(task.lines)
-    shown = [console_safe(line) for line in shown]  # task output may carry terminal control sequences
+    title, shown = task.cause()
     if not shown:
         lines.append(f"no output (log: {task.log_path})")
     elif title.startswith("last "):
@@ -40,7 +119,7 @@ def failure_summary(head: str, task: TaskView) -> str:
         lines.extend("  " + line for line in shown)
     else:
         lines.extend("  " + line for line in shown)
-    lines.extend(diagnosis.hints(task.lines))
+    lines.extend(diagnosis.hints(task.hint_lines()))
     if shown and not title.startswith("last "):
         lines.append(f"log: {task.log_path}")
     return "\n".join(lines)

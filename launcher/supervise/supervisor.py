@@ -37,13 +37,14 @@ The rules:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import signal
 import sys
 import time
 from typing import Callable, Sequence, TextIO
 
-from launcher import protocol
+from launcher import error_file, protocol
 from launcher.host.probe import port_in_use
 from launcher.host import proctree
 from launcher.supervise import runrecord
@@ -56,7 +57,9 @@ from launcher.supervise.signals import Signals
 from launcher.supervise.stall import StallClock
 from launcher.supervise import stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
-from launcher.supervise.summary import TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary
+from launcher.supervise.summary import (
+    TaskView, closing_line, describe_exit, failure_summary, stall_summary, start_timeout_summary,
+)
 from launcher.runners.base import Runner, TaskProcess
 
 POLL_INTERVAL = 0.05
@@ -95,21 +98,15 @@ def _again(signum: int) -> str:
     return "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {runrecord.signal_name(-returncode)}"
-    if returncode == protocol.EXIT_PREEMPTED:
-        return f"exited with code {returncode} (preempted)"
-    return f"exited with code {returncode}"
-
-
 @dataclasses.dataclass
 class _Task:
     plan: TaskPlan
     proc: TaskProcess
     output: TaskOutput
     sidecar: bool  # its failure does not stop training
+    attempt: int
     returncode: int | None = None
+    ended_at: float | None = None  # when its end was seen, seconds since the epoch
     ready: bool = False
     ready_by_ending: bool = False  # it ended before any sign of having joined was seen
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
@@ -259,13 +256,13 @@ class _Supervisor:
         runner = self.runner_for(plan)
         output = self.output.open_task(plan, attempt)
         try:
-            proc = runner.start(plan, attempt)
+            proc = runner.start(self._with_error_file(plan, attempt), attempt)
         except BaseException:
             output.close()
             raise
         output.attach(proc.stdout, proc.stderr)
         self.record.task_started(plan, proc.pid, log_name(plan))
-        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types)
+        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt)
         if not plan.waits_for_ready and (plan.port is None or proc.joined(plan.port, self.coordinator_port) is None):
             task.ready = True  # nothing to wait for, or no way to tell: counts as started
             self.record.task_ready(plan)
@@ -380,7 +377,7 @@ class _Supervisor:
         """The stacks each task printed, in the run dir: stacks-<attempt>.txt."""
         text = []
         for task in tasks:
-            dump = stacks.dump_lines(list(task.output.tail))
+            dump = stacks.dump_lines([line.text for line in task.output.tail])
             text.append(f"===== {task.plan.name} on {task.plan.host} =====\n")
             text.extend(line + "\n" for line in dump or ["(no Python stack)"])
         fd = self.run_dir.create(stacks_file_name(attempt))
@@ -400,6 +397,7 @@ class _Supervisor:
                 returncode = task.proc.poll()
                 if returncode is not None:
                     task.returncode = returncode
+                    task.ended_at = time.time()
                     self.record.task_ended(task.plan, returncode)
                     ended.append(task)
         return ended
@@ -469,12 +467,24 @@ class _Supervisor:
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
             return start_timeout_summary(head, [self._view(t) for t in outcome.missing])
         task = outcome.failed
-        head = f"{task.plan.name} on {task.plan.host} {describe_exit(task.returncode)}"
-        if task.output.bind_failure is not None:
-            head += f": port in use: {task.plan.host}:{task.output.bind_failure or task.plan.port}"
-        return failure_summary(head + after, self._view(task))
+        peers = [self._view(t) for t in self._last_attempt[1] if t is not task and not t.sidecar]
+        return failure_summary(self._view(task), peers, after)
+
+    def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
+        """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
+        task can write to; the run dir is not on SSH or Slurm hosts)."""
+        if not plan.local or plan.slurm_rank is not None:
+            return plan
+        # Absolute: the task's workdir may not be the launcher's.
+        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
+        return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
 
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan
+        error = None
+        if task.returncode not in (None, 0) and plan.local and plan.slurm_rank is None:
+            error = error_file.read(error_file.file_name(plan.type, plan.index, task.attempt), self.run_dir.fd)
         return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
-                        task.output.log_path, task.joined, self._dialled_port(task))
+                        task.output.log_path, joined=task.joined, coordinator_port=self._dialled_port(task),
+                        returncode=task.returncode, ended_at=task.ended_at, bind_failure=task.output.bind_failure,
+                        error=error)

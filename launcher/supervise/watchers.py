@@ -120,11 +120,11 @@ class TailWatcher(LineWatcher):
 
     name = "tail watcher"
 
-    def __init__(self, tail: collections.deque[str]):
+    def __init__(self, tail: collections.deque[diagnosis.TaskLine]):
         self._tail = tail
 
     def line(self, line: Line) -> None:
-        self._tail.append(line.text[:TAIL_LINE_CHARS])
+        self._tail.append(diagnosis.TaskLine(line.text[:TAIL_LINE_CHARS], stderr=not line.stdout))
 
 
 class ConsoleWatcher(LineWatcher):

@@ -1,7 +1,8 @@
 """The worker program: trains (or, as an evaluator task, evaluates) one task of a cluster.
 
 `main` parses options without TensorFlow, loads the data, and only then imports it.
-Every error ends as one line on stderr and an exit code; --debug adds the traceback.
+Every error ends as one line on stderr and an exit code; --debug adds the traceback. Under the
+launcher, the error and its traceback also go to the task's error file (launcher/error_file.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         debug = opts.debug
         return _run(opts, started)
     except MgpuError as exc:
+        _record(exc, "error")
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: error: {exc}", file=sys.stderr, flush=True)
@@ -38,11 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line, and the traceback on request
+        _record(exc, "exception")
         if debug:
             traceback.print_exc()
         print(f"{options.PROG}: internal error: {_one_line(exc)}"
               f"{'' if debug else ' (run with --debug for the traceback)'}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+
+
+def _record(exc: BaseException, exit: str) -> None:
+    """Tell the launcher why this task fails, through its error file (when it gave one)."""
+    from launcher import error_file  # imported only when failing: the trainer loads no more of the launcher
+
+    error_file.write(exc, exit=exit)
 
 
 def _one_line(exc: BaseException) -> str:

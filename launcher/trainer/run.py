@@ -33,9 +33,20 @@ def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -
             return evaluator.run(opts, arrays)
         code = train(opts, info, arrays, started)
     except tf.errors.OpError as exc:
-        first_line = (exc.message or str(exc)).strip().splitlines()[0]
-        raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {first_line}") from None
+        # Chained: the error file's traceback keeps TensorFlow's whole message (which names the
+        # tasks that stopped sending heartbeats, also when its C++ log records are turned off).
+        raise MgpuError(f"{info.name}: TensorFlow {type(exc).__name__}: {telling_line(exc.message or str(exc))}") from exc
     leave(info, code)
+
+
+def telling_line(message: str) -> str:
+    """The line of a TensorFlow error message that says what went wrong: not the "Graph execution
+    error:" heading, nor the "Detected at node ... defined at" line and its (indented) frames."""
+    lines = message.strip().splitlines()
+    for line in lines:
+        if line.strip() and not line[:1].isspace() and not line.startswith(("Graph execution error", "Detected at node")):
+            return line.strip()
+    return lines[0].strip() if lines else ""
 
 
 def leave(info: ClusterInfo, code: int) -> NoReturn:

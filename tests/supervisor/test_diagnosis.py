@@ -63,3 +63,158 @@ def test_the_users_frame_is_the_deepest_outside_libraries():
 def test_without_a_traceback_the_first_error_line_is_the_cause():
     assert diagnosis.cause(NOISE + ["step 1", CAUSES[0], "step 2"]) == ("first error line", [CAUSES[0]])
     assert diagnosis.cause(NOISE + ["a", "b"], fallback_lines=20) == ("last 2 lines", ["a", "b"])
+
+
+# What worker:0 printed when worker:1 was stopped with SIGSTOP in a 2-worker run of the built-in
+# trainer (TensorFlow 2.21), in order.
+HEARTBEAT_REPORT = [
+    "MGPU_PROGRESS 950/100000",
+    "E0000 00:00:1795466224.314303   24090 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort "
+    "UNAVAILABLE: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending "
+    "heartbeats):",
+    "/job:worker/replica:0/task:1",
+    "The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, "
+    "eviction) to debug further. [type.googleapis.com/tensorflow.CoordinationServiceError='\\\"\\n\\n\\x06worker\\x10\\x01']",
+    "E0000 00:00:1795466224.315137   24100 ring_alg.cc:291] Aborting RingGather with CANCELLED: CANCELLED",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+    "/tensorflow.WorkerService/RecvBuf:",
+    ':UNKNOWN:Error received from peer  {grpc_status:1, grpc_message:"CANCELLED"} '
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    "mgpu train: error: worker:0: TensorFlow UnavailableError: Graph execution error:",
+]
+
+
+def test_the_tasks_reported_unhealthy_are_named_as_mgpu_names_them():
+    assert diagnosis.unhealthy_tasks(HEARTBEAT_REPORT) == ["worker:1"]
+    several = ["E0000 00:00:1.2  1 x.cc:1] UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):",
+               "/job:chief/replica:0/task:0", "/job:worker/replica:0/task:3", "/job:worker/replica:0/task:3",
+               "The tasks have crashed."]
+    assert diagnosis.unhealthy_tasks(several) == ["chief:0", "worker:3"]
+    older = ["Task /job:worker/replica:0/task:2 heartbeat timeout. This indicates that the remote task has failed"]
+    assert diagnosis.unhealthy_tasks(older) == ["worker:2"]
+    # A straggler report lists task names the same way: they are not unhealthy.
+    stragglers = ["I0000 00:00:1795433100.825649   23705 coordination_service.cc:505] Example stragglers:",
+                  "/job:worker/replica:0/task:1"]
+    assert diagnosis.unhealthy_tasks(stragglers + CAUSES) == []
+
+
+def test_a_heartbeat_report_gets_the_frozen_peer_hint_not_the_network_one():
+    [hint] = diagnosis.hints(HEARTBEAT_REPORT)
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "SIGSTOP" in hint
+    assert "firewall" not in hint and "DNS" not in hint
+    # The network hint still answers the wording of a peer that cannot be reached.
+    [hint] = diagnosis.hints(["E0000 00:00:1.2 1 c.cc:1] Failed to send RegisterTask: UNAVAILABLE: failed to connect "
+                              "to all addresses; last error: UNKNOWN: ipv4:10.0.0.2:2222: Connection refused"])
+    assert hint.startswith("hint: a task could not reach another")
+
+
+def end(name, failed=False, at=None):
+    return diagnosis.TaskEnd(name, failed, at)
+
+
+def test_blame_goes_to_the_unhealthy_task_then_a_peer_that_failed_first_then_the_reporter():
+    reporter = end("worker:0", True, 100.0)
+    peers = [end("worker:1"), end("worker:2", True, 99.0)]
+    assert diagnosis.blame(reporter, HEARTBEAT_REPORT, peers) == diagnosis.Blame("worker:1", diagnosis.UNHEALTHY)
+    assert diagnosis.blame(reporter, CAUSES, peers) == diagnosis.Blame("worker:2", diagnosis.FAILED_FIRST)
+    # Not first: a peer that failed at the same time or later, or that did not fail by itself.
+    for later in (end("worker:2", True, 100.0), end("worker:2", True, 101.0), end("worker:2", False, 99.0)):
+        assert diagnosis.blame(reporter, CAUSES, [later]) == diagnosis.Blame("worker:0", diagnosis.REPORTER)
+    # The earliest of several.
+    peers = [end("worker:1", True, 99.5), end("worker:2", True, 98.0), end("worker:3", True, 99.0)]
+    assert diagnosis.blame(reporter, CAUSES, peers).task == "worker:2"
+
+
+def test_blame_ignores_unhealthy_names_that_are_not_peers():
+    # The reporter itself, or a task that is not in this run (another job's names), is never blamed so.
+    report = HEARTBEAT_REPORT[1:3]
+    assert diagnosis.blame(end("worker:1", True, 1.0), report, [end("worker:0")]).task == "worker:1"
+    assert diagnosis.blame(end("worker:0", True, 1.0), report, [end("chief:0")]).task == "worker:0"
+    several = report + ["/job:worker/replica:0/task:2"]
+    verdict = diagnosis.blame(end("worker:0", True, 1.0), several, [end("worker:1"), end("worker:2")])
+    assert verdict == diagnosis.Blame("worker:1", diagnosis.UNHEALTHY, ("worker:2",))
+
+
+TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 40, in <module>',
+    "    train()",
+    '  File "/home/me/train.py", line 31, in train',
+    "    raise RuntimeError(\"loss is nan\")",
+    "RuntimeError: loss is nan",
+]
+
+
+def test_a_stdout_line_amid_a_traceback_is_never_the_cause():
+    # The reader threads of the two streams append lines in whatever order they get them: a stdout
+    # line may land anywhere in the traceback. At every position, the cause is the exception.
+    stdout_line = "Epoch: 0, accuracy: 0.72"
+    expected = ("exception", ["RuntimeError: loss is nan",
+                              'at /home/me/train.py:31 in train: raise RuntimeError("loss is nan")'])
+    for position in range(len(TRACEBACK) + 1):
+        tail = [diagnosis.TaskLine(line, stderr=True) for line in TRACEBACK]
+        tail.insert(position, diagnosis.TaskLine(stdout_line, stderr=False))
+        texts = [line.text for line in tail]
+        stderr = [line.text for line in tail if line.stderr]
+        assert diagnosis.cause(texts, stderr=stderr) == expected, position
+    # Two stdout lines at once, between the last frame and the exception line (what was seen).
+    texts = TRACEBACK[:-1] + [stdout_line, "Epoch: 1, accuracy: 0.80", TRACEBACK[-1]]
+    assert diagnosis.cause(texts, stderr=TRACEBACK) == expected
+    # Without the streams told apart, that stdout line was taken for the exception.
+    assert diagnosis.cause(texts)[1][0] == stdout_line
+
+
+def test_a_traceback_on_stdout_is_still_found_when_stderr_has_none():
+    # A program whose stderr goes to its stdout (2>&1 in a wrapper script).
+    assert diagnosis.cause(["step 1"] + TRACEBACK, stderr=[])[1][0] == "RuntimeError: loss is nan"
+
+
+def test_a_frame_without_its_source_line_does_not_hide_the_exception():
+    # `python -c` and programs run from bytecode alone print no source line under a frame.
+    lines = ["Traceback (most recent call last):", '  File "<string>", line 4, in <module>', "KeyError: 'shard'"]
+    assert diagnosis.cause(lines) == ("exception", ["KeyError: 'shard'", "at <string>:4 in <module>"])
+
+
+# What worker:1 printed when worker:0, which runs the coordination service, was stopped with SIGSTOP.
+LEADER_SILENT_REPORT = [
+    "E0000 00:00:1795467571.761572   22279 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort "
+    "DEADLINE_EXCEEDED: Deadline Exceeded",
+    "",
+    "RPC: /tensorflow.CoordinationService/Heartbeat",
+    "E0000 00:00:1795467571.761655   22279 ring_alg.cc:291] Aborting RingReduce with DEADLINE_EXCEEDED: Collective "
+    "ops is aborted by: Deadline Exceeded",
+    "",
+    "RPC: /tensorflow.CoordinationService/Heartbeat",
+    "The error could be from a previous operation. Restart your program to reset. "
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    "mgpu train: error: worker:1: TensorFlow DeadlineExceededError: Collective ops is aborted by: Deadline Exceeded",
+]
+
+
+def test_unanswered_heartbeats_blame_the_task_that_runs_the_coordination_service():
+    reporter = end("worker:1", True, 100.0)
+    running = diagnosis.TaskEnd("worker:0", False, None, running=True)
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [running, end("worker:2")]) == \
+        diagnosis.Blame("worker:0", diagnosis.LEADER_SILENT)
+    # With a chief, the chief runs it.
+    chief = diagnosis.TaskEnd("chief:0", False, None, running=True)
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [chief, running]).task == "chief:0"
+    # Not a leader that had already ended by itself (it left early: the reporter's failure is its own),
+    # nor when the reporter is the leader.
+    assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [end("worker:0", False, 90.0)]).task == "worker:1"
+    assert diagnosis.blame(end("worker:0", True, 1.0), LEADER_SILENT_REPORT, [end("worker:1")]).task == "worker:0"
+    [hint] = diagnosis.hints(LEADER_SILENT_REPORT)
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats")
+
+
+def test_a_coordination_service_that_is_gone_is_not_taken_for_a_silent_one():
+    # What worker:1 printed when worker:0, which runs the service, had already exited.
+    gone = ["tensorflow.python.framework.errors_impl.UnavailableError: {{function_node __wrapped__CollectiveReduceV2}} "
+            "Collective ops is aborted by: Failed to send RPC to coordination service.",
+            "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling "
+            "/tensorflow.CoordinationService/Heartbeat:",
+            ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; '
+            'last error: UNKNOWN: ipv4:127.0.0.1:42399: Failed to connect to remote host: Connection refused"}']
+    assert not diagnosis.leader_unanswered(gone)
+    [hint] = diagnosis.hints(gone)
+    assert hint.startswith("hint: a task could not reach another")

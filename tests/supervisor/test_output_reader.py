@@ -120,7 +120,7 @@ def test_hostile_bytes_reach_the_log_exactly_and_never_stop_the_reader(run_id, t
     assert run.drained
     assert run.log == data
     assert run.notices == []  # no watcher failed
-    assert run.output.ready.is_set() and run.output.tail[-1] == "last words"
+    assert run.output.ready.is_set() and run.output.tail[-1].text == "last words"
     assert "[worker:0] last words\n" in run.console
     assert not any(c in run.console for c in "\x1b\r\b\x07\u202e")
 
@@ -141,7 +141,7 @@ def test_lines_after_a_hostile_line_reach_the_log_and_the_console(run_id, tmp_pa
     assert run.log == line + b"\n" + tail
     assert run.notices == []
     assert "[worker:0] after 19999\n" in run.console
-    assert run.output.tail[-1] == "after 19999"
+    assert run.output.tail[-1].text == "after 19999"
 
 
 def test_bind_failures_naming_no_usable_port(run_id, tmp_path):
@@ -243,7 +243,7 @@ def test_a_log_that_cannot_be_written_is_reported_once_and_the_stream_still_read
     assert output.drained(30)
     output.close()
     assert len(notices) == 1 and "cannot write the log of worker:0" in notices[0]
-    assert output.tail[-1] == "line 9999"
+    assert output.tail[-1].text == "line 9999"
 
 
 def test_console_close_writes_everything_queued():

@@ -3,6 +3,7 @@
 import pathlib
 
 from launcher.supervise import stacks
+from launcher.supervise.diagnosis import TaskLine
 from launcher.supervise.stall import StallClock
 from launcher.supervise.summary import TaskView, stall_summary
 
@@ -39,7 +40,8 @@ BLOCKED_IN_OWN_CODE = [
 
 
 def view(name: str, lines: list[str]) -> TaskView:
-    return TaskView(name, "h1", 2222, False, lines, pathlib.Path(f"/runs/{name}.log"))
+    tail = [TaskLine(line, stderr=True) for line in lines]  # faulthandler writes to stderr
+    return TaskView(name, "h1", 2222, False, tail, pathlib.Path(f"/runs/{name}.log"))
 
 
 def test_the_main_thread_says_where_a_task_is():

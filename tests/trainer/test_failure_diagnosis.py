@@ -1,10 +1,12 @@
 """Failure summaries of real TensorFlow programs under `mgpu launch`: the exception and the user's
 frame instead of TensorFlow's start-up noise, and one hint line per known failure."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -111,3 +113,87 @@ def test_restoring_a_checkpoint_that_is_not_there_yet_gets_the_hint(tmp_path):
     assert "NotFoundError" in err
     [hint] = hint_lines(err)
     assert hint.startswith("hint: no checkpoint there yet") and "checkpoints_iterator" in hint
+
+
+def launch_trainer(tmp_path, run_id: str, *trainer_args: str, workers: int = 2) -> subprocess.Popen:
+    """`mgpu launch --local N` of the built-in trainer, its stderr going to tmp_path/stderr.txt;
+    the caller reads its stdout and waits for it."""
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "launcher", "launch", "--local", str(workers), "--run-id", run_id,
+             "--log-dir", str(tmp_path / "runs"), "--grace-period", "2", "--", *trainer_args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
+
+
+def test_the_trainers_error_file_is_what_the_summary_shows(tmp_path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    proc = launch_trainer(tmp_path, "no-data", "--dataset", "fashion_mnist", "--data-dir", str(empty), workers=1)
+    proc.communicate(timeout=120)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 1
+    summary = err[err.index("mgpu: error: "):].splitlines()
+    assert summary[0] == "mgpu: error: worker:0 on 127.0.0.1 exited with code 1"
+    # The error file's message, not the trainer's stderr line ("mgpu train: error: ...").
+    assert summary[1].startswith(f"  {empty} lacks train-images-idx3-ubyte")
+    written = json.loads((tmp_path / "runs" / "no-data" / "worker-0.attempt0.error.json").read_text())
+    assert written["exception"] == "DatasetError" and written["exit"] == "error"
+    assert written["message"] == summary[1].strip() and "Traceback (most recent call last):" in written["traceback"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("frozen_task, reporter, head", [
+    ("worker:1", "worker:0", "worker:1 on 127.0.0.1 stopped sending heartbeats (reported by worker:0, which exited "
+                             "with code 1)"),
+    ("worker:0", "worker:1", "worker:0 on 127.0.0.1 stopped answering heartbeats (it runs TensorFlow's coordination "
+                             "service; reported by worker:1, which exited with code 1)"),
+])
+def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, reporter, head):
+    # A worker is stopped (SIGSTOP) mid-training; TensorFlow makes the other fail for it. The
+    # summary names the frozen one, and sends the user to it, not to firewalls.
+    import queue
+    import signal
+    import threading
+
+    proc = launch_trainer(tmp_path, "frozen", "--model", "small", "--dataset", "synthetic", "--threads", "1",
+                          "--train-steps", "1000000", "--log-every", "5")
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    frozen = None
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # until worker:0 trains, so worker:1 does too (the steps are in step)
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line.startswith("[worker:0] train step="):
+                break
+        else:
+            pytest.fail("worker:0 never reported a training step")
+        run = json.loads((tmp_path / "runs" / "frozen" / "run.json").read_text())
+        frozen = run["attempts"][0]["tasks"][frozen_task]["pid"]
+        os.kill(frozen, signal.SIGSTOP)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1
+    err = (tmp_path / "stderr.txt").read_text()
+    summary = err[err.index("mgpu: error: "):].splitlines()
+    assert summary[0] == f"mgpu: error: {head}"
+    # What the other reported: TensorFlow's line that says why, not the "Graph execution error:" heading.
+    assert summary[1] == f"{reporter} reported:"
+    assert summary[2].startswith(f"  {reporter}: TensorFlow ") and "Graph execution error" not in summary[2]
+    [hint] = hint_lines(err)
+    assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "firewall" not in hint
+    logs = tmp_path / "runs" / "frozen"
+    assert summary[-2:] == [f"log: {logs / (frozen_task.replace(':', '-') + '.log')}",
+                            f"log: {logs / (reporter.replace(':', '-') + '.log')}"]
+    if frozen_task == "worker:1":  # the error file keeps TensorFlow's whole message, which names it too
+        written = json.loads((logs / "worker-0.attempt0.error.json").read_text())
+        assert written["exit"] == "error" and "/job:worker/replica:0/task:1" in written["traceback"]
