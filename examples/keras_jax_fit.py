@@ -33,7 +33,6 @@ import numpy as np  # noqa: E402
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
-READY_LINE = "MGPU_TASK_READY"  # tells mgpu this task has joined the job (see mgpu's README)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -126,7 +125,6 @@ def main(argv: list[str]) -> int:
     distribution.auto_shard_dataset = False  # each process feeds its own shard below
     keras.distribution.set_distribution(distribution)
     # The same initial weights everywhere: initialize() has already given every process one seed.
-    print(READY_LINE, flush=True)
 
     replicas = len(devices)
     local_batch = args.batch_size_per_replica * replicas // num_processes

@@ -104,6 +104,18 @@ def test_two_workers_train_one_job_and_end_with_equal_weights(tmp_path, launches
     assert launch.record()["status"] == "succeeded"
 
 
+def test_a_fit_that_runs_past_the_start_timeout_finishes(tmp_path, launches):
+    # Only process 0 listens; process 1 is seen joining by its connection to it. No ready line.
+    launch = launches(tmp_path, "long", ["--local", "2", "--start-timeout", "15"],
+                      ["--model", "cnn", "--epochs", "2", "--steps-per-epoch", "40"])
+    code, out = launch.finish()
+    assert code == 0, out[-3000:]
+    lines = out.splitlines()
+    ready = next(i for i, line in enumerate(lines) if line.startswith("[mgpu] all 2 tasks ready after"))
+    assert ready < min(i for i, line in enumerate(lines) if "Epoch 1/2" in line), out[-3000:]
+    assert all(task["ready_at"] for task in launch.record()["attempts"][0]["tasks"].values())
+
+
 def test_with_a_chief_the_chief_is_process_0(tmp_path, launches):
     launch = launches(tmp_path, "chief", ["--local", "1", "--chief"])
     code, out = launch.finish()
