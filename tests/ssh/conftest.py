@@ -51,3 +51,22 @@ def isolated_home(tmp_path, monkeypatch) -> pathlib.Path:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     return home
+
+
+@pytest.fixture(autouse=True)
+def no_stale_pyenv_rehash_lock() -> None:
+    """Where the login shell runs `pyenv init` (as on the machines these tests run on), each SSH
+    session rehashes under a lock file. A session stopped in the middle of that (the tests stop
+    runs at any point, as users do) leaves the lock behind, and every later login waits 60 s for
+    it: the machine's state, not mgpu's. A lock that no running rehash holds is removed."""
+    import os
+
+    import psutil
+
+    lock = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
+    if not lock.exists():
+        return
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("pyenv-rehash" in part for part in proc.info["cmdline"] or ()):
+            return
+    lock.unlink(missing_ok=True)

@@ -130,10 +130,6 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
         "PrintMotd no\n"
         "AllowTcpForwarding yes\n"
         "MaxStartups 50\n"
-        # A login shell that runs `pyenv init` rehashes under a lock file; a session killed
-        # mid-rehash (tests stop sessions at any point) leaves the lock, and every later login
-        # would wait 60 s for it. Bounded here to what a test can wait.
-        "SetEnv PYENV_REHASH_TIMEOUT=2\n"
         f"LogLevel {log_level}\n"
         + extra
     )
