@@ -74,9 +74,14 @@ class Sshd:
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """Suspend the server's connection processes: a network partition, or a host too busy to answer."""
-        procs = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.name() == "sshd"]
-        for p in procs:
-            p.suspend()
+        procs = []
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:  # a session may end meanwhile (a task's join watcher leaves once it has reported)
+                if p.name() == "sshd":
+                    p.suspend()
+                    procs.append(p)
+            except psutil.Error:
+                pass
         try:
             yield
         finally:
