@@ -72,7 +72,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Time between TERM and KILL when stopping tasks.")
 @click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not started by then: printed the ready line (the "
-                   "built-in trainer) or, for other programs, listened on its port.")
+                   "built-in trainer) or, for other programs, listened on its port or connected to the "
+                   "coordinator's (the first member's), as JAX and PyTorch processes other than 0 do.")
 @click.option("--stall-timeout", type=params.Seconds(0), default=None, metavar="SECONDS",
               help=f"Stop the run (with every task's Python stack) when no training task has printed anything "
                    f"or used CPU for this long once all are ready; 0: never. [default: "
