@@ -42,11 +42,6 @@ def _tcp_sockets(proc: psutil.Process) -> list:
         return []
 
 
-def listens_on(procs: Iterable[psutil.Process], port: int) -> bool:
-    """Whether one of `procs` has a TCP socket listening on `port` (any address)."""
-    return joined(procs, port, None)
-
-
 def joined(procs: Iterable[psutil.Process], own_port: int | None, coordinator_port: int | None) -> bool:
     """Whether one of `procs` listens on `own_port` (a TensorFlow server; process 0 of JAX or
     PyTorch) or holds an established TCP connection to `coordinator_port` (the other processes
