@@ -42,14 +42,19 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         _warn_about_exposure(plans, None, options)
     _check_local_tf_keras(plans, options)
     if options.check_hosts:
+        import os
+
+        from launcher.plan.network import with_interfaces
         from launcher.preflight.reach import check_reachability
 
         try:
-            check_reachability(plans, ssh_runner)
+            interfaces = check_reachability(plans, ssh_runner)
         except BaseException:
             if ssh_runner is not None:
                 ssh_runner.close()
             raise
+        # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
+        plans = with_interfaces(plans, interfaces, frozenset(os.environ))
 
     def runner_for(plan: TaskPlan):
         return local_runner if plan.local else ssh_runner

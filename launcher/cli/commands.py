@@ -236,7 +236,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 def check_command(**opts) -> None:
     from launcher.errors import CheckFailed
     from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
-    from launcher.preflight.reach import HINT as REACH_HINT, reachability_problems
+    from launcher.preflight.reach import HINT as REACH_HINT, Reachability, describe_interfaces, probe_reachability
 
     command = opts.pop("command")
     check_text(opts, command)
@@ -252,15 +252,16 @@ def check_command(**opts) -> None:
     try:
         reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
         # Only hosts that passed can run the reachability probe (it needs their Python and ports).
-        problems = reachability_problems(plans, ssh_runner) if all(r.ok for r in reports) else []
+        reachability = probe_reachability(plans, ssh_runner) if all(r.ok for r in reports) else Reachability((), {})
     finally:
         if ssh_runner is not None:
             ssh_runner.close()
     click.echo(render_table(reports))
     raise_for_failures(reports)
-    if problems:
-        raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(problems) + "\n" + REACH_HINT)
+    if reachability.problems:
+        raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(reachability.problems) + "\n" + REACH_HINT)
     click.echo("mgpu: every task reached every other task's TF_CONFIG address", err=True)  # stdout: the table
+    click.echo(f"mgpu: {describe_interfaces(plans, reachability.interfaces)}", err=True)
 
 
 # ---------------------------------------------------------------------------

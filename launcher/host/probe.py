@@ -8,15 +8,18 @@ Run as: python probe.py PORTS MODULES [legacy-keras], with comma-separated lists
 JSON object with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error,
 gpus, and with legacy-keras also tf_keras or tf_keras_error.
 
-Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
-launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
-TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
+Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED [OWN_HOSTS], the reachability test
+that the launcher runs on every host at once: listen on PORTS (this host's tasks), connect to
+every TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
 have passed, and keep listening until each port has accepted EXPECTED connections (one per
 probing host) or a little longer than TIMEOUT. Prints one JSON object: listen_errors
-{port: reason} and reach {target: "ok" | reason}.
+{port: reason}, reach {target: "ok" | reason}, and interfaces {own host: interface name | null}:
+the network interface that holds the address each OWN_HOST (the names the other tasks dial to
+reach this host) resolves to here, which is the one NCCL and Gloo must use.
 """
 
 import errno
+import ipaddress
 import json
 import shutil
 import socket
@@ -166,6 +169,74 @@ def _connect(target, timeout, deadline):
     return ("%s (%s)" % (reason, shown)) if shown else reason
 
 
+def _addresses_from_ip_command():
+    """[(address, interface)] from iproute2's one-line listing; [] without it."""
+    if shutil.which("ip") is None:
+        return []
+    try:
+        listing = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in listing.splitlines():  # "2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0 ..."
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] in ("inet", "inet6"):
+            found.append((fields[3].split("/")[0], fields[1].split("@")[0]))
+    return found
+
+
+def _addresses_from_ioctl():
+    """[(address, interface)] of each interface's first IPv4 address, asked of the kernel (Linux)."""
+    try:
+        import fcntl
+        import struct
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for name in names:
+            try:
+                answer = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:
+                continue  # no IPv4 address
+            found.append((socket.inet_ntoa(answer[20:24]), name))
+    return found
+
+
+def interface_of(host, addresses):
+    """The interface holding an address `host` resolves to, from [(address, interface)]; None when
+    no interface here holds one (a name that resolves elsewhere, or a NAT address)."""
+    try:
+        resolved = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+    except (OSError, UnicodeError):
+        return None
+    held = {}
+    for address, name in addresses:
+        try:
+            held.setdefault(ipaddress.ip_address(address.split("%")[0]), name)
+        except ValueError:
+            continue
+    for value in resolved:
+        try:
+            wanted = ipaddress.ip_address(value.split("%")[0])
+        except ValueError:
+            continue
+        if wanted in held:
+            return held[wanted]
+        if wanted.is_loopback:  # all of 127.0.0.0/8 is the loopback interface's, listed or not
+            loopback = [name for address, name in held.items() if address.is_loopback and address.version == wanted.version]
+            if loopback:
+                return loopback[0]
+    return None
+
+
+def interfaces_of(hosts):
+    """{host: interface or None} for the names by which the other tasks reach this host."""
+    addresses = _addresses_from_ip_command() or _addresses_from_ioctl()
+    return {host: interface_of(host, addresses) for host in hosts}
+
+
 def reach(ports, targets, timeout, expected):
     started = time.monotonic()
     deadline = started + timeout
@@ -200,7 +271,10 @@ def main(argv):
     if len(argv) > 1 and argv[1] == "reach":
         ports = [int(port) for port in argv[2].split(",") if port]
         targets = [target for target in argv[3].split(",") if target]
-        print(json.dumps(reach(ports, targets, float(argv[4]), int(argv[5]))))
+        result = reach(ports, targets, float(argv[4]), int(argv[5]))
+        own_hosts = [host for host in (argv[6] if len(argv) > 6 else "").split(",") if host]
+        result["interfaces"] = interfaces_of(own_hosts)
+        print(json.dumps(result))
         return
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]

@@ -83,6 +83,10 @@ class TaskEnv(Mapping[str, str]):
     def tf_config(self) -> dict:
         return {"cluster": {role: list(hosts) for role, hosts in self.cluster.items()}, "task": dict(self.task)}
 
+    def adding(self, extra: Mapping[str, str]) -> "TaskEnv":
+        """This env with `extra` added (the cluster is still shared)."""
+        return TaskEnv(self.cluster, self.cluster_json, self.task, {**self._rest, **extra})
+
 
 TRAINER_MODULE = "launcher.trainer"
 REMOTE_PYTHON = "python3"

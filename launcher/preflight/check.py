@@ -16,22 +16,15 @@ through a runner, local ones with a subprocess.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.metadata
-import json
-import os
-import pathlib
-import shlex
-import subprocess
 import sys
-import threading
 import time
-from typing import Callable, Iterable, Sequence, TextIO, TypeVar
+from typing import Sequence, TextIO
 
-from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
-from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
-from launcher.host import probe as host_probe
-from launcher.runners.ssh import remote_command
+from launcher.errors import CheckFailed, MgpuError, UsageError
+from launcher.plan.planner import TaskPlan
+from launcher.preflight.on_host import HostShell, in_parallel
+from launcher.preflight.probes import host_probe_command, probe_for
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
 PROBE_TIMEOUT = 90.0
@@ -72,71 +65,6 @@ def local_tensorflow_version() -> str | None:
     return None
 
 
-def probe_command(
-    program: str,
-    python: str,
-    python_required: bool,
-    ports: Iterable[int],
-    workdir: str | None,
-    modules: Sequence[str],
-    legacy_keras: bool = False,
-) -> str:
-    """A command that probes a host and prints one JSON object on stdout.
-
-    Keys: workdir_missing, program_missing, python_missing (true when so), else those
-    of launcher/host/probe.py, whose source runs with the task's Python.
-    """
-    port_list = ",".join(str(int(p)) for p in ports)
-    lines = []
-    if workdir:
-        lines.append(f"cd {shlex.quote(remote_command.safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
-    lines.append(
-        f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
-    )
-    missing = '{"python_missing": true}' if python_required else "{}"
-    lines.append(f"command -v {shlex.quote(python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
-    lines.append(
-        "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + " ".join(shlex.quote(a) for a in (python, "-c", probe_source(), port_list, ",".join(modules),
-                                             *(["legacy-keras"] if legacy_keras else [])))
-        + " </dev/null"
-    )
-    return remote_command.sh("\n".join(lines))
-
-
-
-
-@functools.lru_cache(maxsize=1)
-def probe_source() -> str:
-    return pathlib.Path(host_probe.__file__).read_text(encoding="utf-8")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Probe:
-    program: str
-    python: str
-    python_required: bool
-    modules: tuple[str, ...]
-    legacy_keras: bool = False
-    tensorflow_required: bool = False
-
-
-def probe_python(plan: TaskPlan) -> str:
-    """The interpreter that runs the probe on the plan's host."""
-    return _probe_for(plan).python
-
-
-def _probe_for(plan: TaskPlan) -> _Probe:
-    argv = plan.argv
-    legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
-    if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
-        return _Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
-    if os.path.basename(argv[0]).startswith("python"):
-        return _Probe(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
-    # Some other program: Python is only used for the probe itself, and may be absent.
-    return _Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
-
-
 def legacy_keras_fix(tensorflow_version: str | None) -> str:
     """The pip command that installs the tf-keras of a TensorFlow version's series."""
     series = ".".join((tensorflow_version or "").split(".")[:2])
@@ -156,36 +84,22 @@ def _check_tf_keras(report: HostReport, result: dict) -> None:
         report.problems.append(f"tf_keras does not import (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
 
 
-Runner = Callable[[TaskPlan, str, float], "tuple[int, bytes, bytes]"]
-
-
-def _run_local(plan: TaskPlan, command: str, timeout: float) -> tuple[int, bytes, bytes]:
-    try:
-        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        raise CheckFailed(f"{plan.host}: the check did not finish within {timeout:g} s") from e
-    return done.returncode, done.stdout, done.stderr
-
-
-def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
+def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell) -> HostReport:
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
-    probe = _probe_for(first)
+    probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
-    command = probe_command(probe.program, probe.python, probe.python_required, ports, first.workdir, probe.modules,
-                            probe.legacy_keras)
     try:
-        code, out, err = run(first, command, PROBE_TIMEOUT)
+        output = shell.run(first, host_probe_command(probe, ports, first.workdir), PROBE_TIMEOUT)
     except MgpuError as e:
         report.ssh = "failed"
         report.problems.append(str(e))
         report.error = e
         return report
     report.ssh = "local" if first.local else "ok"
-    result = last_json(out)
+    result = output.last_json()
     if result is None:
-        detail = (err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {code}"])[-1]
-        report.problems.append(f"the check did not run: {detail}")
+        report.problems.append(f"the check did not run: {output.last_error_line()}")
         return report
     if result.get("workdir_missing"):
         report.problems.append(f"no directory {first.workdir}")
@@ -215,17 +129,6 @@ def _check_host(host_plans: Sequence[TaskPlan], run: Runner) -> HostReport:
     return report
 
 
-def last_json(out: bytes) -> dict | None:
-    for line in reversed(out.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
-
-
 def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None) -> None:
     versions = [r.tensorflow for r in reports if r.tensorflow not in ("-", "missing")]
     if not versions:
@@ -244,54 +147,10 @@ def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str |
     hosts: dict[tuple[str, bool], list[TaskPlan]] = {}
     for plan in plans:
         hosts.setdefault((plan.host, plan.local), []).append(plan)
-
-    def run(plan: TaskPlan, command: str, timeout: float):
-        if plan.local:
-            return _run_local(plan, command, timeout)
-        if ssh_runner is None:
-            raise ConnectError(f"{plan.host}: no SSH runner to reach it")
-        return ssh_runner.run(plan, command, timeout)
-
-    reports = in_parallel([lambda group=group: _check_host(group, run) for group in hosts.values()], _PARALLEL_PROBES)
+    shell = HostShell(ssh_runner)
+    reports = in_parallel([lambda group=group: _check_host(group, shell) for group in hosts.values()], _PARALLEL_PROBES)
     _compare_tensorflow(reports, local_version)
     return reports
-
-
-T = TypeVar("T")
-
-
-def in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
-    """Run `jobs`, up to `limit` at once; their results in order, or the first job's error.
-
-    The threads are daemons: an interrupt (Ctrl-C) returns at once instead of
-    waiting out every probe's timeout, as leaving a ThreadPoolExecutor would,
-    and interpreter exit does not wait for them either.
-    """
-    results: list = [None] * len(jobs)
-    errors: list[BaseException | None] = [None] * len(jobs)
-    pending = iter(range(len(jobs)))
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                i = next(pending, None)
-            if i is None:
-                return
-            try:
-                results[i] = jobs[i]()
-            except BaseException as e:  # re-raised in the caller's thread
-                errors[i] = e
-
-    threads = [threading.Thread(target=work, daemon=True, name="mgpu-check") for _ in range(min(limit, len(jobs)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for error in errors:
-        if error is not None:
-            raise error
-    return results
 
 
 COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),

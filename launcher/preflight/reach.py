@@ -6,22 +6,22 @@ and connects to every cluster address. One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
 Local hosts are probed with a subprocess, remote ones through the SSH runner; the whole
 test is bounded by the connect timeout plus the probe's hold time and the SSH start-up.
+
+The same probe names, on each host, the network interface that holds the address the other
+tasks dial there: the one NCCL and Gloo must use (see plan/network.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import subprocess
-import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from launcher.config.addresses import format_address
 from launcher.errors import CheckFailed, MgpuError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
-from launcher.preflight import check as host_check
-from launcher.runners.ssh import remote_command
+from launcher.preflight.on_host import HostShell, in_parallel
+from launcher.preflight.probes import reach_probe_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
 _RUN_TIMEOUT = REACH_TIMEOUT + host_probe.REACH_HOLD + 30.0  # the probe, plus a slow SSH session start
@@ -61,45 +61,38 @@ def _hosts(plans: Sequence[TaskPlan]) -> list[_Host]:
     return [_Host(tuple(group)) for group in grouped.values()]
 
 
-def _command(python: str, host: _Host, targets: Sequence[str], expected: int) -> list[str]:
-    args = ["reach", ",".join(map(str, host.ports)), ",".join(targets), f"{REACH_TIMEOUT:g}", str(expected)]
-    return [python, "-c", host_check.probe_source(), *args]
+@dataclasses.dataclass(frozen=True)
+class Reachability:
+    problems: tuple[str, ...]  # one line per pair that cannot connect; () when every pair can
+    # Per task: the interface that holds the address the other tasks dial (None where no
+    # interface of its host holds it, e.g. a NAT address, or where the probe could not run).
+    interfaces: Mapping[str, str | None]
 
 
-def _run(host: _Host, targets: Sequence[str], expected: int, ssh_runner) -> dict:
+def _probe(host: _Host, targets: Sequence[str], expected: int, shell: HostShell) -> dict:
     """The probe's JSON result on `host`; raises MgpuError when it could not run."""
-    if host.first.local:
-        argv = _command(sys.executable, host, targets, expected)
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=_RUN_TIMEOUT, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise CheckFailed(f"{host.first.host}: the reachability probe did not finish") from e
-        code, out, err = done.returncode, done.stdout, done.stderr
-    else:
-        python = host_check.probe_python(host.first)
-        command = remote_command.sh(shlex.join(_command(python, host, targets, expected)) + " </dev/null")
-        code, out, err = ssh_runner.run(host.first, command, _RUN_TIMEOUT)
-    result = host_check.last_json(out)
-    if result is None:
-        detail = (err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {code}"])[-1]
-        raise CheckFailed(f"{host.first.host}: the reachability probe did not run: {detail}")
-    return result
+    own_hosts = sorted({plan.reach_host for plan in host.plans})
+    command = reach_probe_command(host.first, host.ports, targets, REACH_TIMEOUT, expected, own_hosts)
+    return shell.json(host.first, command, _RUN_TIMEOUT, "reachability probe")
 
 
-def reachability_problems(plans: Sequence[TaskPlan], ssh_runner=None) -> list[str]:
-    """One line per task pair that cannot connect (or port that cannot be listened on); [] when all can."""
+def probe_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Reachability:
+    """Every host at once: which task pairs cannot connect (or ports cannot be listened on), and
+    the interface each task is reached through."""
     hosts = _hosts(plans)
     if not hosts:
-        return []
+        return Reachability((), {})
     members = [plan for host in hosts for plan in host.plans]
     targets = [_target(plan) for plan in members]
     owner = {_target(plan): plan for plan in members}
-    jobs = [lambda host=host: _run(host, targets, len(hosts), ssh_runner) for host in hosts]
+    shell = HostShell(ssh_runner)
+    jobs = [lambda host=host: _probe(host, targets, len(hosts), shell) for host in hosts]
     try:  # every host at once: its listeners must be up while the others connect
-        results = host_check.in_parallel(jobs, len(jobs))
+        results = in_parallel(jobs, len(jobs))
     except MgpuError as e:
-        return [str(e)]
+        return Reachability((str(e),), {})
     problems = []
+    interfaces = {}
     for host, result in zip(hosts, results):
         for port, reason in sorted(result.get("listen_errors", {}).items()):
             if "in use" in reason:
@@ -113,11 +106,40 @@ def reachability_problems(plans: Sequence[TaskPlan], ssh_runner=None) -> list[st
                 problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
             else:
                 problems.append(f"{host.names} on {host.first.host} cannot connect to {peer.name} at {target}: {outcome}")
-    return problems
+        found = result.get("interfaces") or {}
+        for plan in host.plans:
+            name = found.get(plan.reach_host)
+            interfaces[plan.name] = name if isinstance(name, str) and name else None
+    return Reachability(tuple(problems), interfaces)
 
 
-def check_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> None:
-    """Raise CheckFailed listing every broken pair, with a hint, when a task cannot reach another."""
-    problems = reachability_problems(plans, ssh_runner)
-    if problems:
-        raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(problems) + "\n" + HINT)
+def describe_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str | None]) -> str:
+    """One line: the interface NCCL and Gloo are given on each host, e.g.
+    `NCCL and Gloo use eth1 on h1, eth1 on h2`, and the hosts where no interface holds the
+    address the others dial (NAT, a name that resolves elsewhere), where they choose their own."""
+    per_host: dict[str, str | None] = {}
+    for plan in plans:
+        if plan.name in interfaces:
+            per_host.setdefault(plan.host, interfaces[plan.name])
+    found = [f"{name} on {host}" for host, name in per_host.items() if name]
+    unknown = [host for host, name in per_host.items() if not name]
+    parts = []
+    if found:
+        parts.append("NCCL and Gloo use " + ", ".join(found))
+    if unknown:
+        parts.append("no interface holds the address of " + ", ".join(unknown) + ": NCCL and Gloo choose there")
+    return "; ".join(parts) or "NCCL and Gloo choose their interfaces (no task is in the cluster)"
+
+
+def reachability_problems(plans: Sequence[TaskPlan], ssh_runner=None) -> list[str]:
+    """One line per task pair that cannot connect (or port that cannot be listened on); [] when all can."""
+    return list(probe_reachability(plans, ssh_runner).problems)
+
+
+def check_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Mapping[str, str | None]:
+    """Raise CheckFailed listing every broken pair, with a hint, when a task cannot reach another;
+    else return each task's interface (see Reachability.interfaces)."""
+    found = probe_reachability(plans, ssh_runner)
+    if found.problems:
+        raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(found.problems) + "\n" + HINT)
+    return found.interfaces

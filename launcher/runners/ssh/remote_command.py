@@ -45,6 +45,7 @@ from typing import Iterable, Mapping, Sequence
 
 from launcher.config.addresses import parse_env_name
 from launcher.protocol import ENV_ATTEMPT, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
+from launcher.shell import one_line, safe_workdir, sh
 
 PGID_MARKER = "MGPU_REMOTE_PGID"
 # The login shell gets the command as one argument, and Linux caps one argument at 128 KiB.
@@ -128,25 +129,10 @@ def join_watch_command(session_id: int, own_port: int | None, coordinator_port: 
     return sh(_JOIN_WATCHER) + f" mgpu-join {int(session_id)} {ports}"
 
 
-def sh(script: str) -> str:
-    """A command line for any POSIX-like login shell that runs `script` in /bin/sh."""
-    return "exec /bin/sh -c " + shlex.quote(script)
-
-
-def _one_line(value: str) -> str:
-    """`value` quoted for sh on a single line (newlines become "$mgpu_nl" outside the quotes)."""
-    return shlex.quote(value).replace("\n", "'\"$mgpu_nl\"'")
-
-
 def env_block(env: Mapping[str, str]) -> bytes:
     """What the wrapper reads from stdin: `mgpu_vI='value'` lines, then ENV_END."""
-    lines = [f"mgpu_v{i}={_one_line(value)}" for i, value in enumerate(env.values())]
+    lines = [f"mgpu_v{i}={one_line(value)}" for i, value in enumerate(env.values())]
     return ("\n".join(lines + [ENV_END]) + "\n").encode("utf-8", "surrogateescape")
-
-
-def safe_workdir(workdir: str) -> str:
-    """A workdir that cd cannot take for an option (`-P`, `-`)."""
-    return "./" + workdir if workdir.startswith("-") else workdir
 
 
 def task_command(

@@ -1,0 +1,113 @@
+"""Running a preflight command on the host of a task: this machine through /bin/sh, any other
+through the SSH runner's connection, always with a time limit, and over many hosts at once.
+
+The checks (check.py) and the reachability test (reach.py) both run their probes this way, so
+what "run on a host" means, and how it fails, is written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import threading
+from typing import Callable, Sequence, TypeVar
+
+from launcher.errors import CheckFailed, ConnectError
+from launcher.plan.planner import TaskPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOutput:
+    code: int
+    out: bytes
+    err: bytes
+
+    def last_json(self) -> dict | None:
+        return last_json(self.out)
+
+    def last_error_line(self) -> str:
+        """The last line on stderr, or the exit code when there is none: why a probe did not run."""
+        return (self.err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {self.code}"])[-1]
+
+
+class HostShell:
+    """Runs a /bin/sh command line on the host of a plan; `ssh_runner` (a runners.ssh.SshRunner)
+    reaches remote hosts, and a run without one can only reach this machine."""
+
+    def __init__(self, ssh_runner=None):
+        self._ssh_runner = ssh_runner
+
+    def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check") -> HostOutput:
+        """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host.
+
+        Raises CheckFailed when it outlives `timeout`, and the SSH runner's errors (ConnectError,
+        HostKeyError) when the host cannot be reached."""
+        if not plan.local:
+            if self._ssh_runner is None:
+                raise ConnectError(f"{plan.host}: no SSH runner to reach it")
+            return HostOutput(*self._ssh_runner.run(plan, command, timeout))
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
+        return HostOutput(done.returncode, done.stdout, done.stderr)
+
+    def json(self, plan: TaskPlan, command: str, timeout: float, what: str) -> dict:
+        """The JSON object that `command` prints last; CheckFailed naming why when there is none."""
+        output = self.run(plan, command, timeout, what)
+        result = output.last_json()
+        if result is None:
+            raise CheckFailed(f"{plan.host}: the {what} did not run: {output.last_error_line()}")
+        return result
+
+
+def last_json(out: bytes) -> dict | None:
+    """The last line of `out` that starts with "{", parsed; None when there is none or it is not JSON
+    (a login script may print before the probe does)."""
+    for line in reversed(out.decode("utf-8", "replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+T = TypeVar("T")
+
+
+def in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
+    """Run `jobs`, up to `limit` at once; their results in order, or the first job's error.
+
+    The threads are daemons: an interrupt (Ctrl-C) returns at once instead of
+    waiting out every probe's timeout, as leaving a ThreadPoolExecutor would,
+    and interpreter exit does not wait for them either.
+    """
+    results: list = [None] * len(jobs)
+    errors: list[BaseException | None] = [None] * len(jobs)
+    pending = iter(range(len(jobs)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
+            try:
+                results[i] = jobs[i]()
+            except BaseException as e:  # re-raised in the caller's thread
+                errors[i] = e
+
+    threads = [threading.Thread(target=work, daemon=True, name="mgpu-check") for _ in range(min(limit, len(jobs)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results

@@ -1,0 +1,84 @@
+"""The probes preflight runs on each host, and their command lines.
+
+Both run launcher/host/probe.py's source (standard library only) with the interpreter the tasks
+will use there, so a host is judged by the Python its tasks get: the host check (which Python,
+TensorFlow, modules, free ports, GPUs) and the reachability test (listen on the tasks' ports,
+connect to every task's address, and name the interface that holds the host's own address).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import shlex
+import sys
+from typing import Iterable, Sequence
+
+from launcher.host import probe as host_probe
+from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
+from launcher.shell import safe_workdir, sh
+
+
+@functools.lru_cache(maxsize=1)
+def probe_source() -> str:
+    return pathlib.Path(host_probe.__file__).read_text(encoding="utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What the host check asks of a task's host, from the task's command line."""
+
+    program: str  # the task's program: it must exist
+    python: str  # the interpreter that runs the probe
+    python_required: bool  # whether the tasks need that interpreter too
+    modules: tuple[str, ...]  # modules the tasks import
+    legacy_keras: bool = False
+    tensorflow_required: bool = False
+
+
+def probe_for(plan: TaskPlan) -> Probe:
+    argv = plan.argv
+    legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
+    if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
+        return Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
+    if os.path.basename(argv[0]).startswith("python"):
+        return Probe(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
+    # Some other program: Python is only used for the probe itself, and may be absent.
+    return Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
+
+
+def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) -> str:
+    """A command that probes a host and prints one JSON object on stdout.
+
+    Keys: workdir_missing, program_missing, python_missing (true when so), else those
+    of launcher/host/probe.py, whose source runs with the task's Python.
+    """
+    port_list = ",".join(str(int(p)) for p in ports)
+    lines = []
+    if workdir:
+        lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
+    lines.append(
+        f"command -v {shlex.quote(probe.program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
+    )
+    missing = '{"python_missing": true}' if probe.python_required else "{}"
+    lines.append(f"command -v {shlex.quote(probe.python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
+    lines.append(
+        "TF_CPP_MIN_LOG_LEVEL=3 exec "
+        + shlex.join((probe.python, "-c", probe_source(), port_list, ",".join(probe.modules),
+                      *(["legacy-keras"] if probe.legacy_keras else [])))
+        + " </dev/null"
+    )
+    return sh("\n".join(lines))
+
+
+def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
+                        expected: int, own_hosts: Sequence[str]) -> str:
+    """The reachability probe for the host of `plan` (see host/probe.py's `reach`).
+
+    This machine runs it with the launcher's own Python; another host with the tasks' Python."""
+    python = sys.executable if plan.local else probe_for(plan).python
+    argv = [python, "-c", probe_source(), "reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}",
+            str(expected), ",".join(own_hosts)]
+    return sh(shlex.join(argv) + " </dev/null")
