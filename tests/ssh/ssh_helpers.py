@@ -306,7 +306,11 @@ def remove_stale_namespaces() -> None:
 @dataclasses.dataclass
 class Netns:
     """Hosts h1, h2 in their own network namespaces, joined by a bridge in a third namespace,
-    with a veth from this (root) namespace into the bridge. Only 10.x addresses, nothing routed out."""
+    with a veth from this (root) namespace into the bridge. Only 10.x addresses, nothing routed out.
+
+    Each host has a second interface first, mgmt0, up and addressed on a network that joins
+    nothing (as a GPU node's management network beside its fabric): a program that picks the
+    first interface it likes picks the wrong one."""
 
     prefix: str
     subnet: str  # "10.213.N"
@@ -340,6 +344,11 @@ class Netns:
             for name, ns in lab.namespaces.items():
                 ip("netns", "add", ns)
                 ip("-n", ns, "link", "set", "lo", "up")
+                ip("-n", ns, "link", "add", "mgmt0", "type", "veth", "peer", "name", "mgmt0-end")
+                ip("-n", ns, "addr", "add", f"10.214.{subnet.rsplit('.', 1)[1]}.{lab.hosts[name].rsplit('.', 1)[1]}/24",
+                   "dev", "mgmt0")
+                ip("-n", ns, "link", "set", "mgmt0-end", "up")
+                ip("-n", ns, "link", "set", "mgmt0", "up")
                 ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port-{name}", "netns", bridge_ns)
                 ip("-n", ns, "addr", "add", f"{lab.hosts[name]}/24", "dev", "eth0")
                 ip("-n", ns, "link", "set", "eth0", "up")

@@ -250,6 +250,26 @@ def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
 
 
 @pytest.mark.slow
+def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(netns, tmp_path):
+    """Each host has mgmt0 first and eth0, and only eth0 joins the hosts. The preflight finds eth0 on
+    each (it holds the address the other tasks dial) and gives it to Gloo and NCCL; left to itself,
+    Gloo listens on the address the host's name resolves to, which no peer reaches here."""
+    pytest.importorskip("torch")
+    run_id = unique_run_id("netns-torch")
+    program = str(REPO / "tests" / "programs" / "torch_ddp.py")
+    shown = 'echo "interfaces: $NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"; exec "$0" "$@"'
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--workdir", str(tmp_path),
+                "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--",
+                "sh", "-c", shown, PYTHON, program, "1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for index in (0, 1):
+        log = (tmp_path / "runs" / run_id / f"worker-{index}.log").read_text()
+        assert "interfaces: =eth0 eth0" in log.splitlines()
+        assert f"rank {index}: " in log
+    assert not run_processes(run_id)
+
+
+@pytest.mark.slow
 def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
     """Keras 3 on the JAX backend across two hosts: h2 reaches the coordinator on h1:2222, and gloo
     connects the hosts. Gloo listens on the address the host's own name resolves to, so each host's
