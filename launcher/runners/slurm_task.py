@@ -5,11 +5,15 @@ launcher made (passed in MGPU_SLURM_PLAN) by SLURM_PROCID, checks that Slurm pla
 node the plan expects, sets TF_CONFIG and the plan's environment, and then execs the task's
 program, so that Slurm's signals and exit status concern the program itself.
 
+NCCL and Gloo are given the interface that holds the address of the node the others dial (as
+`mgpu launch` does elsewhere after its preflight), unless the step's environment names one.
+
 Two hazards of TensorFlow's SlurmClusterResolver are avoided: ranks follow the node list in
 Slurm's own order (never sorted by name, where node10 comes before node9), and a
 CUDA_VISIBLE_DEVICES that Slurm set for the step is kept, never overwritten.
 
-Standard library only: it runs on every node before anything else is known to work there.
+Standard library and mgpu's own pure modules only: it runs on every node before anything else is
+known to work there.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import json
 import os
 import sys
 from typing import Mapping
+
+from launcher.host.probe import interfaces_of
+from launcher.plan.network import INTERFACE_ENV, interface_env
 
 # The plans travel in the environment, which every node of a step receives (no shared file
 # system needed): MGPU_SLURM_PLAN holds the number of parts, MGPU_SLURM_PLAN_0... the JSON, in
@@ -102,6 +109,10 @@ def main() -> int:
               file=sys.stderr, flush=True)
         return EXIT_MISPLACED
     argv, env, workdir = task_start(document, rank, os.environ)
+    if not any(name in env for name in INTERFACE_ENV):
+        interface = interfaces_of([task["host"]])[task["host"]]
+        if interface:
+            env.update(interface_env(interface))
     try:
         if workdir:
             os.chdir(workdir)

@@ -16,11 +16,13 @@ import uuid
 import psutil
 import pytest
 
+from launcher.host.probe import interfaces_of
 from slurm_helpers import SlurmLab
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MGPU = [sys.executable, "-m", "launcher"]
 NODE = socket.gethostname()
+NODE_INTERFACE = interfaces_of([NODE])[NODE]
 
 
 def run_id(name: str) -> str:
@@ -81,7 +83,8 @@ def on_term(signum, frame):
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
 seen = {k: os.environ.get(k) for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "MGPU_TASK_TYPE", "MGPU_TASK_INDEX",
-                                       "SLURMD_NODENAME", "MGPU_SLURM_PLAN", "EXTRA")}
+                                       "SLURMD_NODENAME", "MGPU_SLURM_PLAN", "EXTRA", "NCCL_SOCKET_IFNAME",
+                                       "GLOO_SOCKET_IFNAME")}
 print("SEEN " + json.dumps(seen), flush=True)
 print(f"to stderr from {rank}", file=sys.stderr, flush=True)
 if order == "fail":
@@ -125,6 +128,9 @@ def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
         assert task["CUDA_VISIBLE_DEVICES"] == ""  # Slurm set none, so the plan's stands
         assert task["MGPU_SLURM_PLAN"] is None  # the launcher's hand-over does not reach the program
         assert (task["MGPU_TASK_TYPE"], task["MGPU_TASK_INDEX"]) == tuple(name.split(":"))
+        # The interface that holds the node's address (the node is this machine, named as it is).
+        assert NODE_INTERFACE is not None
+        assert (task["NCCL_SOCKET_IFNAME"], task["GLOO_SOCKET_IFNAME"]) == (f"={NODE_INTERFACE}", NODE_INTERFACE)
     assert json.loads(seen["worker:1"]["TF_CONFIG"]) == {
         "cluster": {"chief": [f"{NODE}:23400"], "worker": [f"{NODE}:23401", f"{NODE}:23402"]},
         "task": {"type": "worker", "index": 1}}
