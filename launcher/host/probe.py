@@ -8,14 +8,14 @@ Run as: python probe.py PORTS MODULES [legacy-keras], with comma-separated lists
 JSON object with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error,
 gpus, and with legacy-keras also tf_keras or tf_keras_error.
 
-Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED [OWN_HOSTS], the reachability test
-that the launcher runs on every host at once: listen on PORTS (this host's tasks), connect to
-every TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
+Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
+launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
+TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
 have passed, and keep listening until each port has accepted EXPECTED connections (one per
 probing host) or a little longer than TIMEOUT. Prints one JSON object: listen_errors
-{port: reason}, reach {target: "ok" | reason}, and interfaces {own host: interface name | null}:
-the network interface that holds the address each OWN_HOST (the names the other tasks dial to
-reach this host) resolves to here, which is the one NCCL and Gloo must use.
+{port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
+here}, and addresses [[address, interface], ...] of this host: from the addresses the other
+hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
 """
 
 import errno
@@ -204,20 +204,22 @@ def _addresses_from_ioctl():
     return found
 
 
-def interface_of(host, addresses):
-    """The interface holding an address `host` resolves to, from [(address, interface)]; None when
-    no interface here holds one (a name that resolves elsewhere, or a NAT address)."""
-    try:
-        resolved = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
-    except (OSError, UnicodeError):
-        return None
+def local_addresses():
+    """[(address, interface)] of this host: every address with iproute2, else each interface's
+    first IPv4 address."""
+    return _addresses_from_ip_command() or _addresses_from_ioctl()
+
+
+def interface_holding(ips, addresses):
+    """The interface, from [(address, interface)], that holds one of `ips` (tried in order); None
+    when none does (a NAT address, say)."""
     held = {}
     for address, name in addresses:
         try:
             held.setdefault(ipaddress.ip_address(address.split("%")[0]), name)
         except ValueError:
             continue
-    for value in resolved:
+    for value in ips:
         try:
             wanted = ipaddress.ip_address(value.split("%")[0])
         except ValueError:
@@ -231,10 +233,23 @@ def interface_of(host, addresses):
     return None
 
 
-def interfaces_of(hosts):
-    """{host: interface or None} for the names by which the other tasks reach this host."""
-    addresses = _addresses_from_ip_command() or _addresses_from_ioctl()
-    return {host: interface_of(host, addresses) for host in hosts}
+def source_address_toward(host):
+    """The address this host sends from to reach `host` (the kernel's route; no packet is sent);
+    None when `host` does not resolve or is not routed."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            return sock.getsockname()[0]
+    except (OSError, UnicodeError, IndexError):
+        return None
+
+
+def _resolved(host):
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError, IndexError):
+        return None
 
 
 def reach(ports, targets, timeout, expected):
@@ -264,17 +279,15 @@ def reach(ports, targets, timeout, expected):
     for sock in listeners.values():
         sock.close()
     reached = {t: results.get(t, "timed out after %g s" % timeout) for t in targets}
-    return {"listen_errors": listen_errors, "reach": reached}
+    dialed = {t: _resolved(_split_target(t)[0]) for t in targets}
+    return {"listen_errors": listen_errors, "reach": reached, "dialed": dialed, "addresses": local_addresses()}
 
 
 def main(argv):
     if len(argv) > 1 and argv[1] == "reach":
         ports = [int(port) for port in argv[2].split(",") if port]
         targets = [target for target in argv[3].split(",") if target]
-        result = reach(ports, targets, float(argv[4]), int(argv[5]))
-        own_hosts = [host for host in (argv[6] if len(argv) > 6 else "").split(",") if host]
-        result["interfaces"] = interfaces_of(own_hosts)
-        print(json.dumps(result))
+        print(json.dumps(reach(ports, targets, float(argv[4]), int(argv[5]))))
         return
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]

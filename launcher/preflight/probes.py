@@ -3,7 +3,7 @@
 Both run launcher/host/probe.py's source (standard library only) with the interpreter the tasks
 will use there, so a host is judged by the Python its tasks get: the host check (which Python,
 TensorFlow, modules, free ports, GPUs) and the reachability test (listen on the tasks' ports,
-connect to every task's address, and name the interface that holds the host's own address).
+connect to every task's address, and list the host's addresses by interface).
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) 
 
 
 def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
-                        expected: int, own_hosts: Sequence[str]) -> str:
+                        expected: int) -> str:
     """The reachability probe for the host of `plan` (see host/probe.py's `reach`).
 
     This machine runs it with the launcher's own Python; another host with the tasks' Python."""
     python = sys.executable if plan.local else probe_for(plan).python
     argv = [python, "-c", probe_source(), "reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}",
-            str(expected), ",".join(own_hosts)]
+            str(expected)]
     return sh(shlex.join(argv) + " </dev/null")

@@ -7,8 +7,10 @@ and connects to every cluster address. One line per broken pair, e.g.
 Local hosts are probed with a subprocess, remote ones through the SSH runner; the whole
 test is bounded by the connect timeout plus the probe's hold time and the SSH start-up.
 
-The same probe names, on each host, the network interface that holds the address the other
-tasks dial there: the one NCCL and Gloo must use (see plan/network.py).
+The same probe lists each host's addresses by interface and the address it dialed for each
+task: the interface of a host that holds the address the *other* hosts dialed for it is the one
+NCCL and Gloo must use there (see plan/network.py). The others' view counts, not the host's own:
+on Debian a host resolves its own name to 127.0.1.1.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Mapping, Sequence
 from launcher.config.addresses import format_address
 from launcher.errors import CheckFailed, MgpuError
 from launcher.host import probe as host_probe
+from launcher.host.probe import interface_holding
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import HostShell, in_parallel
 from launcher.preflight.probes import reach_probe_command
@@ -71,8 +74,7 @@ class Reachability:
 
 def _probe(host: _Host, targets: Sequence[str], expected: int, shell: HostShell) -> dict:
     """The probe's JSON result on `host`; raises MgpuError when it could not run."""
-    own_hosts = sorted({plan.reach_host for plan in host.plans})
-    command = reach_probe_command(host.first, host.ports, targets, REACH_TIMEOUT, expected, own_hosts)
+    command = reach_probe_command(host.first, host.ports, targets, REACH_TIMEOUT, expected)
     return shell.json(host.first, command, _RUN_TIMEOUT, "reachability probe")
 
 
@@ -106,11 +108,22 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Reachabili
                 problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
             else:
                 problems.append(f"{host.names} on {host.first.host} cannot connect to {peer.name} at {target}: {outcome}")
-        found = result.get("interfaces") or {}
+    for i, (host, result) in enumerate(zip(hosts, results)):
+        others = [view for j, view in enumerate(results) if j != i] or [result]  # a lone host: its own view
         for plan in host.plans:
-            name = found.get(plan.reach_host)
-            interfaces[plan.name] = name if isinstance(name, str) and name else None
+            interfaces[plan.name] = _interface(_target(plan), others, result)
     return Reachability(tuple(problems), interfaces)
+
+
+def _interface(target: str, views: Sequence[dict], own: dict) -> str | None:
+    """The interface of a host (whose probe answered `own`) that holds the address the other hosts'
+    probes (`views`) dialed for `target`, one of its tasks."""
+    try:
+        dialed = [view.get("dialed", {}).get(target) for view in views]
+        return interface_holding([ip for ip in dialed if isinstance(ip, str)],
+                                 [(str(address), str(name)) for address, name in own.get("addresses") or []])
+    except (AttributeError, TypeError, ValueError):  # an answer of the wrong shape: no interface is set
+        return None
 
 
 def describe_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str | None]) -> str:

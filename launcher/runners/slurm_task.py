@@ -5,8 +5,8 @@ launcher made (passed in MGPU_SLURM_PLAN) by SLURM_PROCID, checks that Slurm pla
 node the plan expects, sets TF_CONFIG and the plan's environment, and then execs the task's
 program, so that Slurm's signals and exit status concern the program itself.
 
-NCCL and Gloo are given the interface that holds the address of the node the others dial (as
-`mgpu launch` does elsewhere after its preflight), unless the step's environment names one.
+NCCL and Gloo are given the interface this node reaches the other nodes through (as `mgpu launch`
+does elsewhere after its preflight), unless the step's environment names one.
 
 Two hazards of TensorFlow's SlurmClusterResolver are avoided: ranks follow the node list in
 Slurm's own order (never sorted by name, where node10 comes before node9), and a
@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Mapping
 
-from launcher.host.probe import interfaces_of
+from launcher.host.probe import interface_holding, local_addresses, source_address_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
 
 # The plans travel in the environment, which every node of a step receives (no shared file
@@ -94,6 +94,15 @@ def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tupl
     return list(task.get("argv", document["argv"])), env, task.get("workdir", document["workdir"])
 
 
+def step_interface(document: Mapping, node: str) -> str | None:
+    """The interface this node sends from to reach another node of the step (its own name, when
+    the step has one node: not the address this node resolves its own name to, which on Debian
+    is 127.0.1.1)."""
+    peers = [t["host"] for t in document["tasks"] if t["host"] != node] or [node]
+    source = source_address_toward(peers[0])
+    return interface_holding([source], local_addresses()) if source else None
+
+
 def main() -> int:
     try:
         document = read_plan_environment(os.environ)
@@ -110,7 +119,7 @@ def main() -> int:
         return EXIT_MISPLACED
     argv, env, workdir = task_start(document, rank, os.environ)
     if not any(name in env for name in INTERFACE_ENV):
-        interface = interfaces_of([task["host"]])[task["host"]]
+        interface = step_interface(document, task["host"])
         if interface:
             env.update(interface_env(interface))
     try:

@@ -2,7 +2,7 @@
 never over the user's own choice. Pure functions, no hosts."""
 
 from launcher.config.spec import ClusterSpec, TaskSpec
-from launcher.host.probe import interface_of
+from launcher.host.probe import interface_holding
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import plan_tasks
 from launcher.preflight.reach import describe_interfaces
@@ -45,14 +45,29 @@ def test_the_users_choice_wins_from_the_plan_or_for_local_tasks_from_the_launche
 
 
 def test_the_interface_is_the_one_holding_the_address_the_others_dial():
-    assert interface_of("192.168.7.5", ADDRESSES) == "eth1"
-    assert interface_of("10.0.0.5", ADDRESSES) == "mgmt0"
-    assert interface_of("fe80::1", ADDRESSES) == "eth1"
+    assert interface_holding(["192.168.7.5"], ADDRESSES) == "eth1"
+    assert interface_holding(["10.0.0.5"], ADDRESSES) == "mgmt0"
+    assert interface_holding(["fe80::1"], ADDRESSES) == "eth1"
     # All of 127.0.0.0/8 is the loopback interface's, though only 127.0.0.1 is listed.
-    assert interface_of("127.0.0.2", ADDRESSES) == "lo"
-    # An address no interface holds (NAT, a name resolving elsewhere), and a name that does not resolve.
-    assert interface_of("203.0.113.9", ADDRESSES) is None
-    assert interface_of("no-such-host.invalid", ADDRESSES) is None
+    assert interface_holding(["127.0.0.2"], ADDRESSES) == "lo"
+    # An address no interface holds (NAT), then one that is held: the first held one counts.
+    assert interface_holding(["203.0.113.9"], ADDRESSES) is None
+    assert interface_holding(["203.0.113.9", "10.0.0.5"], ADDRESSES) == "mgmt0"
+    assert interface_holding([], ADDRESSES) is None
+
+
+def test_each_host_is_judged_by_the_address_the_other_hosts_dialed():
+    """h1 resolves its own name to 127.0.1.1 (Debian's /etc/hosts); h2 dialed 10.0.0.1 for it."""
+    from launcher.preflight.reach import _interface
+
+    h1 = {"dialed": {"h1:2222": "127.0.1.1", "h2:2222": "10.0.0.2"},
+          "addresses": [["127.0.0.1", "lo"], ["192.168.9.1", "mgmt0"], ["10.0.0.1", "eth0"]]}
+    h2 = {"dialed": {"h1:2222": "10.0.0.1", "h2:2222": "10.0.0.2"},
+          "addresses": [["127.0.0.1", "lo"], ["10.0.0.2", "eth0"]]}
+    assert _interface("h1:2222", [h2], h1) == "eth0"
+    assert _interface("h2:2222", [h1], h2) == "eth0"
+    assert _interface("h1:2222", [h1], h1) == "lo"  # a lone host goes by its own view
+    assert _interface("h1:2222", [{"dialed": "junk"}], h1) is None
 
 
 def test_the_check_names_each_hosts_interface_in_one_line():

@@ -16,13 +16,13 @@ import uuid
 import psutil
 import pytest
 
-from launcher.host.probe import interfaces_of
+from launcher.host.probe import interface_holding, local_addresses, source_address_toward
 from slurm_helpers import SlurmLab
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MGPU = [sys.executable, "-m", "launcher"]
 NODE = socket.gethostname()
-NODE_INTERFACE = interfaces_of([NODE])[NODE]
+NODE_INTERFACE = interface_holding([source_address_toward(NODE)], local_addresses())
 
 
 def run_id(name: str) -> str:

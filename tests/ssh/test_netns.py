@@ -249,16 +249,25 @@ def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
     assert not run_processes(run_id)
 
 
-@pytest.mark.slow
-def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(netns, tmp_path):
-    """Each host has mgmt0 first and eth0, and only eth0 joins the hosts. The preflight finds eth0 on
-    each (it holds the address the other tasks dial) and gives it to Gloo and NCCL; left to itself,
-    Gloo listens on the address the host's name resolves to, which no peer reaches here."""
-    pytest.importorskip("torch")
+@pytest.fixture
+def own_name_on_loopback(netns):
+    """h1 resolves its own name to 127.0.1.1, as Debian's /etc/hosts has it, while every other host
+    resolves it to h1's address."""
+    lab, *_ = netns
+    path = pathlib.Path(f"/etc/netns/{lab.namespaces['h1']}/hosts")
+    original = path.read_text()
+    path.write_text("127.0.1.1 h1\n" + original)  # rewritten in place: the namespace's mount sees it
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
+def _torch_on_two_hosts(netns, tmp_path, *options):
     run_id = unique_run_id("netns-torch")
     program = str(REPO / "tests" / "programs" / "torch_ddp.py")
     shown = 'echo "interfaces: $NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"; exec "$0" "$@"'
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--workdir", str(tmp_path),
+    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", *options, "--workdir", str(tmp_path),
                 "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c", shown, PYTHON, program, "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -267,6 +276,23 @@ def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(n
         assert "interfaces: =eth0 eth0" in log.splitlines()
         assert f"rank {index}: " in log
     assert not run_processes(run_id)
+
+
+@pytest.mark.slow
+def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(netns, tmp_path):
+    """Each host has mgmt0 first and eth0, and only eth0 joins the hosts. The preflight finds eth0 on
+    each (it holds the address the other tasks dial) and gives it to Gloo and NCCL; left to itself,
+    Gloo listens on the address the host's name resolves to, which no peer reaches here."""
+    pytest.importorskip("torch")
+    _torch_on_two_hosts(netns, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_host_whose_own_name_is_loopback_there_still_gets_the_interface_its_peers_dial(
+        netns, own_name_on_loopback, tmp_path):
+    """The address that counts is the one the *other* hosts dial: on h1 itself, h1 is 127.0.1.1."""
+    pytest.importorskip("torch")
+    _torch_on_two_hosts(netns, tmp_path, "--keep-host-names")
 
 
 @pytest.mark.slow
