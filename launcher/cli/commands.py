@@ -150,6 +150,7 @@ Examples:
   eval "$(mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format jax-env)"
   mgpu tf-config --spec cluster.yaml --task-type chief --task-index 0
   srun sh -c 'eval "$(mgpu tf-config --from-slurm --format env)"; exec python train.py'
+  mgpu tf-config --from-k8s --format torch-env      # inside a pod of `mgpu k8s`
 """
 
 
@@ -166,12 +167,27 @@ Examples:
                    "keras-env: `export` lines of KERAS_DISTRIBUTION_* for Keras 3 on JAX; "
                    "torch-env: those of RANK, WORLD_SIZE, MASTER_ADDR... for PyTorch; "
                    "jax-env: those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.")
+@click.option("--from-k8s", is_flag=True,
+              help="Inside a pod of `mgpu k8s`: this pod's TF_CONFIG, from JOB_COMPLETION_INDEX and the "
+                   "MGPU_K8S_* variables of its manifest, as the pod bootstrap sets it.")
 @host_address_options
-def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, **opts) -> None:
+def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slurm: bool, from_k8s: bool,
+                      **opts) -> None:
     from launcher.plan.planner import select_task
     from launcher.plan.render import render_tf_config
 
     check_text(opts)
+    if from_k8s:
+        from launcher.config.k8s_env import read_pod
+        from launcher.runners.k8s_pod import pod_plan
+
+        given = [f"--{key.replace('_', '-')}" for key in ("workers", "slot_hosts", "hostfile", "spec_file", "chief",
+                                                          "evaluator") if opts.get(key)]
+        if given or from_slurm or task_index is not None:
+            raise UsageError(f"--from-k8s takes the cluster from the pod's environment: drop "
+                             f"{(given + ['--from-slurm'] * from_slurm + ['--task-index'] * (task_index is not None))[0]}")
+        click.echo(render_tf_config(pod_plan(read_pod(os.environ), ("true",)), fmt))
+        return
     if from_slurm:
         from launcher.config.slurm_env import step_rank
 
