@@ -1,6 +1,11 @@
 """Fixtures shared by every test folder."""
 
+import json
+
 import pytest
+from click.testing import CliRunner
+
+from launcher.cli import cli
 
 
 @pytest.fixture
@@ -12,3 +17,23 @@ def poisoned_tensorflow(tmp_path):
         package.mkdir()
         (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
     return str(tmp_path)
+
+
+class Result:
+    def __init__(self, result):
+        self.exit_code = result.exit_code
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def mgpu():
+    """Run `mgpu ARGS...` in-process through click's CliRunner, with stdout and stderr apart."""
+
+    def run(*args, env=None):
+        return Result(CliRunner().invoke(cli, list(args), env=env))
+
+    return run

@@ -1,0 +1,96 @@
+"""`mgpu k8s`: the manifests, byte for byte against golden files, valid against the Kubernetes API
+schema (kubernetes-validate, offline), and bad input refused in one line with exit 2."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
+IMAGE = "registry.example.com/train:1"
+KUBERNETES = "1.33"  # Indexed Jobs with pod hostnames, podFailurePolicy and backoff per index are GA there
+
+CASES = {
+    "workers": ["--workers", "2", "--image", IMAGE],
+    "chief_gpus_env": ["--workers", "3", "--chief", "--image", IMAGE, "--name", "resnet-run7", "--namespace", "ml",
+                       "--gpus-per-task", "1", "--threads-per-task", "4", "--env", "NCCL_DEBUG=INFO",
+                       "--backoff-limit", "2", "--", "python3", "train.py", "--epochs", "3"],
+    **{f"spec_{name}": ["--spec", str(ROOT / "cluster_specs" / f"{name}.yaml"), "--image", IMAGE,
+                        "--name", name.replace("_", "-")]
+       for name in ("two_workers", "local_simulation", "per_host_ssh")},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_manifests_match_their_golden_files(mgpu, case):
+    result = mgpu("k8s", *CASES[case])
+    assert result.exit_code == 0, result.stderr
+    golden = GOLDEN / f"{case}.yaml"
+    if os.environ.get("MGPU_UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_manifests_are_valid_kubernetes_objects(case):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (the dev extra)")
+    documents = list(yaml.safe_load_all((GOLDEN / f"{case}.yaml").read_text()))
+    assert [d["kind"] for d in documents] == ["Service", "Job"]
+    for document in documents:
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)
+
+
+def test_the_validator_does_catch_a_wrong_field():
+    """So that the test above can fail: a Job with a misspelt field is refused."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (the dev extra)")
+    job = list(yaml.safe_load_all((GOLDEN / "workers.yaml").read_text()))[1]
+    job["spec"]["completionsMode"] = job["spec"].pop("completionMode")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES, strict=True)
+
+
+def test_the_job_names_pods_in_the_services_subdomain(mgpu):
+    result = mgpu("k8s", *CASES["chief_gpus_env"])
+    service, job = yaml.safe_load_all(result.stdout)
+    pod = job["spec"]["template"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["subdomain"] == service["metadata"]["name"] == "resnet-run7"
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 4, 4)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python3", "-m", "launcher.runners.k8s_pod", "--", "python3", "train.py",
+                                    "--epochs", "3"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["MGPU_K8S_TASKS"] == "4" and env["MGPU_K8S_CHIEF"] == "1" and env["NCCL_DEBUG"] == "INFO"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_trainer_arguments_go_to_the_built_in_trainer(mgpu):
+    result = mgpu("k8s", "--workers", "2", "--image", IMAGE, "--", "--train-steps", "5")
+    job = list(yaml.safe_load_all(result.stdout))[1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][4:] == [
+        "python3", "-m", "launcher.trainer", "--train-steps", "5"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image", IMAGE], "give --workers N (or --spec FILE)"),
+    (["--workers", "2"], "Missing option '--image'"),
+    (["--workers", "2", "--image", IMAGE, "--name", "Run_7"], "must be DNS labels"),
+    (["--workers", "2", "--image", IMAGE, "--name", "a" * 62], "must be DNS labels"),
+    (["--workers", "2", "--image", IMAGE, "--env", "TF_CONFIG={}"], "TF_CONFIG is set by mgpu"),
+    (["--workers", "2", "--image", IMAGE, "--env", "RANK=3"], "RANK is set by mgpu"),
+    (["--workers", "0", "--image", IMAGE], "--workers"),
+    (["--spec", str(ROOT / "cluster_specs" / "chief_workers_evaluator.yaml"), "--image", IMAGE],
+     "an evaluator is not supported on Kubernetes"),
+    (["--spec", str(ROOT / "cluster_specs" / "two_workers.yaml"), "--workers", "2", "--image", IMAGE],
+     "either --spec or --workers"),
+])
+def test_bad_input_is_one_line_and_exit_2(mgpu, args, message):
+    result = mgpu("k8s", *args)
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
