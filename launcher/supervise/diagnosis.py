@@ -14,7 +14,8 @@
 - blame(): which task is at fault when one fails: the task it reports
   unhealthy, else the coordination service's task if it stopped answering,
   else a peer that failed before it, else itself.
-- hints(): one `hint: ...` line per known failure whose wording appears.
+- known_failures(): which known failures a task's lines show (launcher/fixes.py says what to
+  do about each).
 """
 
 from __future__ import annotations
@@ -281,54 +282,39 @@ def blame(reporter: TaskEnd, reporter_lines: Sequence[str], peers: Sequence[Task
 
 
 # -- known failures ---------------------------------------------------------------------------
+# What a line says happened, by name. What to do about it, in the words of mgpu's command line,
+# is launcher/fixes.py's: this module knows the frameworks' wording, not mgpu's options.
+
+KERAS3_FIT_UNDER_MWMS = "keras3-fit-under-mwms"
+TORCH_ENV_MISSING = "torch-env-missing"
+JAX_COORDINATOR_MISSING = "jax-coordinator-missing"
+JAX_PROCESSES_MISSING = "jax-processes-missing"
+GLOO_CANNOT_CONNECT = "gloo-cannot-connect"
+PORT_TAKEN = "port-taken"
+HEARTBEATS_STOPPED = "heartbeats-stopped"
+PEER_UNREACHABLE = "peer-unreachable"
+NO_CHECKPOINT_YET = "no-checkpoint-yet"
 
 
 @dataclasses.dataclass(frozen=True)
 class KnownFailure:
     pattern: re.Pattern
-    hint: str
+    kind: str
 
 
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
-    KnownFailure(
-        re.compile(r"Attempt to convert a value \(PerReplica"),
-        "Keras 3 model.fit does not support MultiWorkerMirroredStrategy (keras-team/keras#20585); "
-        "run with --legacy-keras (tf_keras), use Keras 3 on the JAX backend (KERAS_BACKEND=jax; call "
-        "keras.distribution.initialize(), which reads the KERAS_DISTRIBUTION_* variables mgpu sets, then "
-        "keras.distribution.set_distribution(keras.distribution.DataParallel()) before building the model; "
-        "examples/keras_jax_fit.py in mgpu's source tree is a whole program), or write a custom training loop",
-    ),
-    KnownFailure(
-        re.compile(r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected, but not set"),
-        "PyTorch's env:// rendezvous found no RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT: `mgpu launch` sets "
-        "them (and LOCAL_RANK, LOCAL_WORLD_SIZE) for the chief and the workers, not the evaluator, which is not "
-        "a member of the job; under another scheduler, `eval \"$(mgpu tf-config ... --format torch-env)\"` "
-        "exports them",
-    ),
-    KnownFailure(
-        re.compile(r"coordinator_address should be defined"),
-        "jax.distributed.initialize() found no coordinator: `mgpu launch` sets JAX_COORDINATOR_ADDRESS (with "
-        "JAX_NUM_PROCESSES and JAX_PROCESS_ID) for the chief and the workers, not the evaluator, which is not a "
-        "member of the job; under another scheduler, `eval \"$(mgpu tf-config ... --format jax-env)\"` exports them",
-    ),
-    KnownFailure(
-        re.compile(r"Number of processes must be defined|process id of the current process must be defined"),
-        "jax.distributed.initialize() reads only the coordinator from the environment: pass the rest in, "
-        "jax.distributed.initialize(num_processes=int(os.environ[\"JAX_NUM_PROCESSES\"]), "
-        "process_id=int(os.environ[\"JAX_PROCESS_ID\"])) (mgpu sets both for the chief and the workers)",
-    ),
-    KnownFailure(
-        re.compile(r"Address already in use|No address added out of total \d+ resolved|Failed to bind"),
-        "another process holds the task's port: stop it, or give the task another port "
-        "(--port, host:port in --workers, or the spec)",
-    ),
-    KnownFailure(
-        re.compile(r"stopped sending heartbeats|heartbeat timeout"
-                   r"|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"),
-        "a task stopped sending or answering heartbeats: it froze (stopped by SIGSTOP or a debugger, swapping, "
-        "starved of CPU), died (killed, out of memory: see `dmesg` on its host) or its host dropped off the "
-        "network; it had joined the cluster, so look at that task and its host first",
-    ),
+    KnownFailure(re.compile(r"Attempt to convert a value \(PerReplica"), KERAS3_FIT_UNDER_MWMS),
+    KnownFailure(re.compile(r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected, but not set"),
+                 TORCH_ENV_MISSING),
+    KnownFailure(re.compile(r"coordinator_address should be defined"), JAX_COORDINATOR_MISSING),
+    KnownFailure(re.compile(r"Number of processes must be defined|process id of the current process must be defined"),
+                 JAX_PROCESSES_MISSING),
+    # PyTorch's Gloo process group, listening on an address its peers cannot reach.
+    KnownFailure(re.compile(r"Gloo connectFullMesh failed"), GLOO_CANNOT_CONNECT),
+    KnownFailure(re.compile(r"Address already in use|No address added out of total \d+ resolved|Failed to bind"),
+                 PORT_TAKEN),
+    KnownFailure(re.compile(r"stopped sending heartbeats|heartbeat timeout"
+                            r"|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"), HEARTBEATS_STOPPED),
     KnownFailure(
         # Not for a heartbeat timeout: that peer is frozen or dead, the network is not to blame.
         re.compile(
@@ -337,23 +323,18 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
             r"|coordination service.*(?:Unavailable|UNAVAILABLE|Deadline|DEADLINE)"
             r"|(?:Unavailable|UNAVAILABLE|DeadlineExceeded|DEADLINE_EXCEEDED).*(?:coordination|heartbeat|RegisterTask))"
         ),
-        "a task could not reach another (it had ended, or the network does not let it through): every host "
-        "must resolve and connect to the addresses in TF_CONFIG (firewall, ssh-config alias, DNS); "
-        "`mgpu check` tests every pair",
+        PEER_UNREACHABLE,
     ),
-    KnownFailure(
-        re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),
-        "no checkpoint there yet: a program that restores one (an evaluator started with the workers) must "
-        "wait for the first checkpoint, e.g. with tf.train.checkpoints_iterator",
-    ),
+    KnownFailure(re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),
+                 NO_CHECKPOINT_YET),
 )
 
 
-def hints(lines: Iterable[str]) -> list[str]:
-    """One "hint: ..." line per known failure whose wording is in `lines`, in table order."""
+def known_failures(lines: Iterable[str]) -> list[str]:
+    """The kind of each known failure whose wording is in `lines`, in table order, each once."""
     found = set()
     for line in lines:
         for i, known in enumerate(KNOWN_FAILURES):
             if i not in found and known.pattern.search(line):
                 found.add(i)
-    return [f"hint: {KNOWN_FAILURES[i].hint}" for i in sorted(found)]
+    return [KNOWN_FAILURES[i].kind for i in sorted(found)]

@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from typing import Sequence
 
-from launcher import protocol
+from launcher import fixes, protocol
 from launcher.error_file import TaskError
 from launcher.supervise import diagnosis, runrecord, stacks
 from launcher.supervise.console_text import console_safe
@@ -102,8 +102,8 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     lines.append(f"{failed.name} reported:")
     title, shown = failed.cause()
     lines.extend("  " + line for line in shown or ["nothing"])
-    hints = diagnosis.hints(at_fault.hint_lines())
-    lines.extend(hints + [h for h in diagnosis.hints(failed.hint_lines()) if h not in hints])
+    hints = fixes.hints(at_fault.hint_lines())
+    lines.extend(hints + [h for h in fixes.hints(failed.hint_lines()) if h not in hints])
     lines.append(f"log: {at_fault.log_path}")
     lines.append(f"log: {failed.log_path}")
     return "\n".join(lines)
@@ -119,7 +119,7 @@ def _one_task_summary(head: str, task: TaskView) -> str:
         lines.extend("  " + line for line in shown)
     else:
         lines.extend("  " + line for line in shown)
-    lines.extend(diagnosis.hints(task.hint_lines()))
+    lines.extend(fixes.hints(task.hint_lines()))
     if shown and not title.startswith("last "):
         lines.append(f"log: {task.log_path}")
     return "\n".join(lines)
@@ -148,7 +148,7 @@ def start_timeout_summary(head: str, missing: Sequence[TaskView]) -> str:
             lines.extend("    " + console_safe(line) for line in last)
         else:
             lines.append("  it printed nothing" + (" but TensorFlow's start-up notices" if task.lines else ""))
-        hints.extend(h for h in diagnosis.hints(task.lines) if h not in hints)
+        hints.extend(h for h in fixes.hints(task.lines) if h not in hints)
     lines.extend(hints)
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """diagnosis.py on lines TensorFlow 2.21 really prints (copied from task logs of this machine)."""
 
+from launcher import fixes
 from launcher.supervise import diagnosis
 
 NOISE = [
@@ -56,7 +57,7 @@ def test_the_users_frame_is_the_deepest_outside_libraries():
     title, shown = diagnosis.cause(lines)
     assert title == "exception"
     assert shown == ["ValueError: Attempt to convert a value (PerReplica:{", "at /home/me/train.py:9 in main: model.fit(data)"]
-    [hint] = diagnosis.hints(lines)
+    [hint] = fixes.hints(lines)
     assert hint.startswith("hint: Keras 3 model.fit") and "--legacy-keras" in hint
 
 
@@ -99,11 +100,11 @@ def test_the_tasks_reported_unhealthy_are_named_as_mgpu_names_them():
 
 
 def test_a_heartbeat_report_gets_the_frozen_peer_hint_not_the_network_one():
-    [hint] = diagnosis.hints(HEARTBEAT_REPORT)
+    [hint] = fixes.hints(HEARTBEAT_REPORT)
     assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "SIGSTOP" in hint
     assert "firewall" not in hint and "DNS" not in hint
     # The network hint still answers the wording of a peer that cannot be reached.
-    [hint] = diagnosis.hints(["E0000 00:00:1.2 1 c.cc:1] Failed to send RegisterTask: UNAVAILABLE: failed to connect "
+    [hint] = fixes.hints(["E0000 00:00:1.2 1 c.cc:1] Failed to send RegisterTask: UNAVAILABLE: failed to connect "
                               "to all addresses; last error: UNKNOWN: ipv4:10.0.0.2:2222: Connection refused"])
     assert hint.startswith("hint: a task could not reach another")
 
@@ -203,7 +204,7 @@ def test_unanswered_heartbeats_blame_the_task_that_runs_the_coordination_service
     # nor when the reporter is the leader.
     assert diagnosis.blame(reporter, LEADER_SILENT_REPORT, [end("worker:0", False, 90.0)]).task == "worker:1"
     assert diagnosis.blame(end("worker:0", True, 1.0), LEADER_SILENT_REPORT, [end("worker:1")]).task == "worker:0"
-    [hint] = diagnosis.hints(LEADER_SILENT_REPORT)
+    [hint] = fixes.hints(LEADER_SILENT_REPORT)
     assert hint.startswith("hint: a task stopped sending or answering heartbeats")
 
 
@@ -216,5 +217,23 @@ def test_a_coordination_service_that_is_gone_is_not_taken_for_a_silent_one():
             ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; '
             'last error: UNKNOWN: ipv4:127.0.0.1:42399: Failed to connect to remote host: Connection refused"}']
     assert not diagnosis.leader_unanswered(gone)
-    [hint] = diagnosis.hints(gone)
+    [hint] = fixes.hints(gone)
     assert hint.startswith("hint: a task could not reach another")
+
+
+def test_every_known_failure_has_one_fix_and_every_fix_a_failure():
+    kinds = [known.kind for known in diagnosis.KNOWN_FAILURES]
+    assert len(kinds) == len(set(kinds)) and set(kinds) == set(fixes.FIXES)
+
+
+def test_fixes_name_no_file_an_installed_mgpu_lacks():
+    for fix in fixes.FIXES.values():
+        assert "examples/" not in fix and "cluster_specs" not in fix and ".py" not in fix, fix
+
+
+def test_gloo_that_cannot_connect_its_peers_points_at_the_interface():
+    """What torch 2.13's Gloo prints when a peer listens on loopback (seen on two hosts)."""
+    line = ("RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+            "tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:6062")
+    [hint] = fixes.hints(["Traceback (most recent call last):", line])
+    assert "GLOO_SOCKET_IFNAME" in hint and "mgpu check" in hint
