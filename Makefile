@@ -3,6 +3,7 @@
 # make bench  run the benchmarks; results go to benchmarks/results/
 #             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
+# make docs   render docs/performance.md from benchmarks/results/ and build the site into site/
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
 
-.PHONY: venv demo test bench bench-accuracy clean
+.PHONY: venv demo test bench bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -37,5 +38,9 @@ bench: venv
 bench-accuracy: venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)
 
+docs: venv
+	$(PY) benchmarks/render_docs.py
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) mgpu-runs .pytest_cache
+	rm -rf $(VENV) mgpu-runs .pytest_cache site

@@ -50,7 +50,7 @@ def cluster_options(no_value_with: str | None):
                      help="Workers from a file: 'host[:port]' per line, or 'host slots=N [max_slots=M]' "
                           "(N tasks on consecutive ports; a host on several lines adds its slots up)."),
         click.option("--spec", "spec_file", type=params.InputFile(), metavar="FILE",
-                     help="A YAML or JSON cluster spec (see the README for its schema)."),
+                     help="A YAML or JSON cluster spec (its schema: docs/hosts.md)."),
     ]
 
     def decorate(func):

@@ -1,4 +1,4 @@
-"""Spec files (YAML or JSON): the schema documented in the README, checked key by key.
+"""Spec files (YAML or JSON): the schema documented in docs/hosts.md, checked key by key.
 
 Every problem is one SpecError naming the file and the key.
 """

@@ -304,7 +304,7 @@ def test_tf_config_jax_env_format_exports_them(mgpu):
 
 def test_installed_jax_reads_the_coordinator_address_itself():
     """jax.distributed.initialize() takes JAX_COORDINATOR_ADDRESS from the environment; the process count
-    and id it does not, which is why the README's recipe passes them in."""
+    and id it does not, which is why the docs' recipe passes them in."""
     import inspect
 
     from jax._src import distributed

@@ -299,7 +299,7 @@ def test_a_host_whose_own_name_is_loopback_there_still_gets_the_interface_its_pe
 def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
     """Keras 3 on the JAX backend across two hosts: h2 reaches the coordinator on h1:2222, and gloo
     connects the hosts. Gloo listens on the address the host's own name resolves to, so each host's
-    hosts file names it, as a real host's must (README, Keras 3 programs)."""
+    hosts file names it, as a real host's must (docs/frameworks.md, Keras 3 programs)."""
     lab, known, config, _ = netns
     hosts_files = {pathlib.Path(f"/etc/netns/{ns}/hosts"): name for name, ns in lab.namespaces.items()}
     originals = {path: path.read_text() for path in hosts_files}
