@@ -9,18 +9,12 @@ from __future__ import annotations
 
 from launcher.config.addresses import parse_endpoint
 from launcher.config.spec import CHIEF, WORKER
-from launcher.plan.planner import TaskEnv, TaskPlan
+from launcher.plan.planner import TaskPlan
 
 
 def coordinator_port(plan: TaskPlan) -> int | None:
     """The port of the first cluster member in the task's TF_CONFIG; None without one."""
-    if isinstance(plan.env, TaskEnv):
-        cluster = plan.env.cluster
-    else:
-        try:
-            cluster = plan.tf_config.get("cluster") or {}
-        except (KeyError, ValueError, AttributeError):
-            return None
+    cluster = plan.env.cluster
     for role in (CHIEF, WORKER):
         members = cluster.get(role) if isinstance(cluster, dict) else None
         if members:

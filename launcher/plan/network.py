@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Mapping, Sequence
 
-from launcher.plan.planner import TaskEnv, TaskPlan
+from launcher.plan.planner import TaskPlan
 
 NCCL_INTERFACE = "NCCL_SOCKET_IFNAME"
 GLOO_INTERFACE = "GLOO_SOCKET_IFNAME"
@@ -36,11 +36,5 @@ def with_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str | No
         if interface is None or any(name in user_set for name in INTERFACE_ENV):
             added.append(plan)
         else:
-            added.append(dataclasses.replace(plan, env=_with_env(plan.env, interface_env(interface))))
+            added.append(dataclasses.replace(plan, env=plan.env.adding(interface_env(interface))))
     return added
-
-
-def _with_env(env: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
-    if isinstance(env, TaskEnv):
-        return env.adding(extra)
-    return {**env, **extra}

@@ -29,19 +29,26 @@ class TaskPlan:
     local: bool
     ssh: SshSettings | None  # None for a local task
     argv: tuple[str, ...]
-    env: Mapping[str, str]  # what the launcher adds to the base environment, TF_CONFIG included
+    env: "TaskEnv"  # what the launcher adds to the base environment, TF_CONFIG included
     workdir: str | None
     waits_for_ready: bool  # True when the program speaks the readiness protocol
-    # Where the other tasks reach this one (TF_CONFIG), when it differs from `host`:
-    # the ssh config's HostName of an alias, or the spec's `address:`.
+    # Where the other tasks reach this one: the host part of its TF_CONFIG address. It is `host`
+    # unless the ssh config gives an alias a HostName or the spec an `address:` (None: `host`).
     address: str | None = None
     slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
 
+    def __post_init__(self) -> None:
+        # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
+        if self.address is None:
+            object.__setattr__(self, "address", self.host)
+        if not isinstance(self.env, TaskEnv):
+            object.__setattr__(self, "env", TaskEnv.of(self.env))
+
     @property
-    def reach_host(self) -> str:
-        """The host part of this task's TF_CONFIG address."""
-        return self.address or self.host
+    def reached_elsewhere(self) -> bool:
+        """Whether the other tasks dial another name than `host` (shown in dry runs)."""
+        return self.address != self.host
 
     @property
     def name(self) -> str:
@@ -49,32 +56,50 @@ class TaskPlan:
 
     @property
     def tf_config(self) -> dict:
-        if isinstance(self.env, TaskEnv):
-            return self.env.tf_config
-        return json.loads(self.env["TF_CONFIG"])
+        return self.env.tf_config
 
 
 class TaskEnv(Mapping[str, str]):
     """A task's env, TF_CONFIG first. TF_CONFIG is made when read, from the cluster's JSON that
     every task of the plan shares: planning N tasks takes O(N) memory and time, not O(N^2)."""
 
-    def __init__(self, cluster: dict[str, list[str]], cluster_json: str, task: dict, rest: Mapping[str, str]):
+    def __init__(self, cluster: dict[str, list[str]], cluster_json: str, task: dict, rest: Mapping[str, str],
+                 tf_config_text: str | None = None, has_tf_config: bool = True):
         self.cluster = cluster  # shared by every task: never modified
         self.cluster_json = cluster_json
         self.task = task
         self._rest = rest
+        self._text = tf_config_text  # a hand-made plan's TF_CONFIG, kept as written
+        self._has_tf_config = has_tf_config
+
+    @classmethod
+    def of(cls, env: Mapping[str, str]) -> "TaskEnv":
+        """The env of a plan made by hand (a test, a tool): TF_CONFIG, if any, exactly as given."""
+        rest = {name: value for name, value in env.items() if name != "TF_CONFIG"}
+        text = env.get("TF_CONFIG")
+        try:
+            parsed = json.loads(text) if text is not None else {}
+        except ValueError:
+            parsed = {}
+        parsed = parsed if isinstance(parsed, dict) else {}
+        cluster = parsed.get("cluster") if isinstance(parsed.get("cluster"), dict) else {}
+        task = parsed.get("task") if isinstance(parsed.get("task"), dict) else {}
+        return cls(cluster, json.dumps(cluster, separators=(",", ":")), task, rest, text, text is not None)
 
     def __getitem__(self, name: str) -> str:
-        if name == "TF_CONFIG":
+        if name == "TF_CONFIG" and self._has_tf_config:
+            if self._text is not None:
+                return self._text
             return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
         return self._rest[name]
 
     def __iter__(self) -> Iterator[str]:
-        yield "TF_CONFIG"
+        if self._has_tf_config:
+            yield "TF_CONFIG"
         yield from self._rest
 
     def __len__(self) -> int:
-        return 1 + len(self._rest)
+        return int(self._has_tf_config) + len(self._rest)
 
     def __repr__(self) -> str:
         return f"TaskEnv(task={self.task!r}, {len(self.cluster_json)} bytes of cluster, {self._rest!r})"
@@ -85,7 +110,8 @@ class TaskEnv(Mapping[str, str]):
 
     def adding(self, extra: Mapping[str, str]) -> "TaskEnv":
         """This env with `extra` added (the cluster is still shared)."""
-        return TaskEnv(self.cluster, self.cluster_json, self.task, {**self._rest, **extra})
+        return TaskEnv(self.cluster, self.cluster_json, self.task, {**self._rest, **extra}, self._text,
+                       self._has_tf_config)
 
 
 TRAINER_MODULE = "launcher.trainer"
@@ -190,7 +216,7 @@ def plan_tasks(
                 env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
                 workdir=spec.workdir,
                 waits_for_ready=spec.command is None,
-                address=addresses.get(task.host),
+                address=addresses.get(task.host, task.host),
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
             )

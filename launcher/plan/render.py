@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 from launcher.config.addresses import format_address
 from launcher.config.spec import SshSettings
-from launcher.plan.planner import TaskEnv, TaskPlan
+from launcher.plan.planner import TaskPlan
 from launcher.protocol import JAX_DISTRIBUTED_ENV, KERAS_DISTRIBUTION_ENV, TORCH_DISTRIBUTED_ENV
 
 # What `--dry-run --json` shows of each task.
@@ -34,7 +34,7 @@ def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: boo
         "type": plan.type,
         "index": plan.index,
         "host": plan.host,
-        "address": plan.reach_host,
+        "address": plan.address,
         "port": plan.port,
         "local": plan.local,
         "ssh": dataclasses.asdict(plan.ssh) if plan.ssh is not None else None,
@@ -63,7 +63,7 @@ def iter_plan_json(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Ite
             pretty_clusters[cluster_json] = pretty.replace("\n", "\n" + " " * 4)
         record = {field: record.get(field) for field in DRY_RUN_FIELDS}
         record["tf_config"] = {"cluster": _CLUSTER_SLOT, "task": task}
-        if plan.address is not None:  # only where other tasks dial another name than the one written
+        if plan.reached_elsewhere:  # only where other tasks dial another name than the one written
             record["address"] = plan.address
         text = json.dumps(record, indent=2).replace(json.dumps(_CLUSTER_SLOT), pretty_clusters[cluster_json], 1)
         yield ("," if number else "") + "\n    " + text.replace("\n", "\n    ")
@@ -74,10 +74,7 @@ _CLUSTER_SLOT = "\x00cluster"  # stands for the cluster while a task is serialis
 
 
 def _cluster_and_task(plan: TaskPlan) -> tuple[str, dict]:
-    if isinstance(plan.env, TaskEnv):
-        return plan.env.cluster_json, plan.env.task
-    tf_config = plan.tf_config
-    return json.dumps(tf_config["cluster"], separators=(",", ":")), tf_config["task"]
+    return plan.env.cluster_json, plan.env.task
 
 
 def describe_start(plan: TaskPlan) -> str:
@@ -101,7 +98,7 @@ def iter_plan_text(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Ite
         if cluster_json not in pretty_clusters:
             pretty_clusters[cluster_json] = _pretty_cluster(json.loads(cluster_json))
         where = format_address(plan.host, plan.port)
-        if plan.address is not None:
+        if plan.reached_elsewhere:
             where += f" at {format_address(plan.address, plan.port)}"
         lines = ["", f"{plan.name}  {where}  ({describe_start(plan)})", f"  command:   {shlex.join(plan.argv)}"]
         if plan.workdir:

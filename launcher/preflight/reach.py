@@ -53,7 +53,7 @@ class _Host:
 
 
 def _target(plan: TaskPlan) -> str:
-    return format_address(plan.reach_host, plan.port)
+    return format_address(plan.address, plan.port)
 
 
 def _hosts(plans: Sequence[TaskPlan]) -> list[_Host]:
