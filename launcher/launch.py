@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import sys
 from typing import Sequence
 
-from launcher.plan.planner import TaskPlan
+from launcher.errors import UsageError
+from launcher.launch_options import LaunchOptions
+from launcher.plan.network import with_interfaces
+from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
+from launcher.preflight.check import run_checks
+from launcher.preflight.exposure import exposure_warnings
+from launcher.preflight.reach import check_reachability
+from launcher.runners.local import LocalRunner
+from launcher.runners.slurm import SlurmRunner
+from launcher.runners.ssh import runner as ssh_runner_module, transport
 from launcher.runners.ssh.options import SshOptions
-from launcher.supervise.options import SuperviseOptions
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    supervise: SuperviseOptions
-    ssh: SshOptions = SshOptions()
-    check_hosts: bool = True  # run mgpu check's probes on remote hosts before starting anything
-    allow_public: bool = False  # no warning for workers on public addresses
+from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+from launcher.supervise.rundir import check_run_dir
+from launcher.supervise.supervisor import supervise
 
 
 def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
-    from launcher.runners.local import LocalRunner
-    from launcher.supervise.rundir import check_run_dir
-    from launcher.supervise.supervisor import supervise
-
     check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
     if any(plan.slurm_rank is not None for plan in plans):
         _launch_slurm(plans, options)
@@ -42,11 +41,6 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         _warn_about_exposure(plans, None, options)
     _check_local_tf_keras(plans, options)
     if options.check_hosts:
-        import os
-
-        from launcher.plan.network import with_interfaces
-        from launcher.preflight.reach import check_reachability
-
         try:
             interfaces = check_reachability(plans, ssh_runner)
         except BaseException:
@@ -68,10 +62,6 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
 
 def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
     """A workdir missing on this machine is bad input, not a program that cannot start."""
-    import os
-
-    from launcher.errors import UsageError
-
     for plan in plans:
         if plan.local and plan.workdir and not os.path.isdir(plan.workdir):
             problem = "is not a directory" if os.path.exists(plan.workdir) else "does not exist"
@@ -80,9 +70,6 @@ def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
 
 def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -> None:
     """A command line the remote shell cannot take is refused before connecting anywhere."""
-    from launcher.errors import UsageError
-    from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
-
     for plan in remote:
         size = len(task_command(plan.argv, plan.env, plan.workdir, ssh.kill_grace).command.encode("utf-8", "surrogateescape"))
         if size > MAX_COMMAND_BYTES:
@@ -92,8 +79,6 @@ def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -
 
 def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     """Every task in one srun step of the allocation this launcher runs in."""
-    from launcher.runners.slurm import SlurmRunner
-    from launcher.supervise.supervisor import supervise
 
     _warn_about_exposure(plans, None, options)
     runner = SlurmRunner(plans)
@@ -105,8 +90,6 @@ def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
 
 def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:
     """Warn about every task, local ones too: TensorFlow's server listens on all interfaces."""
-    from launcher.preflight.exposure import exposure_warnings
-
     if not options.allow_public:
         for warning in exposure_warnings(plans, resolve):
             print(f"mgpu: warning: {warning}", file=sys.stderr, flush=True)
@@ -114,9 +97,6 @@ def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOpti
 
 def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     """With --legacy-keras, this machine's tasks need tf_keras too: check it before starting anything."""
-    from launcher.plan.planner import LEGACY_KERAS_ENV
-    from launcher.preflight.check import run_checks
-
     local = [plan for plan in plans if plan.local and plan.env.get(LEGACY_KERAS_ENV) == "1"]
     if local and options.check_hosts:
         run_checks(local, None)
@@ -124,8 +104,6 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
     """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
-    from launcher.preflight.check import run_checks
-
     runner = make_ssh_runner(options.ssh)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
@@ -140,8 +118,6 @@ def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: L
 
 def make_ssh_runner(options: SshOptions):
     """An SSH runner; with options.debug, the log of its connections is shown too."""
-    from launcher.runners.ssh import runner, transport
-
     if options.debug:
         transport.enable_debug_logging()
-    return runner.SshRunner(options)
+    return ssh_runner_module.SshRunner(options)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -11,8 +10,9 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    check_text, cluster_options, host_address_options, launch_options_from, make_plans, new_run_id, read_spec,
-    ssh_options, ssh_options_from, with_command_line, with_task_settings,
+    SlurmScope, check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from,
+    make_plans, new_run_id, read_spec, ssh_options, ssh_options_from, task_settings, with_command_line,
+    with_task_settings,
 )
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
@@ -103,10 +103,11 @@ def launch_command(**opts) -> None:
         raise UsageError("--json goes with --dry-run")
     command = opts.pop("command")
     check_text(opts, command)
-    slurm = "--slurm" if opts["slurm"] else None
-    spec = with_task_settings(with_command_line(read_spec(opts, opts["local"], slurm), command), opts)
+    slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
+    hosts = hosts_request(opts, opts["local"], slurm)
+    spec = with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts))
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id, slurm=bool(slurm), opts=opts)
+    plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None)
 
     if opts["dry_run"]:
         from launcher.plan.render import iter_plan_json, iter_plan_text
@@ -191,7 +192,7 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     if from_slurm:
         from launcher.config.slurm_env import step_rank
 
-        plans = make_plans(read_spec(opts, slurm="--from-slurm"), run_id="tf-config", slurm=True)
+        plans = make_plans(read_spec(hosts_request(opts, slurm=SlurmScope.STEP)), run_id="tf-config", slurm=True)
         rank = step_rank(os.environ)
         if rank >= len(plans):
             raise UsageError(f"SLURM_PROCID {rank} is out of range: the step has {len(plans)} tasks")
@@ -201,7 +202,7 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     if task_index is None:
         raise UsageError("give --task-index (or --from-slurm inside a Slurm job step)")
     # The same addresses as `mgpu launch` writes: ssh-config HostNames unless --keep-host-names.
-    plans = make_plans(read_spec(opts), run_id="tf-config", count_gpus=False, opts=opts)
+    plans = make_plans(read_spec(hosts_request(opts)), run_id="tf-config", naming=host_naming(opts), count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
 
 
@@ -256,10 +257,8 @@ def check_command(**opts) -> None:
 
     command = opts.pop("command")
     check_text(opts, command)
-    spec = with_command_line(read_spec(opts), command)
-    spec = dataclasses.replace(spec, workdir=opts["workdir"] or spec.workdir, python=opts["python"] or spec.python,
-                               legacy_keras=opts["legacy_keras"] or spec.legacy_keras)
-    plans = make_plans(spec, run_id="check", opts=opts)
+    spec = with_task_settings(with_command_line(read_spec(hosts_request(opts)), command), task_settings(opts))
+    plans = make_plans(spec, run_id="check", naming=host_naming(opts))
     ssh_runner = None
     if any(not plan.local for plan in plans):
         from launcher.launch import make_ssh_runner

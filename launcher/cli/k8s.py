@@ -9,7 +9,7 @@ import click
 
 from launcher.cli import params
 from launcher.cli.main import cli
-from launcher.cli.options import check_text, read_text, with_command_line
+from launcher.cli.options import check_text, read_text, task_settings, with_command_line, with_task_settings
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ClusterSpec
 from launcher.errors import UsageError
@@ -89,7 +89,6 @@ def k8s_command(**opts) -> None:
 
 def _spec(opts: dict) -> ClusterSpec:
     """The tasks and settings: --workers/--chief or a spec file, with the options over it."""
-    from launcher.config.envfile import parse_env_file
     from launcher.config.spec import TaskSpec
     from launcher.config.spec_file import load_spec_text
 
@@ -106,14 +105,8 @@ def _spec(opts: dict) -> ClusterSpec:
         spec = ClusterSpec(tasks=tuple(TaskSpec(role, "pod", opts["port"]) for role in roles))
     else:
         raise UsageError("give --workers N (or --spec FILE)")
-    env = dict(spec.env)
-    if opts["env_file"]:
-        env.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
-    env.update(opts["env_pairs"])
-    return dataclasses.replace(
-        spec, env=env,
-        threads_per_task=opts["threads_per_task"] or spec.threads_per_task,
-        gpus_per_task=opts["gpus_per_task"] if opts["gpus_per_task"] is not None else spec.gpus_per_task)
+    # --python is the image's interpreter for the bootstrap; the spec's own python still runs its trainer.
+    return with_task_settings(spec, dataclasses.replace(task_settings(opts), python=None))
 
 
 def _check_name(name: str, tasks: int) -> None:

@@ -4,6 +4,7 @@ typed objects the rest of mgpu takes: ClusterSpec, LaunchOptions, SshOptions."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import pathlib
@@ -18,7 +19,7 @@ from launcher.host.files import MAX_KNOWN_HOSTS_BYTES as KNOWN_HOSTS_LIMIT
 from launcher.cli.main import debug_flag
 from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
-from launcher.launch import LaunchOptions
+from launcher.launch_options import LaunchOptions
 from launcher.runners.ssh.options import SshOptions
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
@@ -95,63 +96,90 @@ def ssh_options(func):
     return func
 
 
-def read_spec(opts: dict, local: int | None = None, slurm: str | None = None) -> ClusterSpec:
-    """The ClusterSpec that the options describe. Exactly one source of hosts must be given.
+class SlurmScope(enum.Enum):
+    ALLOCATION = "--slurm"  # every task of the allocation mgpu runs in
+    STEP = "--from-slurm"  # the tasks of the current job step
 
-    `slurm` is "--slurm" (the tasks of the allocation) or "--from-slurm" (of the current step).
-    """
-    from launcher.config.hostfile import parse_hostfile
-    from launcher.config.spec import build_tasks, expand_slots, local_tasks
-    from launcher.config.spec_file import load_spec_text
 
+@dataclasses.dataclass(frozen=True)
+class HostsRequest:
+    """Where the cluster's hosts come from, as the command line said it: exactly one source
+    (checked when made, by hosts_request), and the chief and evaluator around it."""
+
+    workers: tuple | None = None
+    slot_hosts: tuple | None = None
+    hostfile: str | None = None
+    spec_file: str | None = None
+    local: int | None = None
+    slurm: SlurmScope | None = None
+    chief: object = None  # an Endpoint, THIS_MACHINE (given without a value), or None
+    evaluator: object = None
+    port: int = 2222
+    ssh_defaults: SshSettings = SshSettings()
+
+
+def hosts_request(opts: dict, local: int | None = None, slurm: SlurmScope | None = None) -> HostsRequest:
+    """The HostsRequest of a command's options; UsageError, in the words of the flags, when the
+    sources conflict or --chief/--evaluator take a value where they cannot (or lack one)."""
     sources = [name for name, given in (("--workers", opts.get("workers")), ("--hosts", opts.get("slot_hosts")),
                                         ("--hostfile", opts.get("hostfile")), ("--spec", opts.get("spec_file")),
-                                        ("--local", local is not None), (slurm, slurm)) if given]
+                                        ("--local", local is not None), (slurm and slurm.value, slurm)) if given]
     if len(sources) > 1:
         raise UsageError(f"give only one of {' and '.join(sources)}")
     if not sources:
         raise UsageError("no hosts: give --workers, --hosts, --hostfile, --spec, --local or --slurm")
     chief, evaluator = opts.get("chief"), opts.get("evaluator")
-    flag_mode = "--local" if local is not None else slurm  # where --chief and --evaluator take no value
+    flag_mode = "--local" if local is not None else slurm and slurm.value  # where --chief, --evaluator take no value
     for flag, value in (("--chief", chief), ("--evaluator", evaluator)):
         if flag_mode is None and value is THIS_MACHINE:
             raise UsageError(f"{flag} needs a host here (it takes no value only with --local or --slurm)")
         if flag_mode is not None and value not in (None, THIS_MACHINE):
             raise UsageError(f"with {flag_mode}, {flag} takes no value: "
                              + ("every task runs on this machine" if local is not None else "the allocation says where"))
-    if slurm:
-        return _slurm_spec(opts, slurm == "--from-slurm", chief is THIS_MACHINE, evaluator is THIS_MACHINE)
-    ssh_defaults = SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"),
-                               identity_file=opts.get("identity"))
+    if opts.get("spec_file") and (chief or evaluator):
+        raise UsageError("--chief and --evaluator cannot be combined with --spec: put them in the spec file")
+    return HostsRequest(
+        workers=opts.get("workers"), slot_hosts=opts.get("slot_hosts"), hostfile=opts.get("hostfile"),
+        spec_file=opts.get("spec_file"), local=local, slurm=slurm, chief=chief, evaluator=evaluator,
+        port=opts.get("port", 2222),
+        ssh_defaults=SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"), identity_file=opts.get("identity")))
 
-    if opts.get("spec_file"):
-        if chief or evaluator:
-            raise UsageError("--chief and --evaluator cannot be combined with --spec: put them in the spec file")
-        path = opts["spec_file"]
-        return load_spec_text(read_text(path, "--spec"), path).cluster_spec(ssh_defaults)
-    if local is not None:
+
+def read_spec(request: HostsRequest) -> ClusterSpec:
+    """The ClusterSpec that the request describes (I/O: spec files, hostfiles, free local ports)."""
+    from launcher.config.hostfile import parse_hostfile
+    from launcher.config.spec import build_tasks, expand_slots, local_tasks
+    from launcher.config.spec_file import load_spec_text
+
+    if request.slurm is not None:
+        return _slurm_spec(request.port, request.slurm is SlurmScope.STEP, request.chief is THIS_MACHINE,
+                           request.evaluator is THIS_MACHINE)
+    if request.spec_file:
+        return load_spec_text(read_text(request.spec_file, "--spec"), request.spec_file).cluster_spec(
+            request.ssh_defaults)
+    if request.local is not None:
         from launcher.host.ports import pick_free_ports
 
-        with_chief = chief is THIS_MACHINE
-        return ClusterSpec(tasks=local_tasks(pick_free_ports(local + with_chief), with_chief,
-                                             with_evaluator=evaluator is THIS_MACHINE))
-    if opts.get("hostfile"):
-        path = opts["hostfile"]
-        workers = expand_slots(parse_hostfile(read_text(path, "--hostfile"), path), opts["port"])
-    elif opts.get("slot_hosts"):
-        workers = expand_slots(opts["slot_hosts"], opts["port"])
+        with_chief = request.chief is THIS_MACHINE
+        return ClusterSpec(tasks=local_tasks(pick_free_ports(request.local + with_chief), with_chief,
+                                             with_evaluator=request.evaluator is THIS_MACHINE))
+    if request.hostfile:
+        workers = expand_slots(parse_hostfile(read_text(request.hostfile, "--hostfile"), request.hostfile), request.port)
+    elif request.slot_hosts:
+        workers = expand_slots(request.slot_hosts, request.port)
     else:
-        workers = opts["workers"]
-    return ClusterSpec(tasks=build_tasks(chief, workers, evaluator, opts["port"]), ssh_defaults=ssh_defaults)
+        workers = request.workers
+    return ClusterSpec(tasks=build_tasks(request.chief, workers, request.evaluator, request.port),
+                       ssh_defaults=request.ssh_defaults)
 
 
-def _slurm_spec(opts: dict, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
+def _slurm_spec(port: int, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
     """The tasks of the Slurm allocation (or job step) this process runs in."""
     from launcher.config.slurm_env import read_allocation
     from launcher.config.spec import slurm_tasks
 
     allocation = read_allocation(os.environ, step=step)
-    tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, opts["port"], with_chief, with_evaluator)
+    tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, port, with_chief, with_evaluator)
     return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
 
 
@@ -170,9 +198,11 @@ def read_text(path: str, option: str) -> str:
 
 def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:
     """Refuse arguments with NUL characters or bytes that are not UTF-8: the environment and the
-    console cannot carry them, and remote hosts would get something else than what was written."""
-    names = {"env_pairs": "--env", "spec_file": "--spec"}
-    values = [(names.get(key, f"--{key.replace('_', '-')}"), value) for key, value in opts.items()]
+    console cannot carry them, and remote hosts would get something else than what was written.
+    Each is named by its flag, as the running command declares it."""
+    context = click.get_current_context(silent=True)
+    flags = {param.name: param.opts[0] for param in (context.command.params if context else ())}
+    values = [(flags.get(key, key), value) for key, value in opts.items()]
     values += [("the command", arg) for arg in command]
     for option, value in values:
         for text in _strings(value):
@@ -196,13 +226,26 @@ def _check_one_text(option: str, text: str) -> None:
         raise UsageError(f"{option}: {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
 
 
-def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: bool = False,
-               opts: dict | None = None):
-    """Plans for the spec. `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown;
-    `slurm` plans every task as one task of a Slurm job step (this machine's GPUs do not matter).
+@dataclasses.dataclass(frozen=True)
+class HostNaming:
+    """How remote hosts are written into TF_CONFIG: as the ssh config's HostName for them, unless
+    keep_host_names."""
 
-    With `opts` (a command's options), remote host names are replaced in TF_CONFIG by the
-    HostName the ssh config gives them, unless --keep-host-names (not under Slurm: no SSH there).
+    ssh_config: str | None = None
+    keep_host_names: bool = False
+
+
+def host_naming(opts: dict) -> HostNaming:
+    return HostNaming(opts.get("ssh_config") or None, bool(opts.get("keep_host_names")))
+
+
+def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None, count_gpus: bool = True,
+               slurm: bool = False):
+    """Plans for the spec (I/O first: this machine's names, its GPU count, the ssh config).
+
+    `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown; `slurm` plans every
+    task as one task of a Slurm job step (this machine's GPUs do not matter). With `naming`, remote
+    host names are written as naming says (not under Slurm: no SSH there).
     """
     from launcher.host.gpus import detect_gpus
     from launcher.host.names import local_host_names
@@ -216,23 +259,23 @@ def make_plans(spec: ClusterSpec, run_id: str, count_gpus: bool = True, slurm: b
         launcher_python=sys.executable,
         local_gpu_count=detect_gpus() if count_gpus and not slurm else 0,
         slurm=slurm,
-        resolved=ssh_config_addresses(spec, local_hosts, opts) if opts is not None and not slurm else None,
+        resolved=ssh_config_addresses(spec, local_hosts, naming) if naming is not None and not slurm else None,
     )
 
 
-def ssh_config_addresses(spec: ClusterSpec, local_hosts: frozenset[str], opts: dict) -> dict[str, str]:
+def ssh_config_addresses(spec: ClusterSpec, local_hosts: frozenset[str], naming: HostNaming) -> dict[str, str]:
     """Remote host name -> the ssh config's HostName for it (I/O: reads the config file)."""
     from launcher.config.addresses import is_loopback
 
-    if opts.get("keep_host_names"):
+    if naming.keep_host_names:
         return {}
     remote = sorted({t.host for t in spec.tasks if t.host not in local_hosts and not is_loopback(t.host)})
-    path = os.path.expanduser(opts.get("ssh_config") or "~/.ssh/config")
+    path = os.path.expanduser(naming.ssh_config or "~/.ssh/config")
     if not remote or not os.path.exists(path):
         return {}  # nothing to look up: do not load paramiko
     from launcher.runners.ssh.target import hostname_addresses
 
-    return hostname_addresses(remote, opts.get("ssh_config"))
+    return hostname_addresses(remote, naming.ssh_config)
 
 
 def new_run_id() -> str:
@@ -252,14 +295,35 @@ def with_command_line(spec: ClusterSpec, command: tuple[str, ...]) -> ClusterSpe
     return dataclasses.replace(spec, trainer_args=spec.trainer_args + command)
 
 
-def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
-    """The spec with launch's --env, --env-file, --forward-env, --workdir, --python, threads and GPUs over it."""
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+    """What launch's options set in every task, over the spec's own settings."""
+
+    env_pairs: tuple[tuple[str, str], ...] = ()
+    env_file: str | None = None
+    forward_env: tuple[str, ...] = ()  # names, or prefixes ending in "*"
+    workdir: str | None = None
+    python: str | None = None
+    threads_per_task: int | None = None
+    gpus_per_task: int | None = None
+    legacy_keras: bool = False
+
+
+def task_settings(opts: dict) -> TaskSettings:
+    return TaskSettings(tuple(opts.get("env_pairs", ())), opts.get("env_file"), tuple(opts.get("forward_env", ())),
+                        opts.get("workdir"), opts.get("python"), opts.get("threads_per_task"),
+                        opts.get("gpus_per_task"), bool(opts.get("legacy_keras")))
+
+
+def with_task_settings(spec: ClusterSpec, settings: TaskSettings) -> ClusterSpec:
+    """The spec with the settings over it (I/O: the env file, and the launcher's environment for
+    --forward-env)."""
     from launcher.config.envfile import parse_env_file
 
     given: dict[str, str] = {}
-    if opts.get("env_file"):
-        given.update(parse_env_file(read_text(opts["env_file"], "--env-file"), opts["env_file"]))
-    for pattern in opts.get("forward_env", ()):
+    if settings.env_file:
+        given.update(parse_env_file(read_text(settings.env_file, "--env-file"), settings.env_file))
+    for pattern in settings.forward_env:
         if pattern.endswith("*"):  # a prefix: whatever of it is set here, maybe nothing
             names = sorted(name for name in os.environ if name.startswith(pattern[:-1]))
         elif pattern in os.environ:
@@ -269,18 +333,17 @@ def with_task_settings(spec: ClusterSpec, opts: dict) -> ClusterSpec:
         for name in names:
             _check_one_text(f"--forward-env {name}", os.environ[name])
             given[name] = os.environ[name]
-    given.update(opts.get("env_pairs", ()))
+    given.update(settings.env_pairs)
     env = {**spec.env, **given}
-    gpus = opts.get("gpus_per_task")
     return dataclasses.replace(
         spec,
         env=env,
         secret_env=spec.secret_env | frozenset(given),
-        workdir=opts.get("workdir") or spec.workdir,
-        python=opts.get("python") or spec.python,
-        threads_per_task=opts.get("threads_per_task") or spec.threads_per_task,
-        gpus_per_task=gpus if gpus is not None else spec.gpus_per_task,
-        legacy_keras=bool(opts.get("legacy_keras")) or spec.legacy_keras,
+        workdir=settings.workdir or spec.workdir,
+        python=settings.python or spec.python,
+        threads_per_task=settings.threads_per_task or spec.threads_per_task,
+        gpus_per_task=settings.gpus_per_task if settings.gpus_per_task is not None else spec.gpus_per_task,
+        legacy_keras=settings.legacy_keras or spec.legacy_keras,
     )
 
 
