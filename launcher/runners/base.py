@@ -2,15 +2,18 @@
 
 A runner starts one task from its plan and hands back a TaskProcess: two byte
 streams to read lines from, an exit status to poll, and a way to signal the
-task's whole process tree. The supervisor owns everything else (output, timing,
-fail-fast, restarts), so a backend stays small and knows nothing of TensorFlow.
+task's whole process tree. A runner also owns what else concerns the processes
+it starts: whether their ports are free before a run, the processes of a run
+that left their task's tree (strays), and a last sweep for anything of the run
+still alive. The supervisor owns everything else (output, timing, fail-fast,
+restarts, the record), so a backend stays small and knows nothing of TensorFlow.
 """
 
 from __future__ import annotations
 
 import abc
 import signal
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 from launcher.plan.planner import TaskPlan
 
@@ -67,8 +70,32 @@ class TaskProcess(abc.ABC):
         """Release pipes or channels. Called once the task has ended."""
 
 
+class Strays:
+    """Processes of a run that left their task's process tree (a daemonised helper, a
+    double fork): signalled with the tasks when the run stops. None by default."""
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to each one still alive."""
+
+    def alive(self) -> bool:
+        """Whether any is still alive."""
+        return False
+
+
 class Runner(abc.ABC):
-    """Starts tasks of one kind (local or SSH)."""
+    """Starts tasks of one kind (local, SSH or Slurm) and answers for their processes."""
+
+    def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
+        """Raise TaskFailed when a port planned for one of `tasks` (this runner's) is already
+        taken. A runner that cannot tell before starting does nothing (its tasks say so)."""
+
+    def strays(self, run_id: str) -> Strays:
+        """The run's processes outside its tasks' trees, found now."""
+        return Strays()
+
+    def sweep(self, run_id: str, grace: float) -> int:
+        """Stop whatever of the run is still alive after its tasks were stopped; how many were found."""
+        return 0
 
     @abc.abstractmethod
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:

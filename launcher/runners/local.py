@@ -14,7 +14,8 @@ from launcher import protocol
 from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
-from launcher.runners.base import Runner, TaskProcess
+from launcher.host.probe import port_in_use
+from launcher.runners.base import Runner, Strays, TaskProcess
 
 READ_BUFFER = 64 * 1024
 STOP_CHECK_MS = 200  # how often a waiting read looks whether the stream is being closed
@@ -138,8 +139,33 @@ class LocalTaskProcess(TaskProcess):
             pass
 
 
+class _TaggedStrays(Strays):
+    """This machine's processes whose environment carries the run's id."""
+
+    def __init__(self, procs: list[psutil.Process]):
+        self._procs = procs
+
+    def signal(self, signum: int) -> None:
+        proctree.send(self._procs, signum)
+
+    def alive(self) -> bool:
+        self._procs = [p for p in self._procs if proctree.is_alive(p)]
+        return bool(self._procs)
+
+
 class LocalRunner(Runner):
     """Starts tasks with subprocess: argv in the plan's workdir, env = os.environ + plan.env."""
+
+    def check_ports(self, tasks) -> None:
+        for plan in tasks:
+            if plan.port is not None and port_in_use(plan.port, plan.host):
+                raise TaskFailed(f"port in use: {plan.host}:{plan.port} (planned for {plan.name})")
+
+    def strays(self, run_id: str) -> Strays:
+        return _TaggedStrays(proctree.tagged_processes(run_id))
+
+    def sweep(self, run_id: str, grace: float) -> int:
+        return proctree.stop_run(run_id, grace)
 
     def start(self, task: TaskPlan, attempt: int) -> LocalTaskProcess:
         env = dict(os.environ)

@@ -45,8 +45,6 @@ import time
 from typing import Callable, Sequence, TextIO
 
 from launcher import error_file, protocol
-from launcher.host.probe import port_in_use
-from launcher.host import proctree
 from launcher.supervise import runrecord
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
@@ -149,7 +147,11 @@ class _Supervisor:
         self.options = options
         self.run_dir = run_dir
         self.signals = Signals()
-        self.any_local = any(p.local for p in self.plans)
+        # Each runner of the run, with the tasks it starts (dict: in plan order, each once).
+        self.runners: dict[int, tuple[Runner, list[TaskPlan]]] = {}
+        for plan in self.plans:
+            runner = runner_for(plan)
+            self.runners.setdefault(id(runner), (runner, []))[1].append(plan)
         # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
         self.coordinator_port = next((p.port for p in self.plans if p.type in protocol.TRAINING_TASK_TYPES), None)
         # Without training tasks, nothing is a sidecar: every task counts.
@@ -226,9 +228,8 @@ class _Supervisor:
             attempt += 1
 
     def _check_ports(self) -> None:
-        for plan in self.plans:
-            if plan.local and plan.port is not None and port_in_use(plan.port, plan.host):
-                raise TaskFailed(f"port in use: {plan.host}:{plan.port} (planned for {plan.name})")
+        for runner, plans in self.runners.values():
+            runner.check_ports(plans)
 
     # -- one attempt -------------------------------------------------------------
 
@@ -408,16 +409,17 @@ class _Supervisor:
         """TERM every task's tree and every tagged process, KILL after the grace period,
         then scan for anything of the run still alive. Also run after success."""
         signals_seen = len(self.signals.received)
-        tagged = proctree.tagged_processes(self.options.run_id) if self.any_local else []
+        strays = [runner.strays(self.options.run_id) for runner, _ in self.runners.values()]
         for task in tasks:
             task.proc.signal_tree(signal.SIGTERM)
-        proctree.send(tagged, signal.SIGTERM)
+        for stray in strays:
+            stray.signal(signal.SIGTERM)
 
         deadline = time.monotonic() + self.options.grace_period
         while True:
             self._poll(tasks)
-            tagged = [p for p in tagged if proctree.is_alive(p)]
-            if not tagged and all(t.returncode is not None for t in tasks):
+            strays = [stray for stray in strays if stray.alive()]
+            if not strays and all(t.returncode is not None for t in tasks):
                 break
             if len(self.signals.received) > signals_seen:
                 self.output.notice("second signal: killing all tasks now")
@@ -428,19 +430,20 @@ class _Supervisor:
                 break
             time.sleep(POLL_INTERVAL)
 
-        if tagged or any(t.returncode is None for t in tasks):
+        if strays or any(t.returncode is None for t in tasks):
             for task in tasks:
                 task.proc.signal_tree(signal.SIGKILL)
-            proctree.send(tagged, signal.SIGKILL)
+            for stray in strays:
+                stray.signal(signal.SIGKILL)
             deadline = time.monotonic() + REAP_TIMEOUT
             while any(t.returncode is None for t in tasks) and time.monotonic() < deadline:
                 time.sleep(POLL_INTERVAL)
                 self._poll(tasks)
 
-        if self.any_local:
-            leftovers = proctree.stop_run(self.options.run_id, self.options.grace_period)
-            if leftovers:
-                self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
+        leftovers = sum(runner.sweep(self.options.run_id, self.options.grace_period)
+                        for runner, _ in self.runners.values())
+        if leftovers:
+            self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
 
     def _release(self, tasks: list[_Task]) -> None:
         """Let every task's output reach end of file (one deadline for all), then close the
