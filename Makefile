@@ -1,5 +1,6 @@
 # make demo   set up .venv and run a local 2-worker training
 # make test   set up .venv and run the whole test suite
+# make test-fast  only the pure parts' tests (planner, hostlists, schedules, watchers...): seconds
 # make bench  run the benchmarks; results go to benchmarks/results/
 #             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
@@ -12,7 +13,7 @@ MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
 
-.PHONY: venv demo test bench bench-accuracy docs clean
+.PHONY: venv demo test test-fast bench bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -31,6 +32,9 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest
+
+test-fast: venv
+	$(PY) -m pytest -m fast -q
 
 bench: venv
 	$(PY) benchmarks/run_all.py $(if $(WORKERS),--workers $(WORKERS))

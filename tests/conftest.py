@@ -37,3 +37,18 @@ def mgpu():
         return Result(CliRunner().invoke(cli, list(args), env=env))
 
     return run
+
+
+# The pure parts, tested without TensorFlow, JAX or torch and without servers: `make test-fast`
+# (`pytest -m fast`) runs them in seconds, beside the real-process tests.
+FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/trainer/test_schedule.py",
+        "tests/trainer/test_exchange_cost.py", "tests/supervisor/test_diagnosis.py", "tests/supervisor/test_stacks.py",
+        "tests/supervisor/test_output_reader.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        relative = item.path.relative_to(root).as_posix()
+        if relative.startswith(FAST):
+            item.add_marker(pytest.mark.fast)
