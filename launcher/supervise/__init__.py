@@ -1,4 +1,5 @@
 """Running a plan to its end: start, watch, fail fast, restart, stop, and record what happened.
 
-Knows TensorFlow only through diagnosis, and processes only through the runners.
+Knows TensorFlow only through diagnosis, and processes only through the runners (it imports
+nothing from launcher/host).
 """
