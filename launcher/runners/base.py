@@ -85,6 +85,13 @@ class Strays:
 class Runner(abc.ABC):
     """Starts tasks of one kind (local, SSH or Slurm) and answers for their processes."""
 
+    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> None:
+        """Before an attempt's tasks are started one by one: a runner that starts them together
+        (Slurm: one srun step) does it here."""
+
+    def end_attempt(self) -> None:
+        """After every task of the attempt has ended and been closed."""
+
     def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
         """Raise TaskFailed when a port planned for one of `tasks` (this runner's) is already
         taken. A runner that cannot tell before starting does nothing (its tasks say so)."""

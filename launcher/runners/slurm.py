@@ -114,7 +114,6 @@ class SlurmStep:
         self.statuses: dict[int, int] = {}
         self._lock = threading.Lock()
         self._signalled: dict[int, float] = {}
-        self._released: set[int] = set()
         self._end_order: list[int] = []  # ranks in the order srun reported their ends
         self._reported: set[int] = set()  # ranks whose status poll() has returned
         pipes = [os.pipe() for _ in range(2 * self.count)]
@@ -240,14 +239,6 @@ class SlurmStep:
         if signum == signal.SIGKILL:
             self.popen.kill()
 
-    def release(self, rank: int) -> None:
-        """A task's view is done with the step; the last one closes it."""
-        with self._lock:
-            self._released.add(rank)
-            last = len(self._released) == self.count
-        if last:
-            self.close()
-
     def close(self) -> None:
         """Wait for srun and its readers; after 5 s, kill the step and srun."""
         try:
@@ -280,11 +271,11 @@ class SlurmTaskProcess(TaskProcess):
 
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)
-        self._step.release(self._rank)
 
 
 class SlurmRunner(Runner):
-    """Starts every task of an attempt as one step: the first start() of an attempt runs srun."""
+    """Starts every task of an attempt as one step: begin_attempt() runs srun, start() hands out
+    each task's view of it, end_attempt() waits for srun to end."""
 
     def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):
         """Checks that the plans can be handed to a step; nothing starts until start()."""
@@ -294,13 +285,21 @@ class SlurmRunner(Runner):
         self._step: SlurmStep | None = None
         _allow_open_files(6 * self._count + 256)
 
+    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> None:
+        for task in tasks:
+            if task.slurm_rank is None:
+                raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
+        self._step = SlurmStep(self._argv, self._env, self._count, attempt)
+
     def start(self, task: TaskPlan, attempt: int) -> SlurmTaskProcess:
-        if task.slurm_rank is None:
-            raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
-        if self._step is None or self._step.attempt != attempt:
-            self._step = SlurmStep(self._argv, self._env, self._count, attempt)
+        if self._step is None or self._step.attempt != attempt or task.slurm_rank is None:
+            raise TaskFailed(f"{task.name}: no Slurm step of attempt {attempt} to start it in")
         return SlurmTaskProcess(self._step, task.slurm_rank)
 
+    def end_attempt(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            step.close()
+
     def close(self) -> None:
-        if self._step is not None and self._step.popen.returncode is None:
-            self._step.close()
+        self.end_attempt()

@@ -237,7 +237,11 @@ class _Supervisor:
         self.record.attempt_started(attempt)
         tasks: list[_Task] = []
         outcome = _Outcome(runrecord.FAILED)
+        begun: list[Runner] = []
         try:
+            for runner, plans in self.runners.values():
+                runner.begin_attempt(plans, attempt)
+                begun.append(runner)
             for plan in self.plans:
                 if self.signals.received:
                     outcome = _Outcome(runrecord.INTERRUPTED, signum=self.signals.received[0])
@@ -249,6 +253,8 @@ class _Supervisor:
             self._last_attempt = (attempt, tasks)
             self._stop(tasks)
             self._release(tasks)
+            for runner in begun:
+                runner.end_attempt()
             if outcome.status == runrecord.STALLED:
                 self._keep_stacks(tasks, attempt)
             self.record.attempt_ended(outcome.status)
