@@ -4,6 +4,7 @@
 # make bench  run the benchmarks; results go to benchmarks/results/
 #             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
+# make bench-links  2 hosts in network namespaces over shaped links (root; LINKS=unshaped,10gbit,1gbit)
 # make docs   render docs/performance.md from benchmarks/results/ and build the site into site/
 
 PYTHON ?= python3
@@ -13,7 +14,7 @@ MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
 
-.PHONY: venv demo test test-fast bench bench-accuracy docs clean
+.PHONY: venv demo test test-fast bench bench-links bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -38,6 +39,9 @@ test-fast: venv
 
 bench: venv
 	$(PY) benchmarks/run_all.py $(if $(WORKERS),--workers $(WORKERS))
+
+bench-links: venv
+	$(PY) benchmarks/links.py $(if $(LINKS),--links $(LINKS))
 
 bench-accuracy: venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)

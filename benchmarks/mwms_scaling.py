@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from cpu_accounting import cpu_by_thread_name, thread_cpu_seconds  # noqa: E402
+from bench_hosts import in_worker_host, worker_address  # noqa: E402
 from interleaved import run_interleaved, summarize  # noqa: E402
 
 from launcher.errors import UsageError  # noqa: E402
@@ -304,7 +305,9 @@ def run_once(args, argv, n, timeout=900):
     if args.onednn != "default":
         env["TF_ENABLE_ONEDNN_OPTS"] = args.onednn
     env.pop("TF_CONFIG", None)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in pick_free_ports(n)]}
+    # On this machine free ports; across namespaces (benchmarks/links.py) each worker has a host of its own.
+    ports = pick_free_ports(n) if worker_address(0) == "127.0.0.1" else [2222] * n
+    cluster = {"worker": [f"{worker_address(i)}:{port}" for i, port in enumerate(ports)]}
     envs = []
     for i in range(n):
         envs.append(dict(env))
@@ -331,7 +334,7 @@ def run_workers(command, envs, timeout):
             for i, env in enumerate(envs):
                 out = open(os.path.join(tmp, f"{i}.out"), "w+")
                 err = open(os.path.join(tmp, f"{i}.err"), "w+")
-                procs.append((subprocess.Popen(command, env=env, stdout=out, stderr=err), out, err))
+                procs.append((subprocess.Popen(in_worker_host(command, i), env=env, stdout=out, stderr=err), out, err))
             deadline = time.monotonic() + timeout
             # One failed worker leaves its peers waiting in a collective: stop at the first failure.
             while any(p.poll() is None for p, _, _ in procs):

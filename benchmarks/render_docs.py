@@ -90,11 +90,16 @@ def _clean_exit(data: dict) -> list[str]:
 
 
 def _links(data: dict) -> list[str]:
-    lines = ["## Two hosts over shaped links (`benchmarks/links.py`)", "", str(data.get("machine", "")), "",
-             "| link | configuration | ex/s | efficiency |", "|---|---|---|---|"]
-    for row in data.get("rows", []):
-        lines.append(f"| {row['link']} | {row['config']} | {row['examples_per_sec']:,.0f} | "
-                     f"{row.get('efficiency', '')} |")
+    lines = [f"## Two hosts over shaped links (`benchmarks/links.py`, {data['date']})", "", data["machine"], "",
+             f"{data['repeats']} repeat(s) of {data['steps']} timed steps, medians; added latency "
+             f"{data['latency_ms']:g} ms.", "",
+             "| link | configuration | 1 worker ex/s | 2 workers ex/s | efficiency |", "|---|---|---|---|---|"]
+    pairs: dict = {}
+    for row in data["rows"]:
+        pairs.setdefault((row["link"], row["config"]), {})[row["workers"]] = row
+    for (link, config), rows in pairs.items():
+        lines.append(f"| {link} | {config} | {rows[1]['examples_per_sec']:,.0f} | {rows[2]['examples_per_sec']:,.0f} "
+                     f"| {rows[2]['efficiency']} |")
     return lines + [""]
 
 

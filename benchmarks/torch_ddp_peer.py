@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_accounting import cpu_by_thread_name, thread_cpu_seconds  # noqa: E402
+from bench_hosts import bench_hosts, in_worker_host, worker_address  # noqa: E402
 from interleaved import run_interleaved, summarize  # noqa: E402
 
 def parse_args(argv=None):
@@ -127,7 +128,10 @@ def run_once(args, argv, n, timeout=900):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *me]
     load = os.getloadavg()[0]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if bench_hosts():  # one worker per namespace (benchmarks/links.py): started as torchrun would
+            proc = _run_on_hosts(me, env, n, timeout)
+        else:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         results = []
         for name in sorted(os.listdir(result_dir)):
             with open(os.path.join(result_dir, name)) as f:
@@ -143,6 +147,20 @@ def run_once(args, argv, n, timeout=900):
         "cpu_ms_per_step": statistics.mean(r["cpu_ms_per_step"] for r in results),
         "per_worker": results,
     }
+
+
+def _run_on_hosts(me, env, n, timeout):
+    """Worker i in namespace i, with the variables torchrun would give it; the first failure's
+    status and stderr, or the last worker's."""
+    procs = []
+    for rank in range(n):
+        rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK="0", MASTER_ADDR=worker_address(0),
+                        MASTER_PORT="29500")
+        procs.append(subprocess.Popen(in_worker_host([sys.executable, *me], rank), env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=timeout) for p in procs]
+    failed = next((i for i, p in enumerate(procs) if p.returncode != 0), len(procs) - 1)
+    return subprocess.CompletedProcess(procs[failed].args, procs[failed].returncode, *results[failed])
 
 
 def driver(args, argv):
