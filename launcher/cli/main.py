@@ -59,7 +59,7 @@ def debug_flag(ctx: click.Context | None) -> bool:
 @click.version_option(__version__, "--version", prog_name="mgpu")
 @click.option("--debug", is_flag=True, help="Show the traceback of errors, and the SSH library's log.")
 def cli(debug: bool) -> None:
-    """Launch and supervise multi-worker TensorFlow training, locally or over SSH.
+    """Launch and supervise multi-worker training, locally, over SSH, under Slurm or on Kubernetes.
 
     \b
     Examples:
@@ -67,6 +67,7 @@ def cli(debug: bool) -> None:
       mgpu launch --workers h1:2222,h2:2222 -- python train.py
       mgpu launch --spec cluster.yaml --dry-run      # show what would run, start nothing
       mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format env
+      mgpu k8s --workers 4 --image my/train:1 -- python train.py | kubectl apply -f -
 
     Every option can also be set from the environment as MGPU_<COMMAND>_<OPTION>,
     for example MGPU_LAUNCH_WORKERS=h1:2222,h2:2222.
