@@ -68,7 +68,7 @@ def test_keras3_fit_under_multi_worker_mirrored_strategy_gets_the_hint(tmp_path)
     assert code == 1
     assert "  ValueError: Attempt to convert a value (PerReplica" in err
     [hint] = hint_lines(err)
-    assert "--legacy-keras" in hint and "examples/keras_jax_fit.py" in hint and "keras-team/keras#20585" in hint
+    assert "--legacy-keras" in hint and "keras-team/keras#20585" in hint and "examples/" not in hint  # stands alone
 
 
 def test_a_port_taken_by_another_process_gets_the_hint(tmp_path):
