@@ -1,4 +1,4 @@
-"""Executing a plan: check the run can start, pick a runner per task, check remote hosts, then supervise."""
+"""Executing a plan: check the run can start, pick a backend per task, check remote hosts, then supervise."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
+from launcher.runners.base import Routed
 from launcher.runners.local import LocalRunner
 from launcher.runners.slurm import SlurmRunner
 from launcher.runners.ssh import runner as ssh_runner_module, transport
@@ -50,14 +51,13 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
         plans = with_interfaces(plans, interfaces, frozenset(os.environ))
 
-    def runner_for(plan: TaskPlan):
-        return local_runner if plan.local else ssh_runner
-
+    # The local backend also for a run without local tasks: its reaper records the run as
+    # launcher-died if the launcher dies.
+    backend = Routed(runners, lambda plan: local_runner if plan.local else ssh_runner)
     try:
-        supervise(plans, runner_for, options.supervise)
+        supervise(plans, backend, options.supervise)
     finally:
-        for runner in runners:
-            runner.close()
+        backend.close()
 
 
 def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
@@ -83,7 +83,7 @@ def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     _warn_about_exposure(plans, None, options)
     runner = SlurmRunner(plans)
     try:
-        supervise(plans, lambda plan: runner, options.supervise)
+        supervise(plans, runner, options.supervise)
     finally:
         runner.close()
 

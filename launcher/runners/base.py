@@ -1,19 +1,23 @@
-"""The runner interface the supervisor drives.
+"""The backend interface the supervisor drives.
 
-A runner starts one task from its plan and hands back a TaskProcess: two byte
-streams to read lines from, an exit status to poll, and a way to signal the
-task's whole process tree. A runner also owns what else concerns the processes
-it starts: whether their ports are free before a run, the processes of a run
-that left their task's tree (strays), and a last sweep for anything of the run
-still alive. The supervisor owns everything else (output, timing, fail-fast,
-restarts, the record), so a backend stays small and knows nothing of TensorFlow.
+A backend is one way of running tasks (local processes, SSH, a Slurm step) and owns their
+processes, as torchrun's PContext does for a group: it starts an attempt's tasks together
+(Backend.begin_attempt), hands back a TaskProcess per task (two byte streams to read lines
+from, an exit status to poll, a way to signal the task's whole process tree), and answers for
+what else concerns those processes: whether their ports are free before a run, a watchdog that
+stops them if the launcher dies, the processes of a run that left their task's tree (strays),
+and a last sweep for anything of the run still alive. The supervisor owns everything else
+(output, timing, fail-fast, restarts, the record), so a backend stays small and knows nothing
+of TensorFlow. A run that mixes local and SSH tasks has one backend still: Routed, which hands
+each task to the backend it runs on.
 """
 
 from __future__ import annotations
 
 import abc
 import signal
-from typing import BinaryIO, Sequence
+from operator import methodcaller
+from typing import BinaryIO, Callable, Sequence
 
 from launcher.plan.planner import TaskPlan
 
@@ -82,19 +86,43 @@ class Strays:
         return False
 
 
-class Runner(abc.ABC):
-    """Starts tasks of one kind (local, SSH or Slurm) and answers for their processes."""
+class Watchdog:
+    """Guards a run's processes while the launcher lives: if it dies, they are stopped and the
+    run is recorded as launcher-died. None by default."""
 
-    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> None:
-        """Before an attempt's tasks are started one by one: a runner that starts them together
-        (Slurm: one srun step) does it here."""
+    def dismiss(self) -> None:
+        """The run ended and every task is gone: nothing left to guard."""
 
-    def end_attempt(self) -> None:
+
+class Attempt(abc.ABC):
+    """The tasks of one attempt on one backend, from begin_attempt() to end()."""
+
+    @abc.abstractmethod
+    def start(self, task: TaskPlan) -> TaskProcess:
+        """Start a task of the attempt (or, where the backend started them together, hand out
+        its view): its argv in its workdir, with its env added to the base env and MGPU_ATTEMPT
+        set to the attempt's number. Raises MgpuError when the task cannot start."""
+
+    def end(self) -> None:
         """After every task of the attempt has ended and been closed."""
 
+
+class Backend(abc.ABC):
+    """Starts tasks of one kind (local, SSH or Slurm) and answers for their processes."""
+
+    @abc.abstractmethod
+    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> Attempt:
+        """The attempt's tasks (this backend's), before they are started one by one; a backend
+        that starts them together (Slurm: one srun step) does it here. `attempt` is 0 for the
+        first start and counts restarts."""
+
     def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
-        """Raise TaskFailed when a port planned for one of `tasks` (this runner's) is already
-        taken. A runner that cannot tell before starting does nothing (its tasks say so)."""
+        """Raise TaskFailed when a port planned for one of `tasks` (this backend's) is already
+        taken. A backend that cannot tell before starting does nothing (its tasks say so)."""
+
+    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
+        """Start what stops the run's processes if the launcher dies (`run_dir`: a RunDir)."""
+        return Watchdog()
 
     def strays(self, run_id: str) -> Strays:
         """The run's processes outside its tasks' trees, found now."""
@@ -104,13 +132,116 @@ class Runner(abc.ABC):
         """Stop whatever of the run is still alive after its tasks were stopped; how many were found."""
         return 0
 
-    @abc.abstractmethod
-    def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        """Start a task: its argv in its workdir, with its env added to the base env.
-
-        `attempt` is 0 for the first start and counts restarts; it is passed to
-        the task as MGPU_ATTEMPT. Raises MgpuError when the task cannot start.
-        """
+    def writes_here(self, task: TaskPlan) -> bool:
+        """Whether the task runs on this machine, where it can write into the run dir."""
+        return False
 
     def close(self) -> None:
         """Release connections. Called once, after every task has ended."""
+
+
+class TaskByTask(Attempt):
+    """An attempt whose tasks a backend starts one by one with its start(task, attempt)."""
+
+    def __init__(self, start: Callable[[TaskPlan, int], TaskProcess], attempt: int):
+        self._start = start
+        self._attempt = attempt
+
+    def start(self, task: TaskPlan) -> TaskProcess:
+        return self._start(task, self._attempt)
+
+
+class Routed(Backend):
+    """One backend for a run that mixes kinds of tasks: each task goes to the backend `route`
+    names for it, and each run-wide duty (ports, watchdog, strays, sweep) to every backend."""
+
+    def __init__(self, backends: Sequence[Backend], route: Callable[[TaskPlan], Backend]):
+        self.backends = list(dict.fromkeys(backends))  # each once, in order
+        self._route = route
+
+    def backend_for(self, task: TaskPlan) -> Backend:
+        return self._route(task)
+
+    def _by_backend(self, tasks: Sequence[TaskPlan]) -> dict[Backend, list[TaskPlan]]:
+        groups: dict[Backend, list[TaskPlan]] = {}
+        for task in tasks:
+            groups.setdefault(self._route(task), []).append(task)
+        return groups
+
+    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> Attempt:
+        return _RoutedAttempt(self, self._by_backend(tasks), attempt)
+
+    def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
+        for backend, own in self._by_backend(tasks).items():
+            backend.check_ports(own)
+
+    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
+        watchdogs: list[Watchdog] = []
+        try:
+            for backend in self.backends:
+                watchdogs.append(backend.watchdog(run_id, grace, run_dir))
+        except BaseException:
+            _each(watchdogs, methodcaller("dismiss"))
+            raise
+        return _Watchdogs(watchdogs)
+
+    def strays(self, run_id: str) -> Strays:
+        return _AllStrays([backend.strays(run_id) for backend in self.backends])
+
+    def sweep(self, run_id: str, grace: float) -> int:
+        return sum(backend.sweep(run_id, grace) for backend in self.backends)
+
+    def writes_here(self, task: TaskPlan) -> bool:
+        return self._route(task).writes_here(task)
+
+    def close(self) -> None:
+        _each(self.backends, methodcaller("close"))
+
+
+class _RoutedAttempt(Attempt):
+    def __init__(self, routed: Routed, groups: dict[Backend, list[TaskPlan]], attempt: int):
+        self._routed = routed
+        self._attempts: dict[Backend, Attempt] = {}
+        try:
+            for backend, tasks in groups.items():
+                self._attempts[backend] = backend.begin_attempt(tasks, attempt)
+        except BaseException:
+            self.end()
+            raise
+
+    def start(self, task: TaskPlan) -> TaskProcess:
+        return self._attempts[self._routed.backend_for(task)].start(task)
+
+    def end(self) -> None:
+        attempts = list(self._attempts.values())
+        self._attempts.clear()
+        _each(attempts, methodcaller("end"))
+
+
+def _each(items: Sequence, action: Callable) -> None:
+    """`action` on each item, also when it raises for an earlier one (the first error is raised)."""
+    if items:
+        try:
+            action(items[0])
+        finally:
+            _each(items[1:], action)
+
+
+class _Watchdogs(Watchdog):
+    def __init__(self, watchdogs: list[Watchdog]):
+        self._watchdogs = watchdogs
+
+    def dismiss(self) -> None:
+        _each(self._watchdogs, methodcaller("dismiss"))
+
+
+class _AllStrays(Strays):
+    def __init__(self, strays: list[Strays]):
+        self._strays = strays
+
+    def signal(self, signum: int) -> None:
+        for strays in self._strays:
+            strays.signal(signum)
+
+    def alive(self) -> bool:
+        return any(strays.alive() for strays in self._strays)

@@ -34,8 +34,9 @@ from launcher import protocol
 from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
-from launcher.runners.base import Runner, TaskProcess
+from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
 from launcher.runners.local import close_pipe_readers, pipe_reader
+from launcher.runners.reaper import Reaper
 from launcher.runners.slurm_task import plan_document, plan_environment
 
 BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
@@ -273,33 +274,39 @@ class SlurmTaskProcess(TaskProcess):
         close_pipe_readers(self.stdout, self.stderr)
 
 
-class SlurmRunner(Runner):
-    """Starts every task of an attempt as one step: begin_attempt() runs srun, start() hands out
-    each task's view of it, end_attempt() waits for srun to end."""
+class SlurmAttempt(Attempt):
+    """One attempt's step: srun runs when the attempt begins, each task's start() hands out its
+    view of the step, end() waits for srun to end."""
+
+    def __init__(self, step: SlurmStep):
+        self._step = step
+
+    def start(self, task: TaskPlan) -> SlurmTaskProcess:
+        return SlurmTaskProcess(self._step, task.slurm_rank)
+
+    def end(self) -> None:
+        self._step.close()
+
+
+class SlurmRunner(Backend):
+    """Starts every task of an attempt as one step (SlurmAttempt); owns the step."""
 
     def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):
-        """Checks that the plans can be handed to a step; nothing starts until start()."""
+        """Checks that the plans can be handed to a step; nothing starts until begin_attempt()."""
         self._count = len(plans)
         self._argv = srun_argv(plans, python)
         self._env = step_environment(plans, dict(os.environ))
-        self._step: SlurmStep | None = None
         _allow_open_files(6 * self._count + 256)
 
-    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> None:
+    def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> SlurmAttempt:
+        if len(tasks) != self._count:
+            raise TaskFailed(f"a step of {self._count} tasks cannot run {len(tasks)}")
         for task in tasks:
             if task.slurm_rank is None:
                 raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
-        self._step = SlurmStep(self._argv, self._env, self._count, attempt)
+        return SlurmAttempt(SlurmStep(self._argv, self._env, self._count, attempt))
 
-    def start(self, task: TaskPlan, attempt: int) -> SlurmTaskProcess:
-        if self._step is None or self._step.attempt != attempt or task.slurm_rank is None:
-            raise TaskFailed(f"{task.name}: no Slurm step of attempt {attempt} to start it in")
-        return SlurmTaskProcess(self._step, task.slurm_rank)
-
-    def end_attempt(self) -> None:
-        step, self._step = self._step, None
-        if step is not None:
-            step.close()
-
-    def close(self) -> None:
-        self.end_attempt()
+    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
+        # srun carries the run id: the reaper stops it (and so the step) if the launcher dies,
+        # and records the run as launcher-died.
+        return Reaper.start(run_id, grace, run_dir)

@@ -10,11 +10,11 @@ The rules:
   training tasks'.
 - Readiness: a task whose plan waits for readiness is ready once it prints
   protocol.READY_LINE on stdout; any other program once it has joined the
-  cluster as its runner sees it: a process of its tree listens on its own port
+  cluster as its backend sees it: a process of its tree listens on its own port
   (a TensorFlow server; process 0 of JAX or PyTorch) or holds a connection to
   the coordinator's port (the first member's: the other JAX and PyTorch
   processes dial it and listen on nothing); a task without a port, or whose
-  runner cannot tell, once started. Every training task must be ready within the
+  backend cannot tell, once started. Every training task must be ready within the
   start timeout, else the cluster is stopped and the report names what each
   missing task did not do.
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
@@ -30,9 +30,10 @@ The rules:
   max_restarts applies.
 - Signals: SIGINT, SIGTERM or SIGHUP to the launcher stop every task the same
   way (a second one skips the grace period), then raise Interrupted.
-- Nothing is left behind: every stop ends with a scan for processes carrying the
-  run's MGPU_RUN_ID, and a reaper process does the same if the launcher dies.
-  Hence a run id must not be in use by live processes when a run starts.
+- Nothing is left behind: every stop ends with the backend's sweep for processes
+  of the run (locally: those carrying the run's MGPU_RUN_ID), and the backend's
+  watchdog does the same if the launcher dies. Hence a run id must not be in use
+  by live processes when a run starts.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Callable, Sequence, TextIO
+from typing import Sequence, TextIO
 
 from launcher import error_file, protocol
 from launcher.supervise import runrecord
@@ -50,7 +51,6 @@ from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
-from launcher.supervise.reaper import Reaper
 from launcher.supervise.signals import Signals
 from launcher.supervise.stall import StallClock
 from launcher.supervise import stacks
@@ -58,7 +58,7 @@ from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, closing_line, describe_exit, failure_summary, stall_summary, start_timeout_summary,
 )
-from launcher.runners.base import Runner, TaskProcess
+from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
 
 POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
@@ -70,20 +70,21 @@ STACKS_TIMEOUT = 10.0  # after SIGABRT, how long tasks may take to write their s
 
 def supervise(
     plans: Sequence[TaskPlan],
-    runner_for: Callable[[TaskPlan], Runner],
+    backend: Backend,
     options: SuperviseOptions,
     console: TextIO = sys.stdout,
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
     Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
-    Runners stay open: whoever made them closes them.
+    `backend` runs every task (Routed, for a run that mixes kinds of tasks); it stays open:
+    whoever made it closes it.
     """
     if not plans:
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
     try:
-        _Supervisor(plans, runner_for, options, console, run_dir).run()
+        _Supervisor(plans, backend, options, console, run_dir).run()
     finally:
         run_dir.close()
 
@@ -137,21 +138,16 @@ class _Supervisor:
     def __init__(
         self,
         plans: Sequence[TaskPlan],
-        runner_for: Callable[[TaskPlan], Runner],
+        backend: Backend,
         options: SuperviseOptions,
         console: TextIO,
         run_dir: RunDir,
     ):
         self.plans = list(plans)
-        self.runner_for = runner_for
+        self.backend = backend
         self.options = options
         self.run_dir = run_dir
         self.signals = Signals()
-        # Each runner of the run, with the tasks it starts (dict: in plan order, each once).
-        self.runners: dict[int, tuple[Runner, list[TaskPlan]]] = {}
-        for plan in self.plans:
-            runner = runner_for(plan)
-            self.runners.setdefault(id(runner), (runner, []))[1].append(plan)
         # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
         self.coordinator_port = next((p.port for p in self.plans if p.type in protocol.TRAINING_TASK_TYPES), None)
         # Without training tasks, nothing is a sidecar: every task counts.
@@ -175,14 +171,13 @@ class _Supervisor:
     # -- the whole run ---------------------------------------------------------
 
     def run(self) -> None:
-        reaper = None
+        watchdog: Watchdog | None = None
         final = (runrecord.FAILED, None)
         started = time.monotonic()
         try:
             with self.signals:
-                # Also without local tasks: it writes run.json's final status if the launcher dies.
-                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
-                self._check_ports()
+                watchdog = self.backend.watchdog(self.options.run_id, self.options.grace_period, self.run_dir)
+                self.backend.check_ports(self.plans)
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
                 succeeded = sum(t.returncode == 0 for t in tasks)
@@ -199,8 +194,8 @@ class _Supervisor:
         finally:
             self.record.finish(*final)
             try:
-                if reaper is not None:  # every task is gone: nothing left for it to guard
-                    reaper.dismiss()
+                if watchdog is not None:  # every task is gone: nothing left for it to guard
+                    watchdog.dismiss()
             finally:
                 self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
@@ -227,43 +222,36 @@ class _Supervisor:
                 raise _RunFailed(outcome.status, TaskFailed(self._summary(outcome, attempt)))
             attempt += 1
 
-    def _check_ports(self) -> None:
-        for runner, plans in self.runners.values():
-            runner.check_ports(plans)
-
     # -- one attempt -------------------------------------------------------------
 
     def _attempt(self, attempt: int) -> _Outcome:
         self.record.attempt_started(attempt)
         tasks: list[_Task] = []
         outcome = _Outcome(runrecord.FAILED)
-        begun: list[Runner] = []
+        begun: Attempt | None = None
         try:
-            for runner, plans in self.runners.values():
-                runner.begin_attempt(plans, attempt)
-                begun.append(runner)
+            begun = self.backend.begin_attempt(self.plans, attempt)
             for plan in self.plans:
                 if self.signals.received:
                     outcome = _Outcome(runrecord.INTERRUPTED, signum=self.signals.received[0])
                     return outcome
-                tasks.append(self._start(plan, attempt))
+                tasks.append(self._start(begun, plan, attempt))
             outcome = self._watch(tasks)
             return outcome
         finally:
             self._last_attempt = (attempt, tasks)
             self._stop(tasks)
             self._release(tasks)
-            for runner in begun:
-                runner.end_attempt()
+            if begun is not None:
+                begun.end()
             if outcome.status == runrecord.STALLED:
                 self._keep_stacks(tasks, attempt)
             self.record.attempt_ended(outcome.status)
 
-    def _start(self, plan: TaskPlan, attempt: int) -> _Task:
-        runner = self.runner_for(plan)
+    def _start(self, begun: Attempt, plan: TaskPlan, attempt: int) -> _Task:
         output = self.output.open_task(plan, attempt)
         try:
-            proc = runner.start(self._with_error_file(plan, attempt), attempt)
+            proc = begun.start(self._with_error_file(plan, attempt))
         except BaseException:
             output.close()
             raise
@@ -415,17 +403,15 @@ class _Supervisor:
         """TERM every task's tree and every tagged process, KILL after the grace period,
         then scan for anything of the run still alive. Also run after success."""
         signals_seen = len(self.signals.received)
-        strays = [runner.strays(self.options.run_id) for runner, _ in self.runners.values()]
+        strays = self.backend.strays(self.options.run_id)
         for task in tasks:
             task.proc.signal_tree(signal.SIGTERM)
-        for stray in strays:
-            stray.signal(signal.SIGTERM)
+        strays.signal(signal.SIGTERM)
 
         deadline = time.monotonic() + self.options.grace_period
         while True:
             self._poll(tasks)
-            strays = [stray for stray in strays if stray.alive()]
-            if not strays and all(t.returncode is not None for t in tasks):
+            if not strays.alive() and all(t.returncode is not None for t in tasks):
                 break
             if len(self.signals.received) > signals_seen:
                 self.output.notice("second signal: killing all tasks now")
@@ -436,18 +422,16 @@ class _Supervisor:
                 break
             time.sleep(POLL_INTERVAL)
 
-        if strays or any(t.returncode is None for t in tasks):
+        if strays.alive() or any(t.returncode is None for t in tasks):
             for task in tasks:
                 task.proc.signal_tree(signal.SIGKILL)
-            for stray in strays:
-                stray.signal(signal.SIGKILL)
+            strays.signal(signal.SIGKILL)
             deadline = time.monotonic() + REAP_TIMEOUT
             while any(t.returncode is None for t in tasks) and time.monotonic() < deadline:
                 time.sleep(POLL_INTERVAL)
                 self._poll(tasks)
 
-        leftovers = sum(runner.sweep(self.options.run_id, self.options.grace_period)
-                        for runner, _ in self.runners.values())
+        leftovers = self.backend.sweep(self.options.run_id, self.options.grace_period)
         if leftovers:
             self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
 
@@ -482,7 +466,7 @@ class _Supervisor:
     def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
         """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
         task can write to; the run dir is not on SSH or Slurm hosts)."""
-        if not plan.local or plan.slurm_rank is not None:
+        if not self.backend.writes_here(plan):
             return plan
         # Absolute: the task's workdir may not be the launcher's.
         path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
@@ -491,7 +475,7 @@ class _Supervisor:
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan
         error = None
-        if task.returncode not in (None, 0) and plan.local and plan.slurm_rank is None:
+        if task.returncode not in (None, 0) and self.backend.writes_here(plan):
             error = error_file.read(error_file.file_name(plan.type, plan.index, task.attempt), self.run_dir.fd)
         return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
                         task.output.log_path, joined=task.joined, coordinator_port=self._dialled_port(task),

@@ -120,7 +120,7 @@ def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Su
     error = None
     with open(console_path, "w") as console:
         try:
-            supervise(plans, lambda plan: runner, SuperviseOptions(run_id=run_id, log_dir=log_dir, **options), console)
+            supervise(plans, runner, SuperviseOptions(run_id=run_id, log_dir=log_dir, **options), console)
         except MgpuError as e:
             error = e
     return Supervised(console_path.read_text(), log_dir / run_id, error)

@@ -205,7 +205,7 @@ def test_the_error_file_path_holds_in_the_tasks_own_workdir(run_id, tmp_path, mo
     runner = LocalRunner()
     with open(tmp_path / "console.txt", "w") as console:
         try:
-            supervise(plans, lambda plan: runner, SuperviseOptions(run_id=run_id, log_dir="runs", grace_period=2.0),
+            supervise(plans, runner, SuperviseOptions(run_id=run_id, log_dir="runs", grace_period=2.0),
                       console)
         except TaskFailed as e:
             failure = str(e)

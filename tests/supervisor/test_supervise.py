@@ -284,7 +284,7 @@ def test_a_log_dir_that_cannot_be_made_is_a_usage_error(run_id, tmp_path):
     (tmp_path / "file").write_text("")
     options = SuperviseOptions(run_id=run_id, log_dir=tmp_path / "file" / "runs")
     with pytest.raises(UsageError, match=f"^--log-dir {tmp_path / 'file' / 'runs'}: Not a directory$"):
-        supervise(make_plans(run_id, [], workers=1), lambda plan: LocalRunner(), options)
+        supervise(make_plans(run_id, [], workers=1), LocalRunner(), options)
 
 
 def test_output_held_open_by_a_process_outside_the_run_is_closed_after_one_deadline(run_id, record_dir, tmp_path):

@@ -21,7 +21,7 @@ from launcher.errors import ConnectError, MgpuError
 from launcher.plan.coordinator import coordinator_port
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
-from launcher.runners.base import Runner, TaskProcess
+from launcher.runners.base import Attempt, Backend, TaskByTask, TaskProcess
 from launcher.runners.ssh import remote_command
 from launcher.runners.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
 from launcher.runners.ssh.options import SshOptions
@@ -140,8 +140,9 @@ class SshTaskProcess(TaskProcess):
         self._conn.release(self.sessions)
 
 
-class SshRunner(Runner):
-    """Starts tasks on remote hosts; one connection per host, shared by its tasks."""
+class SshRunner(Backend):
+    """Starts tasks on remote hosts; one connection per host, shared by its tasks. Owns the
+    connections; what runs on a remote host ends with its session (remote_command.py)."""
 
     def __init__(self, options: SshOptions = SshOptions()):
         self.options = options
@@ -192,6 +193,9 @@ class SshRunner(Runner):
         env = dict(task.env)
         env[ENV_ATTEMPT] = str(attempt)
         return env
+
+    def begin_attempt(self, tasks, attempt: int) -> Attempt:
+        return TaskByTask(self.start, attempt)
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
         """Start the task; its join watcher watches its own port and the coordinator's."""

@@ -9,7 +9,7 @@ TERM, a grace period, then KILL; then it writes the run's final status to run.js
 hang-up does not reach it. It inherits the run dir's descriptor, so it writes
 there as the launcher does: by name under that descriptor, never through a path.
 
-Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
+Run as: python -m launcher.runners.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import subprocess
 import sys
 import time
 
+from launcher.runners.base import Watchdog
 from launcher.supervise.rundir import RunDir
 
 DONE = b"done"
 LOG_NAME = "reaper.log"
 
 
-class Reaper:
+class Reaper(Watchdog):
     """The launcher's handle on its watchdog process."""
 
     def __init__(self, proc: subprocess.Popen):
@@ -37,7 +38,7 @@ class Reaper:
     def start(cls, run_id: str, grace: float, run_dir: RunDir) -> "Reaper":
         """A reaper for the run, logging to reaper.log in `run_dir`."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
-        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
+        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.runners.reaper import main; main()"
         with open(run_dir.create(LOG_NAME, append=True), "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path)],
@@ -69,7 +70,7 @@ class Reaper:
 
 def main(argv: list[str] | None = None) -> int:
     from launcher.host import proctree
-    from launcher.supervise import runrecord
+    from launcher.supervise import runrecord  # the record is the launcher's to write, but it is gone
 
     run_id, grace, run_dir_fd, run_dir_path = (argv or sys.argv[1:])[:4]
     for signum in (signal.SIGINT, signal.SIGHUP):
