@@ -88,7 +88,8 @@ class Strays:
 
 class Watchdog:
     """Guards a run's processes while the launcher lives: if it dies, they are stopped and the
-    run is recorded as launcher-died. None by default."""
+    run is recorded as launcher-died. This one guards nothing: a backend with nothing to stop on
+    this machine (SSH: a remote task ends with its session)."""
 
     def dismiss(self) -> None:
         """The run ended and every task is gone: nothing left to guard."""

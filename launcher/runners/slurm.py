@@ -109,7 +109,6 @@ class SlurmStep:
     """One running `srun`: splits its output per task and records each task's end."""
 
     def __init__(self, argv: list[str], env: dict[str, str], count: int, attempt: int):
-        self.attempt = attempt
         self.count = count
         self.step_id: str | None = None
         self.statuses: dict[int, int] = {}
