@@ -18,6 +18,7 @@ machines and with load: compare the rows of one run.
 
     sudo python benchmarks/links.py                     # unshaped, 10gbit, 1gbit; 3 repeats
     sudo python benchmarks/links.py --links 1gbit --repeats 1 --latency-ms 5
+    sudo python benchmarks/links.py --links 1gbit --configs together,early,int8   # levers
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import sys
 
@@ -37,11 +39,18 @@ PREFIX = f"mgpulinks{os.getpid()}"
 SUBNET = "10.216.7"
 HOSTS = {"h1": f"{SUBNET}.11", "h2": f"{SUBNET}.12"}
 
-CONFIGS = [
-    ("mgpu default", "mwms_scaling.py", []),
-    ("mgpu allreduce float32", "mwms_scaling.py", ["--gradient-exchange", "allreduce"]),
-    ("torch DDP gloo", "torch_ddp_peer.py", []),
-]
+# name: (label, script, options). The default set, then levers of the factors exchange.
+CONFIGS = {
+    "default": ("mgpu default", "mwms_scaling.py", []),
+    "allreduce": ("mgpu allreduce float32", "mwms_scaling.py", ["--gradient-exchange", "allreduce"]),
+    "ddp": ("torch DDP gloo", "torch_ddp_peer.py", []),
+    "together": ("mgpu factors, one all-gather after back-propagation", "mwms_scaling.py",
+                 ["--factor-gather", "together"]),
+    "early": ("mgpu factors, early all-gather", "mwms_scaling.py", ["--factor-gather", "early"]),
+    "int8": ("mgpu factors int8", "mwms_scaling.py", ["--factor-dtype", "int8"]),
+    "bfloat16": ("mgpu factors bfloat16", "mwms_scaling.py", ["--factor-dtype", "bfloat16"]),
+}
+DEFAULT_CONFIGS = "default,allreduce,ddp"
 
 
 def ip(*args: str) -> None:
@@ -138,12 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added on each host's egress (netem)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    parser.add_argument("--extra", default="", help="more mwms_scaling.py options for mgpu's configurations, "
+                        "e.g. '--inter-op 2' (named in their labels)")
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--name", default="links", help="results file name, without suffix")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.configs.split(",") if name not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     if os.geteuid() != 0:
         print("links.py needs root (network namespaces and tc)", file=sys.stderr)
         return 2
-    configs = [c for c in CONFIGS if c[1] != "torch_ddp_peer.py" or torch_available()]
+    configs = [CONFIGS[name] for name in args.configs.split(",")]
+    configs = [c for c in configs if c[1] != "torch_ddp_peer.py" or torch_available()]
+    if args.extra:
+        configs = [(f"{label} {args.extra}", script, [*extra, *shlex.split(args.extra)])
+                   if script == "mwms_scaling.py" else (label, script, extra) for label, script, extra in configs]
     rows = []
     remove_hosts()
     try:
@@ -160,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": datetime.date.today().isoformat(), "machine": machine(), "latency_ms": args.latency_ms,
               "repeats": args.repeats, "steps": args.steps, "rows": rows}
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    (args.results_dir / "links.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.results_dir / "links.md").write_text(markdown(result))
+    (args.results_dir / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.results_dir / f"{args.name}.md").write_text(markdown(result))
     return 0
 
 

@@ -86,6 +86,8 @@ def _add_trainer_levers(p):
                    help="as the trainer's --gradient-exchange")
     p.add_argument("--factor-dtype", choices=t.FACTOR_DTYPES, default="bfloat16",
                    help="dtype of the factors on the wire and in the kernel-gradient rebuild")
+    p.add_argument("--factor-gather", choices=t.FACTOR_GATHERS, default="together",
+                   help="as the trainer's --factor-gather")
     p.add_argument("--allreduce-dtype", choices=t.ALLREDUCE_DTYPES, default="float32")
     p.add_argument("--bytes-per-pack", type=int, default=0)
     p.add_argument("--all-reduce", "--implementation", choices=["auto", "ring"], default="auto",
@@ -112,6 +114,7 @@ def trainer_options(args):
             "--batch-size-per-replica", str(args.batch_per_replica),
             "--steps-per-loop", str(args.steps_per_call), "--optimizer", args.optimizer,
             "--gradient-exchange", args.gradient_exchange, "--factor-dtype", args.factor_dtype,
+            "--factor-gather", args.factor_gather,
             "--allreduce-dtype", args.allreduce_dtype, "--bytes-per-pack", str(args.bytes_per_pack),
             "--all-reduce", args.all_reduce, *(["--xla"] if args.xla else []), *args.trainer_args]
     return trainer_options_lib.parse(argv)

@@ -12,8 +12,12 @@ Two methods:
   gradients at its output. When the batch is small next to the kernel, every replica
   all-gathers X and dY (b x (in + out) values) instead of reducing the kernel gradient
   (in x out values) and rebuilds the sum locally with one matmul (replicas x b rows).
-  Every other gradient travels flattened in the same single all-gather and is summed
-  locally. Which layers do so: exchange_cost.py weighs bytes and the rebuild's compute.
+  Every other gradient travels flattened in a second all-gather (or, with factor_gather
+  "together", in the same one) and is summed locally. Which layers do so: exchange_cost.py
+  weighs bytes and the rebuild's compute. The factors' all-gather needs only the factored
+  layers' inputs and output gradients, so TensorFlow's executor puts it on the wire while
+  the layers below still back-propagate (with XLA, the backward pass is one compiled call
+  and the gather follows it).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class AllReduceSettings:
     wire_dtype: str = "float32"  # allreduce: float32 | float16 | bfloat16
     options: tf.distribute.experimental.CommunicationOptions | None = None
     exchange: str = "auto"  # auto | allreduce | factors
-    factor_dtype: str = "bfloat16"  # factors: wire and rebuild dtype, bfloat16 | float32
+    factor_dtype: str = "bfloat16"  # factors: wire dtype, bfloat16 | float32 | int8 (a scale per row)
+    factor_gather: str = "together"  # factors: together (one all-gather) | early (own all-gather during back-propagation)
     gpus: int = 0  # GPUs of this worker: the cost model's constants are CPU costs
 
 
@@ -83,40 +88,133 @@ def choose_factored_layers(settings: AllReduceSettings, model: keras.Model,
 
 def exchange_gradients(grads: list[tf.Tensor], factors: list[tuple[tf.Tensor, tf.Tensor]],
                        settings: AllReduceSettings) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-    """One all-gather of this replica's gradients and (inputs, output gradients) pairs.
+    """All-gathers of this replica's gradients and (inputs, output gradients) pairs.
 
     Returns the gradients summed over replicas and, per pair, the kernel gradient summed
-    over replicas, all float32.
+    over replicas, all float32. With factor_gather "early" the factors travel in an all-gather
+    of their own, which needs nothing but the factored layers' output gradients: it goes on the
+    wire while the layers below are still back-propagating, and the other gradients follow in
+    a second one. With "together" one all-gather carries everything after the backward pass.
     """
     ctx = tf.distribute.get_replica_context()
     replicas = ctx.num_replicas_in_sync
-    wire = tf.as_dtype(settings.factor_dtype)
-    pieces = ([tf.reshape(x, [-1]) for x, _ in factors] + [tf.reshape(dy, [-1]) for _, dy in factors]
-              + [tf.reshape(g, [-1]) for g in grads])
-    sizes = [p.shape.num_elements() for p in pieces]
-    flat = tf.concat([tf.cast(p, wire) for p in pieces], 0)
-    if wire == tf.bfloat16:
-        # An all-gather only copies bytes, and it has no bfloat16 kernel.
-        gathered = tf.bitcast(ctx.all_gather(tf.bitcast(flat, tf.float16), axis=0,
-                                             options=settings.options), tf.bfloat16)
-    else:
-        gathered = ctx.all_gather(flat, axis=0, options=settings.options)
-    rows = tf.split(tf.reshape(gathered, [replicas, sum(sizes)]), sizes, axis=1)  # row r: replica r
-    k = len(factors)
-    kernel_grads = []
-    for (x, dy), xs, dys in zip(factors, rows[:k], rows[k:2 * k]):
-        xs = tf.reshape(xs, [replicas * x.shape[0], x.shape[1]])
-        dys = tf.reshape(dys, [replicas * dy.shape[0], dy.shape[1]])
-        # bfloat16 factors stay bfloat16 in the matmul (AMX where the CPU has it).
-        kernel_grads.append(tf.cast(tf.matmul(xs, dys, transpose_a=True), tf.float32))
-    summed = [tf.reshape(tf.reduce_sum(tf.cast(r, tf.float32), axis=0), g.shape)
-              for r, g in zip(rows[2 * k:], grads)]
+    factor_wire = settings.factor_dtype
+    # int8 is for factors only (a scale per row); the other gradients travel as bfloat16.
+    other_wire = "bfloat16" if factor_wire == "int8" else factor_wire
+    factor_pack = _Pack(replicas)
+    for x, dy in factors:
+        factor_pack.add_rows(x, dy, factor_wire)
+    other_pack = factor_pack if settings.factor_gather == "together" else _Pack(replicas)
+    for g in grads:
+        other_pack.add(g, other_wire)
+    factor_rows = factor_pack.gather(ctx, settings.options)
+    other_rows = factor_rows if other_pack is factor_pack else other_pack.gather(ctx, settings.options)
+    kernel_grads = [tf.cast(_rebuild(*rows), tf.float32) for rows in factor_rows[:len(factors)]]
+    summed = [tf.reshape(tf.reduce_sum(rows, axis=0), g.shape)
+              for rows, g in zip(other_rows[len(other_rows) - len(grads):], grads)]
     return summed, kernel_grads
 
 
+def _rebuild(xs: tf.Tensor, dys: tf.Tensor, scales: tf.Tensor | None) -> tf.Tensor:
+    """The kernel gradient summed over replicas: X^T dY over every replica's rows. bfloat16
+    factors stay bfloat16 in the matmul (AMX where the CPU has it); int8 ones become bfloat16
+    exactly, with each row's two scales folded into dY's row."""
+    if scales is not None:
+        dys = tf.cast(tf.cast(dys, tf.float32) * scales[:, None], tf.bfloat16)
+        xs = tf.cast(xs, tf.bfloat16)
+    return tf.matmul(xs, dys, transpose_a=True)
+
+
+class _Pack:
+    """Tensors laid end to end in one vector of 16-bit words for one all-gather (which only
+    copies bytes: any dtype travels bitcast), and unpacked from the gathered [replicas, words].
+
+    Entries are a factored layer's (inputs, output gradients) rows (unpacked as every replica's
+    rows stacked, with int8 each row's combined scale) or one tensor (unpacked as
+    [replicas, values] float32, for summing)."""
+
+    def __init__(self, replicas: int):
+        self.replicas = replicas
+        self.words: list[tf.Tensor] = []
+        self.entries: list = []  # per entry: a function of its words' columns -> unpacked
+
+    def _put(self, words: tf.Tensor) -> int:
+        self.words.append(words)
+        return len(self.words) - 1
+
+    def add(self, tensor: tf.Tensor, wire: str) -> None:
+        i = self._put(_to_words(tf.reshape(tensor, [-1]), wire))
+        n = tensor.shape.num_elements()
+        self.entries.append(lambda cols: tf.cast(_from_words(cols[i], wire, n), tf.float32))
+
+    def add_rows(self, x: tf.Tensor, dy: tf.Tensor, wire: str) -> None:
+        b = x.shape[0]
+        rows = self.replicas * b
+        if wire != "int8":
+            ix, idy = self._put(_to_words(tf.reshape(x, [-1]), wire)), self._put(_to_words(tf.reshape(dy, [-1]), wire))
+            self.entries.append(lambda cols: (
+                tf.reshape(_from_words(cols[ix], wire, x.shape.num_elements()), [rows, x.shape[1]]),
+                tf.reshape(_from_words(cols[idy], wire, dy.shape.num_elements()), [rows, dy.shape[1]]),
+                None))
+            return
+        qx, sx = _quantize_rows(x)
+        qdy, sdy = _quantize_rows(dy)
+        ix, idy = self._put(_int8_words(qx)), self._put(_int8_words(qdy))
+        iscale = self._put(_to_words(sx * sdy, "float32"))
+        self.entries.append(lambda cols: (
+            tf.reshape(_int8_from_words(cols[ix], qx.shape.num_elements()), [rows, x.shape[1]]),
+            tf.reshape(_int8_from_words(cols[idy], qdy.shape.num_elements()), [rows, dy.shape[1]]),
+            tf.reshape(_from_words(cols[iscale], "float32", b), [rows])))
+
+    def gather(self, ctx, options) -> list:
+        """The all-gather, then each entry unpacked in the order added."""
+        if not self.words:
+            return []
+        sizes = [w.shape.num_elements() for w in self.words]
+        flat = tf.concat(self.words, 0)
+        gathered = ctx.all_gather(flat, axis=0, options=options)
+        cols = tf.split(tf.reshape(gathered, [self.replicas, sum(sizes)]), sizes, axis=1)  # row r: replica r
+        return [entry(cols) for entry in self.entries]
+
+
+def _to_words(flat: tf.Tensor, wire: str) -> tf.Tensor:
+    """A 1-D tensor in `wire` dtype as float16 words: the all-gather has no bfloat16 kernel."""
+    t = tf.cast(flat, wire)
+    if wire == "float32":
+        return tf.reshape(tf.bitcast(t, tf.float16), [-1])
+    return tf.bitcast(t, tf.float16)
+
+
+def _from_words(cols: tf.Tensor, wire: str, n: int) -> tf.Tensor:
+    """[replicas, words] back to [replicas, n] values of `wire` dtype."""
+    if wire == "float32":
+        return tf.bitcast(tf.reshape(cols, [-1, n, 2]), tf.float32)
+    return tf.bitcast(cols, tf.as_dtype(wire))
+
+
+def _quantize_rows(t: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """int8 values and a float32 scale per row: row = values x scale, to 1/254 of its largest |value|."""
+    t = tf.cast(t, tf.float32)
+    scale = tf.reduce_max(tf.abs(t), axis=1) / 127.0
+    q = tf.cast(tf.clip_by_value(tf.round(tf.math.divide_no_nan(t, scale[:, None])), -127.0, 127.0), tf.int8)
+    return q, scale
+
+
+def _int8_words(q: tf.Tensor) -> tf.Tensor:
+    flat = tf.reshape(q, [-1])
+    if flat.shape[0] % 2:
+        flat = tf.concat([flat, tf.zeros([1], tf.int8)], 0)
+    return tf.bitcast(tf.reshape(flat, [-1, 2]), tf.float16)
+
+
+def _int8_from_words(cols: tf.Tensor, n: int) -> tf.Tensor:
+    """[replicas, words] back to [replicas, n] int8."""
+    return tf.reshape(tf.bitcast(cols, tf.int8), [cols.shape[0], -1])[:, :n]
+
+
 def describe_exchange(settings: AllReduceSettings, factored: list) -> str:
-    """One line for the log, e.g. 'factors bfloat16 (dense 3136x1024)'."""
+    """One line for the log, e.g. 'factors bfloat16 (dense 3136x1024), early all-gather'."""
     if not factored:
         return f"allreduce {settings.wire_dtype}"
     shapes = ", ".join("x".join(str(n) for n in layer.kernel.shape) for layer in factored)
-    return f"factors {settings.factor_dtype} (dense {shapes})"
+    return f"factors {settings.factor_dtype} (dense {shapes}), {settings.factor_gather} all-gather"

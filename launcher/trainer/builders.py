@@ -50,7 +50,8 @@ def train_state(opts: TrainOptions, strategy: tf.distribute.Strategy) -> TrainSt
 
 def allreduce_settings(opts: TrainOptions, num_gpus: int) -> AllReduceSettings:
     return AllReduceSettings(opts.allreduce_dtype, strategy_lib.communication_options(opts, num_gpus),
-                             opts.gradient_exchange, opts.factor_dtype, gpus=num_gpus)
+                             opts.gradient_exchange, opts.factor_dtype, opts.factor_gather,
+                             gpus=num_gpus)
 
 
 def train_loop(opts: TrainOptions, strategy: tf.distribute.Strategy, state: TrainState,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2}
+BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +39,8 @@ class CostConstants:
     cast_s_per_value: float  # bfloat16 -> float32
 
     def s_per_mac(self, dtype: str) -> float:
-        # float16 matmuls on CPU run no faster than float32 ones.
-        return self.bfloat16_s_per_mac if dtype == "bfloat16" else self.float32_s_per_mac
+        # float16 matmuls on CPU run no faster than float32 ones; int8 factors are rebuilt in bfloat16.
+        return self.bfloat16_s_per_mac if dtype in ("bfloat16", "int8") else self.float32_s_per_mac
 
 
 # Measured with `nice python benchmarks/exchange_costs.py --repeats 5` (CPU seconds of every

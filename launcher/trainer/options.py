@@ -18,7 +18,8 @@ STRATEGIES = ("auto", "off", "one_device", "mirrored", "multi_worker_mirrored")
 ALL_REDUCE = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16")
 GRADIENT_EXCHANGES = ("auto", "allreduce", "factors")
-FACTOR_DTYPES = ("bfloat16", "float32")
+FACTOR_DTYPES = ("bfloat16", "float32", "int8")
+FACTOR_GATHERS = ("early", "together")
 MIXED_PRECISION = ("mixed_bfloat16", "mixed_float16")
 MODELS = ("cnn", "small")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
@@ -39,6 +40,7 @@ class TrainOptions:
     bytes_per_pack: int
     gradient_exchange: str
     factor_dtype: str
+    factor_gather: str
     # devices and numerics
     mixed_precision: str | None
     xla: bool
@@ -195,8 +197,12 @@ def _add_cluster_options(g) -> None:
                    "auto: factors for the Dense layers where that moves fewer bytes, with 2 or "
                    "more replicas on CPUs, else allreduce (always on workers with GPUs)")
     g.add_argument("--factor-dtype", choices=FACTOR_DTYPES, default="bfloat16",
-                   help="dtype of the factors exchange on the wire and in the rebuild "
-                   "(float32: exact up to rounding)")
+                   help="dtype of the factors on the wire and in the rebuild (float32: exact up "
+                   "to rounding; int8: a scale per row, rebuilt in bfloat16)")
+    g.add_argument("--factor-gather", choices=FACTOR_GATHERS, default="together",
+                   help="early: the factors go on the wire in an all-gather of their own as soon "
+                   "as the Dense layers' output gradients exist, while the layers below still "
+                   "back-propagate; together: one all-gather of everything after the backward pass")
 
 
 def _add_device_options(g) -> None:

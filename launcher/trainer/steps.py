@@ -69,8 +69,8 @@ def replica_gradients(model, optimizer, global_batch_size: int, replicas: int,
 
     The gradients are those of the global mean loss (scaled by the optimizer's loss scale
     with `loss_scaling`). `factored`: layers whose kernel gradients are rebuilt by
-    exchange_gradients; every other gradient is all-reduced (or, with factors, travels in
-    the same all-gather).
+    exchange_gradients; every other gradient is all-reduced (or, with factors, all-gathered
+    with them or right after them).
     """
     variables = model.trainable_variables
     kernels = [layer.kernel for layer in factored]

@@ -3,7 +3,9 @@
 The seed CNN trains a few SGD steps on synthetic data under each exchange, from the same
 initial weights and on the same batches (dropout masks come from the same seeds), so the
 weights may differ only by rounding: float32 factors by float sums in another order,
-bfloat16 factors by the precision of bfloat16.
+bfloat16 factors by the precision of bfloat16, int8 factors by their 8 bits per value. Where the
+factors' all-gather goes on the wire (early, during back-propagation, or together with the
+other gradients after it) changes nothing but the time.
 """
 
 import numpy as np
@@ -51,19 +53,24 @@ def runs(tmp_path_factory):
         "float32": run_two_workers(tmp, "float32", ["--gradient-exchange", "factors",
                                                     "--factor-dtype", "float32"]),
         "default": run_two_workers(tmp, "default", []),
+        "together": run_two_workers(tmp, "together", ["--factor-gather", "together"]),
+        "early": run_two_workers(tmp, "early", ["--factor-gather", "early"]),
+        "int8": run_two_workers(tmp, "int8", ["--factor-dtype", "int8"]),
     }
 
 
-# Measured (SGD, 20 steps): float32 factors 3e-5, bfloat16 factors 0.10 of the last 10
-# steps' update; a kernel gradient off by a factor or taken from the wrong rows gives ~1.
+# Measured (SGD, 20 steps): float32 factors 3e-5, bfloat16 factors 0.10, int8 factors 0.105 of
+# the last 10 steps' update, early against together 0; a kernel gradient off by a factor or
+# taken from the wrong rows gives ~1.
 FLOAT32_TOLERANCE = 1e-3
 BFLOAT16_TOLERANCE = 0.3
+INT8_TOLERANCE = 0.3
 
 
-def relative_difference(runs, name: str) -> float:
-    """|W_name - W_allreduce| / |last 10 steps' update of W_allreduce|, over all weights."""
-    reference = cnn_weights(runs["allreduce"]["model_dir"] / f"ckpt-{STEPS}")
-    earlier = cnn_weights(runs["allreduce"]["model_dir"] / f"ckpt-{STEPS - 10}")
+def relative_difference(runs, name: str, reference_name: str = "allreduce") -> float:
+    """|W_name - W_reference| / |last 10 steps' update of W_reference|, over all weights."""
+    reference = cnn_weights(runs[reference_name]["model_dir"] / f"ckpt-{STEPS}")
+    earlier = cnn_weights(runs[reference_name]["model_dir"] / f"ckpt-{STEPS - 10}")
     other = cnn_weights(runs[name]["model_dir"] / f"ckpt-{STEPS}")
     difference = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(other, reference)))
     update = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(reference, earlier)))
@@ -72,11 +79,14 @@ def relative_difference(runs, name: str) -> float:
 
 def test_auto_chooses_factors_with_bfloat16_for_the_cnn_on_two_workers(runs):
     assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10)" in runs["default"]["log"]
+    assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10), early all-gather" in runs["early"]["log"]
     assert "gradient exchange: allreduce float32" in runs["allreduce"]["log"]
     assert "gradient exchange: factors float32 (dense 3136x1024, 1024x10)" in runs["float32"]["log"]
+    assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10), together all-gather" in runs["together"]["log"]
+    assert "gradient exchange: factors int8 (dense 3136x1024, 1024x10)" in runs["int8"]["log"]
 
 
-@pytest.mark.parametrize("name", ["allreduce", "float32", "default"])
+@pytest.mark.parametrize("name", ["allreduce", "float32", "default", "together", "early", "int8"])
 def test_workers_end_with_identical_weights(runs, name):
     metrics = runs[name]["metrics"]
     assert metrics["global_step"] == STEPS and metrics["num_replicas"] == 2
@@ -94,6 +104,18 @@ def test_bfloat16_factors_stay_close_to_the_allreduce(runs):
     error = relative_difference(runs, "default")
     print(f"bfloat16 factors vs all-reduce: {error:.2e} of the last 10 steps' update")
     assert error < BFLOAT16_TOLERANCE
+
+
+def test_the_factors_all_gather_early_or_together_gives_the_same_weights(runs):
+    error = relative_difference(runs, "together", reference_name="early")
+    print(f"factors gathered together vs early: {error:.2e} of the last 10 steps' update")
+    assert error < FLOAT32_TOLERANCE
+
+
+def test_int8_factors_stay_close_to_the_allreduce(runs):
+    error = relative_difference(runs, "int8")
+    print(f"int8 factors vs all-reduce: {error:.2e} of the last 10 steps' update")
+    assert error < INT8_TOLERANCE
 
 
 def test_auto_factors_a_dense_layer_only_when_the_cost_model_finds_factors_cheaper():
