@@ -18,7 +18,7 @@ machines and with load: compare the rows of one run.
 
     sudo python benchmarks/links.py                     # unshaped, 10gbit, 1gbit; 3 repeats
     sudo python benchmarks/links.py --links 1gbit --repeats 1 --latency-ms 5
-    sudo python benchmarks/links.py --links 1gbit --configs together,early,int8   # levers
+    sudo python benchmarks/links.py --links 1gbit --configs bfloat16,bfloat16-early,int8,int8-early
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ CONFIGS = {
     "default": ("mgpu default", "mwms_scaling.py", []),
     "allreduce": ("mgpu allreduce float32", "mwms_scaling.py", ["--gradient-exchange", "allreduce"]),
     "ddp": ("torch DDP gloo", "torch_ddp_peer.py", []),
-    "together": ("mgpu factors, one all-gather after back-propagation", "mwms_scaling.py",
-                 ["--factor-gather", "together"]),
-    "early": ("mgpu factors, early all-gather", "mwms_scaling.py", ["--factor-gather", "early"]),
-    "int8": ("mgpu factors int8", "mwms_scaling.py", ["--factor-dtype", "int8"]),
-    "bfloat16": ("mgpu factors bfloat16", "mwms_scaling.py", ["--factor-dtype", "bfloat16"]),
+    # The factors exchange's levers, each named in full (the defaults may change).
+    "bfloat16": ("mgpu factors bfloat16", "mwms_scaling.py", ["--factor-dtype", "bfloat16", "--factor-gather", "together"]),
+    "bfloat16-early": ("mgpu factors bfloat16, early all-gather", "mwms_scaling.py",
+                       ["--factor-dtype", "bfloat16", "--factor-gather", "early"]),
+    "int8": ("mgpu factors int8", "mwms_scaling.py", ["--factor-dtype", "int8", "--factor-gather", "together"]),
+    "int8-early": ("mgpu factors int8, early all-gather", "mwms_scaling.py",
+                   ["--factor-dtype", "int8", "--factor-gather", "early"]),
 }
 DEFAULT_CONFIGS = "default,allreduce,ddp"
 
@@ -130,7 +132,8 @@ def machine() -> str:
 def markdown(result: dict) -> str:
     lines = [f"# Two hosts over shaped links ({result['date']})", "", result["machine"], "",
              f"tbf burst 256kb latency 50ms on each host's egress; added latency {result['latency_ms']:g} ms; "
-             f"{result['repeats']} repeats of {result['steps']} timed steps, medians.", "",
+             f"{result['repeats']} repeats of {result['steps']} timed steps, medians."
+             + (f" In each host: sysctl {', '.join(result['sysctl'])}." if result.get("sysctl") else ""), "",
              "| link | configuration | 1 worker ex/s | 2 workers ex/s | efficiency |", "|---|---|---|---|---|"]
     by_key: dict = {}
     for row in result["rows"]:
@@ -151,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, of: {', '.join(CONFIGS)}")
     parser.add_argument("--extra", default="", help="more mwms_scaling.py options for mgpu's configurations, "
                         "e.g. '--inter-op 2' (named in their labels)")
+    parser.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in each host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0")
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--name", default="links", help="results file name, without suffix")
     args = parser.parse_args(argv)
@@ -169,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     remove_hosts()
     try:
         make_hosts()
+        for setting in args.sysctl:
+            for name in HOSTS:
+                subprocess.run(["ip", "netns", "exec", namespace(name), "sysctl", "-qw", setting], check=True)
         for link in args.links.split(","):
             shape(None if link == "unshaped" else link, args.latency_ms)
             for label, script, extra in configs:
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_hosts()
     result = {"date": datetime.date.today().isoformat(), "machine": machine(), "latency_ms": args.latency_ms,
+              "sysctl": args.sysctl,
               "repeats": args.repeats, "steps": args.steps, "rows": rows}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -84,7 +84,7 @@ def _add_trainer_levers(p):
     p.add_argument("--optimizer", choices=t.OPTIMIZERS, default="adam")
     p.add_argument("--gradient-exchange", "--dense-grads", choices=t.GRADIENT_EXCHANGES, default="auto",
                    help="as the trainer's --gradient-exchange")
-    p.add_argument("--factor-dtype", choices=t.FACTOR_DTYPES, default="bfloat16",
+    p.add_argument("--factor-dtype", choices=t.FACTOR_DTYPES, default="int8",
                    help="dtype of the factors on the wire and in the kernel-gradient rebuild")
     p.add_argument("--factor-gather", choices=t.FACTOR_GATHERS, default="together",
                    help="as the trainer's --factor-gather")

@@ -68,6 +68,7 @@ def _accuracy(data: dict) -> list[str]:
     rows = [("1 worker", f"accuracy {one['accuracy']:.4f}, {one['examples_per_sec']:,.0f} ex/s"),
             ("2 workers", f"accuracy {two['accuracy']:.4f}, {two['examples_per_sec']:,.0f} ex/s"),
             ("gap (allowed)", f"{data['accuracy_gap']:.4f} ({data['max_gap']})"),
+            ("gradient exchange, 2 workers", two.get("gradient_exchange") or "?"),
             ("passed", str(data["passed"]))]
     return [f"## Accuracy on {data['dataset']} (`make bench-accuracy`)", "",
             f"{data['model']}, {data['train_steps']} steps, global batch {data['global_batch_size']}, "
@@ -89,10 +90,11 @@ def _clean_exit(data: dict) -> list[str]:
     return ["## Clean exits (`benchmarks/clean_exit.py`)", "", *_table(rows)]
 
 
-def _links(data: dict) -> list[str]:
-    lines = [f"## Two hosts over shaped links (`benchmarks/links.py`, {data['date']})", "", data["machine"], "",
+def _links(data: dict, title: str = "Two hosts over shaped links") -> list[str]:
+    lines = [f"## {title} (`benchmarks/links.py`, {data['date']})", "", data["machine"], "",
              f"{data['repeats']} repeat(s) of {data['steps']} timed steps, medians; added latency "
-             f"{data['latency_ms']:g} ms.", "",
+             f"{data['latency_ms']:g} ms"
+             + (f"; in each host: sysctl {', '.join(data['sysctl'])}" if data.get("sysctl") else "") + ".", "",
              "| link | configuration | 1 worker ex/s | 2 workers ex/s | efficiency |", "|---|---|---|---|---|"]
     pairs: dict = {}
     for row in data["rows"]:
@@ -104,7 +106,8 @@ def _links(data: dict) -> list[str]:
 
 
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),
-            ("clean_exit-2cores.json", _clean_exit), ("links.json", _links))
+            ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
+            ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")))
 
 
 def render() -> str:

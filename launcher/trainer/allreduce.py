@@ -39,7 +39,7 @@ class AllReduceSettings:
     wire_dtype: str = "float32"  # allreduce: float32 | float16 | bfloat16
     options: tf.distribute.experimental.CommunicationOptions | None = None
     exchange: str = "auto"  # auto | allreduce | factors
-    factor_dtype: str = "bfloat16"  # factors: wire dtype, bfloat16 | float32 | int8 (a scale per row)
+    factor_dtype: str = "int8"  # factors: wire dtype, int8 (a scale per row) | bfloat16 | float32
     factor_gather: str = "together"  # factors: together (one all-gather) | early (own all-gather during back-propagation)
     gpus: int = 0  # GPUs of this worker: the cost model's constants are CPU costs
 

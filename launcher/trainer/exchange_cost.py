@@ -10,9 +10,10 @@ two exchanges (launcher/trainer/steps.py and allreduce.py) is:
   multiply-adds in the layer's compute dtype), and the ring all-reduce brings about
   2 (R-1)/R x in x out values of the all-reduce dtype to each worker (and sums them).
 - factors: the tape skips the kernel gradient (nothing asks for it); the all-gather brings
-  (R-1) x b x (in + out) values of the factor dtype to each worker, which rebuilds the summed
-  kernel gradient with one matmul of R x b x in x out multiply-adds in the factor dtype, then
-  casts it (in x out values) to float32 when that dtype is not float32.
+  (R-1) x b x (in + out) values of the factor dtype to each worker (int8: and a scale per row),
+  which rebuilds the summed kernel gradient with one matmul of R x b x in x out multiply-adds
+  (bfloat16 for int8 factors), then casts it (in x out values) to float32 when that dtype is not
+  float32. int8's quantizing (a few passes over b x (in + out) values) is not counted.
 Both paths back-propagate dY to the layer's input alike, and the other gradients cost about the
 same either way, so neither is counted. The per-call cost of a collective is paid once per step
 by both paths (one all-reduce or one all-gather), so only costs per byte are counted.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+SCALE_BYTES = 4  # int8 factors: one float32 scale per row (both factors' scales multiplied)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,16 +83,17 @@ def allreduce_cost(n_in: int, n_out: int, batch: int, replicas: int, allreduce_d
                     batch * n_in * n_out * c.s_per_mac(compute_dtype), 0.0)
 
 
-def factors_cost(n_in: int, n_out: int, batch: int, replicas: int, factor_dtype: str = "bfloat16",
+def factors_cost(n_in: int, n_out: int, batch: int, replicas: int, factor_dtype: str = "int8",
                  c: CostConstants = MEASURED) -> PathCost:
-    wire = (replicas - 1) * batch * (n_in + n_out) * BYTES_PER_VALUE[factor_dtype]
+    wire = (replicas - 1) * batch * ((n_in + n_out) * BYTES_PER_VALUE[factor_dtype]
+                                     + (SCALE_BYTES if factor_dtype == "int8" else 0))
     cast = 0.0 if factor_dtype == "float32" else n_in * n_out * c.cast_s_per_value
     return PathCost(wire, wire * c.allgather_s_per_byte,
                     replicas * batch * n_in * n_out * c.s_per_mac(factor_dtype), cast)
 
 
 def factors_cheaper(n_in: int, n_out: int, batch: int, replicas: int, *, allreduce_dtype: str = "float32",
-                    factor_dtype: str = "bfloat16", compute_dtype: str = "float32",
+                    factor_dtype: str = "int8", compute_dtype: str = "float32",
                     c: CostConstants = MEASURED) -> bool:
     """Whether exchanging factors costs a worker less CPU per step than all-reducing the kernel."""
     if replicas < 2:
@@ -100,7 +103,7 @@ def factors_cheaper(n_in: int, n_out: int, batch: int, replicas: int, *, allredu
 
 
 def markdown_table(n_in: int, n_out: int, batch: int, replica_counts, c: CostConstants = MEASURED,
-                   allreduce_dtype: str = "float32", factor_dtype: str = "bfloat16") -> str:
+                   allreduce_dtype: str = "float32", factor_dtype: str = "int8") -> str:
     """Both paths' modelled costs per replica count, in ms of CPU per step and worker."""
     lines = [f"| R | all-reduce {allreduce_dtype}: MB in, wire + local matmul = ms "
              f"| factors {factor_dtype}: MB in, wire + rebuild + cast = ms | chosen |",

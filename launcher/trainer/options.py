@@ -18,7 +18,7 @@ STRATEGIES = ("auto", "off", "one_device", "mirrored", "multi_worker_mirrored")
 ALL_REDUCE = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16")
 GRADIENT_EXCHANGES = ("auto", "allreduce", "factors")
-FACTOR_DTYPES = ("bfloat16", "float32", "int8")
+FACTOR_DTYPES = ("int8", "bfloat16", "float32")
 FACTOR_GATHERS = ("early", "together")
 MIXED_PRECISION = ("mixed_bfloat16", "mixed_float16")
 MODELS = ("cnn", "small")
@@ -196,9 +196,9 @@ def _add_cluster_options(g) -> None:
                    "activation, whose kernel gradient each worker then rebuilds with a matmul; "
                    "auto: factors for the Dense layers where that moves fewer bytes, with 2 or "
                    "more replicas on CPUs, else allreduce (always on workers with GPUs)")
-    g.add_argument("--factor-dtype", choices=FACTOR_DTYPES, default="bfloat16",
-                   help="dtype of the factors on the wire and in the rebuild (float32: exact up "
-                   "to rounding; int8: a scale per row, rebuilt in bfloat16)")
+    g.add_argument("--factor-dtype", choices=FACTOR_DTYPES, default="int8",
+                   help="dtype of the factors on the wire: int8 (a scale per row) and bfloat16 are "
+                   "rebuilt in bfloat16, float32 in float32 (exact up to rounding)")
     g.add_argument("--factor-gather", choices=FACTOR_GATHERS, default="together",
                    help="early: the factors go on the wire in an all-gather of their own as soon "
                    "as the Dense layers' output gradients exist, while the layers below still "

@@ -53,7 +53,7 @@ def single_run(tmp_path_factory):
 def two_worker_run(tmp_path_factory):
     """Two workers of 32 examples each: the same global batch as single_run.
 
-    The exchange is pinned to a float32 all-reduce: `auto` picks bfloat16 factors for this
+    The exchange is pinned to a float32 all-reduce: `auto` picks int8 factors for this
     model, whose rounding moves the weights by about 2e-3 over 200 steps."""
     tmp = tmp_path_factory.mktemp("two")
     model_dir = tmp / "model"
