@@ -19,7 +19,7 @@ ALL_REDUCE = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16")
 GRADIENT_EXCHANGES = ("auto", "allreduce", "factors")
 FACTOR_DTYPES = ("int8", "bfloat16", "float32")
-FACTOR_GATHERS = ("early", "together")
+FACTOR_GATHERS = ("together", "early")
 MIXED_PRECISION = ("mixed_bfloat16", "mixed_float16")
 MODELS = ("cnn", "small")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
@@ -191,8 +191,8 @@ def _add_cluster_options(g) -> None:
     g.add_argument("--bytes-per-pack", type=_non_negative_int, default=0,
                    help="pack gradients into all-reduce chunks of this many bytes (0: one pack)")
     g.add_argument("--gradient-exchange", choices=GRADIENT_EXCHANGES, default="auto",
-                   help="allreduce: all-reduce every gradient; factors: one all-gather of every "
-                   "gradient and of the inputs and output gradients of each Dense layer without "
+                   help="allreduce: all-reduce every gradient; factors: all-gather every gradient "
+                   "and the inputs and output gradients of each Dense layer without "
                    "activation, whose kernel gradient each worker then rebuilds with a matmul; "
                    "auto: factors for the Dense layers where that moves fewer bytes, with 2 or "
                    "more replicas on CPUs, else allreduce (always on workers with GPUs)")
