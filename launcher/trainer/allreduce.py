@@ -14,10 +14,10 @@ Two methods:
   (in x out values) and rebuilds the sum locally with one matmul (replicas x b rows).
   Every other gradient travels flattened in a second all-gather (or, with factor_gather
   "together", in the same one) and is summed locally. Which layers do so: exchange_cost.py
-  weighs bytes and the rebuild's compute. The factors' all-gather needs only the factored
-  layers' inputs and output gradients, so TensorFlow's executor puts it on the wire while
-  the layers below still back-propagate (with XLA, the backward pass is one compiled call
-  and the gather follows it).
+  weighs bytes and the rebuild's compute. With "early", the factors' all-gather needs only
+  the factored layers' inputs and output gradients, so TensorFlow's executor may start it
+  while the layers below still back-propagate, if it has a thread free for it (with XLA, the
+  backward pass is one compiled call and the gather follows it).
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def exchange_gradients(grads: list[tf.Tensor], factors: list[tuple[tf.Tensor, tf
 
     Returns the gradients summed over replicas and, per pair, the kernel gradient summed
     over replicas, all float32. With factor_gather "early" the factors travel in an all-gather
-    of their own, which needs nothing but the factored layers' output gradients: it goes on the
-    wire while the layers below are still back-propagating, and the other gradients follow in
-    a second one. With "together" one all-gather carries everything after the backward pass.
+    of their own, which needs nothing but the factored layers' output gradients, so it can
+    start while the layers below are still back-propagating; the other gradients follow in a
+    second one. With "together" one all-gather carries everything after the backward pass.
     """
     ctx = tf.distribute.get_replica_context()
     replicas = ctx.num_replicas_in_sync

@@ -16,7 +16,8 @@ two exchanges (launcher/trainer/steps.py and allreduce.py) is:
   float32. int8's quantizing (a few passes over b x (in + out) values) is not counted.
 Both paths back-propagate dY to the layer's input alike, and the other gradients cost about the
 same either way, so neither is counted. The per-call cost of a collective is paid once per step
-by both paths (one all-reduce or one all-gather), so only costs per byte are counted.
+by both paths (one all-reduce or one all-gather; two with --factor-gather early, a small
+difference), so only costs per byte are counted.
 
 The model counts CPU time, not wall time: with one worker per core there is no idle core to
 hide communication in, and the collective's CPU is what a step waits for. Where cores are spare
