@@ -43,7 +43,7 @@ def mgpu():
 # (`pytest -m fast`) runs them in seconds, beside the real-process tests.
 FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervisor/test_diagnosis.py", "tests/supervisor/test_stacks.py",
-        "tests/supervisor/test_output_reader.py")
+        "tests/supervisor/test_output_reader.py", "tests/supervisor/test_policy.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,8 @@
 """Supervision of a run: start every task, watch them, stop them all together.
 
+The rules below are decided by the pure policy (policy.py); this module keeps the loop that feeds it
+what happened, the processes, the output and the record.
+
 The rules:
 - Fail fast: the first training task (chief or worker) to exit non-zero or die
   by a signal stops the whole cluster: TERM to every task's process tree, KILL
@@ -43,7 +46,7 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from launcher import error_file, protocol
 from launcher.supervise import runrecord
@@ -52,11 +55,10 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
-from launcher.supervise.stall import StallClock
-from launcher.supervise import stacks
+from launcher.supervise import policy, stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
-    TaskView, closing_line, describe_exit, failure_summary, stall_summary, start_timeout_summary,
+    TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
 )
 from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
 
@@ -64,7 +66,6 @@ POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
-LISTEN_CHECK_INTERVAL = 0.25  # how often the port of a task without the ready line is looked at
 STACKS_TIMEOUT = 10.0  # after SIGABRT, how long tasks may take to write their stacks and end
 
 
@@ -73,28 +74,26 @@ def supervise(
     backend: Backend,
     options: SuperviseOptions,
     console: TextIO = sys.stdout,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
     Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
     `backend` runs every task (Routed, for a run that mixes kinds of tasks); it stays open:
-    whoever made it closes it.
+    whoever made it closes it. `clock` is the policy's (its deadlines and the stall clock): a test
+    may move it on an event.
     """
     if not plans:
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
     try:
-        _Supervisor(plans, backend, options, console, run_dir).run()
+        _Supervisor(plans, backend, options, console, run_dir, clock).run()
     finally:
         run_dir.close()
 
 
 def stacks_file_name(attempt: int) -> str:
     return f"stacks-{attempt}.txt"
-
-
-def _again(signum: int) -> str:
-    return "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
 
 
 @dataclasses.dataclass
@@ -106,23 +105,12 @@ class _Task:
     attempt: int
     returncode: int | None = None
     ended_at: float | None = None  # when its end was seen, seconds since the epoch
-    ready: bool = False
-    ready_by_ending: bool = False  # it ended before any sign of having joined was seen
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
 
     @property
     def started_by_joining(self) -> bool:
         """Ready once it joins the cluster: a program without the ready line, in the cluster."""
         return not self.plan.waits_for_ready and self.plan.port is not None
-
-
-@dataclasses.dataclass
-class _Outcome:
-    status: str  # one of the runrecord statuses
-    failed: _Task | None = None  # the first task that failed
-    missing: tuple[_Task, ...] = ()  # the tasks not ready in time
-    signum: int = 0
-    idle_for: float = 0.0  # a stall: seconds without progress
 
 
 class _RunFailed(Exception):
@@ -142,7 +130,9 @@ class _Supervisor:
         options: SuperviseOptions,
         console: TextIO,
         run_dir: RunDir,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        self.clock = clock
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -167,6 +157,10 @@ class _Supervisor:
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
+        self.policy = policy.Policy(
+            policy.Rules(start_timeout=options.start_timeout, stall_timeout=options.stall_timeout,
+                         max_restarts=options.max_restarts, max_preemption_restarts=options.max_preemption_restarts),
+            grace_period=options.grace_period)
 
     # -- the whole run ---------------------------------------------------------
 
@@ -200,53 +194,44 @@ class _Supervisor:
                 self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
     def _attempts(self) -> tuple[str, None]:
-        restarts = preemptions = 0
         attempt = 0
         while True:
-            outcome = self._attempt(attempt)
-            if outcome.status == runrecord.SUCCEEDED:
+            stop = self._attempt(attempt)
+            if stop.status == runrecord.SUCCEEDED:
                 return runrecord.SUCCEEDED, None
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
-            preempted = outcome.failed is not None and outcome.failed.returncode == protocol.EXIT_PREEMPTED
-            if preempted and preemptions < self.options.max_preemption_restarts:
-                preemptions += 1
-                self.output.notice(
-                    f"restarting all tasks after preemption ({preemptions} of at most "
-                    f"{self.options.max_preemption_restarts})"
-                )
-            elif restarts < self.options.max_restarts:
-                restarts += 1
-                self.output.notice(f"restarting all tasks (restart {restarts} of {self.options.max_restarts})")
-            else:
-                raise _RunFailed(outcome.status, TaskFailed(self._summary(outcome, attempt)))
+            after = self.policy.after(stop)
+            if isinstance(after, policy.GiveUp):
+                raise _RunFailed(stop.status, TaskFailed(self._summary(stop, attempt)))
+            self.output.notice(after.notice)
             attempt += 1
 
     # -- one attempt -------------------------------------------------------------
 
-    def _attempt(self, attempt: int) -> _Outcome:
+    def _attempt(self, attempt: int) -> policy.Stop:
         self.record.attempt_started(attempt)
         tasks: list[_Task] = []
-        outcome = _Outcome(runrecord.FAILED)
+        stop = policy.Stop(runrecord.FAILED)
         begun: Attempt | None = None
         try:
             begun = self.backend.begin_attempt(self.plans, attempt)
             for plan in self.plans:
                 if self.signals.received:
-                    outcome = _Outcome(runrecord.INTERRUPTED, signum=self.signals.received[0])
-                    return outcome
+                    stop = policy.Stop(runrecord.INTERRUPTED, signum=self.signals.received[0])
+                    return stop
                 tasks.append(self._start(begun, plan, attempt))
-            outcome = self._watch(tasks)
-            return outcome
+            stop = self._watch(tasks)
+            return stop
         finally:
             self._last_attempt = (attempt, tasks)
             self._stop(tasks)
             self._release(tasks)
             if begun is not None:
                 begun.end()
-            if outcome.status == runrecord.STALLED:
+            if stop.status == runrecord.STALLED:
                 self._keep_stacks(tasks, attempt)
-            self.record.attempt_ended(outcome.status)
+            self.record.attempt_ended(stop.status)
 
     def _start(self, begun: Attempt, plan: TaskPlan, attempt: int) -> _Task:
         output = self.output.open_task(plan, attempt)
@@ -257,108 +242,81 @@ class _Supervisor:
             raise
         output.attach(proc.stdout, proc.stderr)
         self.record.task_started(plan, proc.pid, log_name(plan))
-        task = _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt)
-        if not plan.waits_for_ready and (plan.port is None or proc.joined(plan.port, self.coordinator_port) is None):
-            task.ready = True  # nothing to wait for, or no way to tell: counts as started
-            self.record.task_ready(plan)
-        return task
+        return _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt)
 
-    def _watch(self, tasks: list[_Task]) -> _Outcome:
-        started = time.monotonic()
-        deadline = started + self.options.start_timeout
-        all_ready = all(t.ready for t in tasks)
-        next_flush = started + LOG_FLUSH_INTERVAL
-        next_listen_check = started
-        stall: StallClock | None = None  # started once every task is ready
-        next_cpu_sample = started
+    def _role(self, task: _Task) -> policy.TaskRole:
+        plan = task.plan
+        # No ready line and no port, or a backend that cannot tell whether it joined: ready once started.
+        unknowable = not plan.waits_for_ready and (
+            plan.port is None or task.proc.joined(plan.port, self.coordinator_port) is None)
+        return policy.TaskRole(plan.name, sidecar=task.sidecar, ready_when_started=unknowable,
+                               ready_by_joining=not unknowable and task.started_by_joining)
+
+    def _watch(self, tasks: list[_Task]) -> policy.Stop:
+        """The one loop of an attempt: report what happened to the policy, do what it decides."""
+        by_name = {t.plan.name: t for t in tasks}
+        signals_seen = 0
+        output_seen = {t.plan.name: t.output.last_activity for t in tasks}
+        next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
+        decisions = self.policy.begin_attempt([self._role(t) for t in tasks], self.clock())
         while True:
-            if self.signals.received:
-                signum = self.signals.received[0]
-                self.output.notice(
-                    f"received {runrecord.signal_name(signum)}; stopping all tasks: waiting up to "
-                    f"{self.options.grace_period:g} s for them to exit ({_again(signum)} to kill now)")
-                return _Outcome(runrecord.INTERRUPTED, signum=signum)
-            failed = None
-            for task in self._poll(tasks):
-                if task.returncode == 0:
-                    continue
-                if task.sidecar:
-                    self.output.notice(f"{task.plan.name} {describe_exit(task.returncode)}; training goes on without it")
-                    self.record.task_failure_ignored(task.plan)
-                elif failed is None:
-                    failed = task
-            if failed is not None:
-                self.output.notice(f"{failed.plan.name} {describe_exit(failed.returncode)}; stopping all tasks")
-                return _Outcome(runrecord.FAILED, failed=failed)
-            if all(t.returncode is not None if t.sidecar else t.returncode == 0 for t in tasks):
-                self._mark_ready(tasks, check_ports=False)  # a task that ended before any sign has its ready_at too
-                return _Outcome(runrecord.SUCCEEDED)
-            if not all_ready:
-                check_ports = time.monotonic() >= next_listen_check
-                if check_ports:
-                    next_listen_check = time.monotonic() + LISTEN_CHECK_INTERVAL
-                all_ready = self._mark_ready(tasks, check_ports)
-                if all_ready and not any(t.ready_by_ending for t in tasks):
-                    self.output.notice(f"all {len(tasks)} tasks ready after {time.monotonic() - started:.1f} s")
-                missing = tuple(t for t in tasks if not t.ready and not t.sidecar)
-                if missing and time.monotonic() > deadline:
-                    for task in missing:
-                        if task.plan.port is not None:
-                            task.joined = task.proc.joined(task.plan.port, self._dialled_port(task))
-                    names = ", ".join(t.plan.name for t in missing)
-                    self.output.notice(f"not ready after {self.options.start_timeout:g} s: {names}; stopping all tasks")
-                    return _Outcome(runrecord.START_TIMEOUT, missing=missing)
-            elif self.options.stall_timeout:
-                now = time.monotonic()
-                stall = stall or StallClock(self.options.stall_timeout, now)
-                sample_cpu = now >= next_cpu_sample
-                if sample_cpu:
-                    next_cpu_sample = now + stall.cpu_sample_interval
-                if self._stalled(tasks, stall, now, sample_cpu):
-                    idle_for = stall.idle_for(now)
-                    self._ask_for_stacks(tasks, idle_for)
-                    return _Outcome(runrecord.STALLED, idle_for=idle_for)
+            watch = self._carry_out(decisions, by_name)
+            if isinstance(watch, policy.Stop):
+                return watch
             self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
                     task.output.flush()
                 next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
-            time.sleep(POLL_INTERVAL)
+            time.sleep(max(0.0, min(POLL_INTERVAL, watch.until - self.clock())))
+            now = self.clock()
 
-    def _mark_ready(self, tasks: list[_Task], check_ports: bool) -> bool:
-        """Mark the tasks that became ready; True when all are."""
-        for task in tasks:
-            if task.ready:
-                continue
-            # A sidecar that ended, even failed, counts as ready: it cannot get ready any more.
-            ended = task.returncode is not None if task.sidecar else task.returncode == 0
-            joined = (check_ports and task.started_by_joining
-                      and bool(task.proc.joined(task.plan.port, self.coordinator_port)))
-            if task.output.ready.is_set() or ended or joined:
-                task.ready = True
-                task.ready_by_ending = not (task.output.ready.is_set() or joined)
-                if not (task.sidecar and task.ready_by_ending):  # a training task that ended 0 had joined
-                    self.record.task_ready(task.plan)
-        return all(t.ready for t in tasks)
-
-    def _stalled(self, tasks: list[_Task], stall: StallClock, now: float, sample_cpu: bool) -> bool:
-        """Feed the stall clock what the running training tasks did; True when it says stalled."""
-        training = [t for t in tasks if not t.sidecar and t.returncode is None]
-        if not training:  # training is over: a sidecar still at work is not a stall
-            return False
-        for task in training:
-            stall.output_seen(task.output.last_activity)
-            if sample_cpu:
-                cpu = task.proc.cpu_seconds()
+            # What happened since the last look, as events.
+            events: list[policy.Event] = [policy.SignalReceived(s) for s in self.signals.received[signals_seen:]]
+            signals_seen = len(self.signals.received)
+            events += [policy.TaskEnded(t.plan.name, t.returncode) for t in self._poll(tasks)]
+            for task in tasks:
+                name = task.plan.name
+                if task.output.ready.is_set():
+                    events.append(policy.ReadyLineSeen(name))
+                if task.output.last_activity != output_seen[name]:  # read since the last look
+                    output_seen[name] = task.output.last_activity
+                    events.append(policy.OutputSeen(name, now))
+            for name in watch.probe_joins:
+                task = by_name[name]
+                if task.returncode is None and task.proc.joined(task.plan.port, self.coordinator_port):
+                    events.append(policy.JoinSeen(name))
+            for name in watch.sample_cpu:
+                cpu = by_name[name].proc.cpu_seconds()
                 if cpu is not None:
-                    stall.cpu_sample(task.plan.name, cpu, now)
-        return stall.stalled(now)
+                    events.append(policy.CpuSeen(name, cpu))
+            decisions = self.policy.on(events, now)
 
-    def _ask_for_stacks(self, tasks: list[_Task], idle_for: float) -> None:
+    def _carry_out(self, decisions: list[policy.Decision], by_name: dict[str, _Task]) -> policy.Watch | policy.Stop:
+        """Notices to the console, readiness and ignored failures to the record; returns the last
+        decision (what to do next)."""
+        for decision in decisions:
+            if isinstance(decision, policy.Notice):
+                self.output.notice(decision.text)
+            elif isinstance(decision, policy.Ready):
+                self.record.task_ready(by_name[decision.name].plan)
+            elif isinstance(decision, policy.FailureIgnored):
+                self.record.task_failure_ignored(by_name[decision.name].plan)
+        last = decisions[-1]
+        assert isinstance(last, (policy.Watch, policy.Stop))
+        if isinstance(last, policy.Stop):
+            if last.status == runrecord.START_TIMEOUT:
+                for name in last.missing:  # for the report: whether each had joined, where that is known
+                    task = by_name[name]
+                    if task.plan.port is not None:
+                        task.joined = task.proc.joined(task.plan.port, self._dialled_port(task))
+            elif last.status == runrecord.STALLED:
+                self._ask_for_stacks(list(by_name.values()))
+        return last
+
+    def _ask_for_stacks(self, tasks: list[_Task]) -> None:
         """SIGABRT to every task: faulthandler writes each Python thread's stack, then the process
         ends. Waits (bounded) for them to end, so that the stacks are in the logs."""
-        self.output.notice(f"no progress from any training task for {idle_for:.0f} s (no output, no CPU use); "
-                           f"stopping all tasks with SIGABRT, which makes Python print their stacks")
         running = [t for t in tasks if t.returncode is None]
         for task in running:
             task.output.mute_console()  # the report sums the stacks up; the logs keep them
@@ -448,19 +406,19 @@ class _Supervisor:
 
     # -- the failure summary -------------------------------------------------------
 
-    def _summary(self, outcome: _Outcome, attempt: int) -> str:
+    def _summary(self, stop: policy.Stop, attempt: int) -> str:
         after = f", after {attempt} restart{'s' if attempt > 1 else ''}" if attempt > 0 else ""
-        if outcome.status == runrecord.STALLED:
-            _, tasks = self._last_attempt
-            head = f"stall: no training task made progress for {outcome.idle_for:.0f} s{after}"
+        _, tasks = self._last_attempt
+        if stop.status == runrecord.STALLED:
+            head = f"stall: no training task made progress for {stop.idle_for:.0f} s{after}"
             training = [self._view(t) for t in tasks if not t.sidecar]
             return stall_summary(head, training, self.run_dir / stacks_file_name(attempt))
-        if outcome.status == runrecord.START_TIMEOUT:
-            names = ", ".join(t.plan.name for t in outcome.missing)
+        if stop.status == runrecord.START_TIMEOUT:
+            names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
-            return start_timeout_summary(head, [self._view(t) for t in outcome.missing])
-        task = outcome.failed
-        peers = [self._view(t) for t in self._last_attempt[1] if t is not task and not t.sidecar]
+            return start_timeout_summary(head, [self._view(t) for t in tasks if t.plan.name in stop.missing])
+        task = next(t for t in tasks if t.plan.name == stop.failed)
+        peers = [self._view(t) for t in tasks if t is not task and not t.sidecar]
         return failure_summary(self._view(task), peers, after)
 
     def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:

@@ -80,6 +80,7 @@ def main():
     ap.add_argument("--forever", action="store_true", help="run until killed (except tasks given --sleep-on)")
     ap.add_argument("--busy", action="append", default=[], help="tasks that use the CPU while they wait, silently")
     ap.add_argument("--tick", action="append", default=[], help="tasks that print a line every 0.2 s while they wait")
+    ap.add_argument("--until-file", help="wait until this file exists (at most 60 s) instead of --sleep")
     ap.add_argument("--exit", type=int, default=0)
     ap.add_argument("--fail", action="append", default=[], help="SELECTOR=CODE")
     ap.add_argument("--ready", action="store_true", help="print the readiness line")
@@ -164,7 +165,11 @@ def main():
     deadline = time.monotonic() + (args.sleep if sleep is None else sleep)
     busy, tick = selected(args.busy), selected(args.tick)
     next_tick = time.monotonic()
+    if args.until_file and sleep is None:
+        deadline = time.monotonic() + 60
     while forever or time.monotonic() < deadline:
+        if args.until_file and os.path.exists(args.until_file):
+            break
         if tick and time.monotonic() >= next_tick:
             print(f"{NAME} tick", flush=True)
             next_tick = time.monotonic() + 0.2

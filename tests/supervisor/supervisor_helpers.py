@@ -112,6 +112,7 @@ def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Su
     from launcher.runners.local import LocalRunner
     from launcher.supervise.supervisor import SuperviseOptions, supervise
 
+    clock = options.pop("clock", time.monotonic)
     options.setdefault("grace_period", 2.0)
     options.setdefault("start_timeout", 30.0)
     log_dir = tmp_path / "runs"
@@ -120,10 +121,54 @@ def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Su
     error = None
     with open(console_path, "w") as console:
         try:
-            supervise(plans, runner, SuperviseOptions(run_id=run_id, log_dir=log_dir, **options), console)
+            supervise(plans, runner, SuperviseOptions(run_id=run_id, log_dir=log_dir, **options), console,
+                      clock=clock)
         except MgpuError as e:
             error = e
     return Supervised(console_path.read_text(), log_dir / run_id, error)
+
+
+class LeapingClock:
+    """The monotonic clock, leaping `by` seconds ahead once `when()` holds: a deadline passes
+    on an event of the test's choosing, not after so many seconds of wall time."""
+
+    def __init__(self, when, by: float):
+        self.when = when
+        self.by = by
+        self.leapt = False
+
+    def __call__(self) -> float:
+        holds = self.when()  # asked on every call: `when` may act on what it sees
+        self.leapt = self.leapt or holds
+        return time.monotonic() + (self.by if self.leapt else 0.0)
+
+
+def recorded_ready(run_dir: pathlib.Path, *names: str):
+    """A test of whether run.json shows these tasks ready in the current attempt."""
+
+    def ready() -> bool:
+        try:
+            tasks = json.loads((run_dir / "run.json").read_text())["attempts"][-1]["tasks"]
+        except (OSError, ValueError, LookupError):
+            return False
+        return all(tasks.get(name, {}).get("ready_at") for name in names)
+
+    return ready
+
+
+def released_once(clock_when, go_file):
+    """A clock's `when` that, some looks after it first holds, creates `go_file`: the tasks waiting
+    for it end only after the supervisor has watched them past the leap."""
+    looks = []
+
+    def when() -> bool:
+        if looks or clock_when():
+            looks.append(1)
+            if len(looks) == 20:
+                go_file.touch()
+        return bool(looks)
+
+    return when
 
 
 def assert_run_gone(run_id: str) -> None:

@@ -2,9 +2,12 @@
 task's Python stack; output or CPU use from any training task is progress."""
 
 import json
+import time
 
 from launcher.errors import TaskFailed
-from supervisor_helpers import assert_run_gone, make_plans, supervise_plans
+from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
+from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, recorded_ready, released_once,
+                                supervise_plans)
 
 FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}  # the planner sets it for every task
 
@@ -31,13 +34,39 @@ def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_
     assert_run_gone(run_id)
 
 
+class TickClock:
+    """Leaps `by` seconds each time worker:0's log has a new tick line, from when both tasks are
+    ready; after `leaps` leaps, creates `go_file` so that the tasks end."""
+
+    def __init__(self, run_dir, by, leaps, go_file):
+        self.ready = recorded_ready(run_dir, "worker:0", "worker:1")
+        self.log = run_dir / "worker-0.log"
+        self.by, self.leaps, self.go_file = by, leaps, go_file
+        self.offset, self.ticks_seen, self.leapt = 0.0, None, 0
+
+    def __call__(self):
+        if self.leapt < self.leaps and self.log.exists() and self.ready():
+            ticks = self.log.read_text().count("tick")
+            if self.ticks_seen is not None and ticks > self.ticks_seen:
+                self.offset += self.by
+                self.leapt += 1
+                if self.leapt == self.leaps:
+                    self.go_file.touch()
+            self.ticks_seen = ticks
+        return time.monotonic() + self.offset
+
+
 def test_output_from_any_training_task_is_progress(run_id, tmp_path):
-    # worker:1 is silent, worker:0 prints: the job is not stalled, however long it runs.
-    plans = make_plans(run_id, ["--ready", "--tick", "worker:0", "--sleep", "5"], waits_for_ready=True,
+    # worker:1 is silent, worker:0 prints; the clock leaps 60 s at each of its lines, five times: the
+    # job is 300 s past a 100 s stall timeout, not stalled.
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--ready", "--tick", "worker:0", "--until-file", str(go)], waits_for_ready=True,
                        env=FAULTHANDLER)
-    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=1.5)
+    clock = TickClock(tmp_path / "runs" / run_id, by=60, leaps=5, go_file=go)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=100, clock=clock)
     assert result.error is None, result.error
     assert result.run["status"] == "succeeded"
+    assert clock.leapt == 5
 
 
 def test_cpu_use_is_progress(run_id, tmp_path):
@@ -59,8 +88,12 @@ def test_a_stall_is_a_failure_that_restarts_apply_to(run_id, tmp_path):
 
 
 def test_no_stall_watchdog_with_zero(run_id, tmp_path):
-    plans = make_plans(run_id, ["--ready", "--sleep", "3"], waits_for_ready=True, env=FAULTHANDLER)
-    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=0.0)
+    # Silent tasks, and a clock that leaps past the default stall timeout once they are ready.
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--ready", "--until-file", str(go)], waits_for_ready=True, env=FAULTHANDLER)
+    ready = recorded_ready(tmp_path / "runs" / run_id, "worker:0", "worker:1")
+    clock = LeapingClock(released_once(ready, go), by=10 * DEFAULT_STALL_TIMEOUT)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=0.0, clock=clock)
     assert result.error is None, result.error
     assert json.loads((result.run_dir / "run.json").read_text())["options"]["stall_timeout"] == 0.0
 

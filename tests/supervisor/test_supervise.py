@@ -15,8 +15,8 @@ import pytest
 from launcher import protocol
 from launcher.host import proctree
 from launcher.errors import TaskFailed, UsageError
-from supervisor_helpers import (assert_run_gone, make_plans, pid_alive, read_pids, records, supervise_plans,
-                                wait_for)
+from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, pid_alive, read_pids, records,
+                                recorded_ready, released_once, supervise_plans, wait_for)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,9 +150,10 @@ def test_preemption_restarts_without_using_max_restarts_but_is_bounded(run_id, t
 
 
 def test_start_timeout_names_the_missing_task(run_id, tmp_path):
-    # worker:1 never prints the ready line; the timeout leaves worker:0 ample time to.
+    # worker:1 never prints the ready line; the start deadline passes once worker:0 is ready.
     plans = make_plans(run_id, ["--ready", "--no-ready", "worker:1", "--forever"], waits_for_ready=True)
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0, grace_period=0.5)
+    clock = LeapingClock(recorded_ready(tmp_path / "runs" / run_id, "worker:0"), by=1000)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0, grace_period=0.5, clock=clock)
     assert isinstance(result.error, TaskFailed)
     assert str(result.error).startswith("start timeout: worker:1 not ready after 10 s\n")
     run = result.run
@@ -164,8 +165,11 @@ def test_start_timeout_names_the_missing_task(run_id, tmp_path):
 
 
 def test_ready_tasks_pass_the_start_deadline(run_id, tmp_path):
-    plans = make_plans(run_id, ["--ready", "--sleep", "11"], waits_for_ready=True)
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0)
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--ready", "--until-file", str(go)], waits_for_ready=True)
+    ready = recorded_ready(tmp_path / "runs" / run_id, "worker:0", "worker:1")
+    clock = LeapingClock(released_once(ready, go), by=1000)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0, clock=clock)
     assert result.error is None
     assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
     assert "all 2 tasks ready after" in result.console
@@ -365,9 +369,12 @@ def test_a_training_failure_still_stops_the_evaluator(run_id, tmp_path):
 
 
 def test_an_evaluator_that_never_gets_ready_does_not_time_out_the_start(run_id, tmp_path):
-    plans = make_plans(run_id, ["--ready", "--no-ready", "evaluator", "--sleep", "11"], evaluator=True,
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--ready", "--no-ready", "evaluator", "--until-file", str(go)], evaluator=True,
                        waits_for_ready=True)
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0)
+    ready = recorded_ready(tmp_path / "runs" / run_id, "worker:0", "worker:1")
+    clock = LeapingClock(released_once(ready, go), by=1000)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=10.0, clock=clock)
     assert result.error is None
     assert result.run["status"] == "succeeded"
     assert result.task("evaluator:0")["ready_at"] is None and result.task("evaluator:0")["exit_code"] == 0
@@ -388,18 +395,22 @@ def test_a_task_that_cannot_start_stops_the_ones_already_started(run_id, tmp_pat
 
 
 def test_a_program_without_the_ready_line_is_ready_once_it_listens(run_id, tmp_path):
-    # Both tasks listen on their TF_CONFIG port and run past the start timeout: listening is starting.
-    plans = make_plans(run_id, ["--bind", "--sleep", "4"])
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5)
+    # Both tasks listen on their TF_CONFIG port and run until the record shows them ready.
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--bind", "--until-file", str(go)])
+    clock = LeapingClock(released_once(recorded_ready(tmp_path / "runs" / run_id, "worker:0", "worker:1"), go), by=0)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=120, clock=clock)
     assert result.error is None, result.error
     assert all(t["ready_at"] for t in result.run["attempts"][0]["tasks"].values())
     assert "[mgpu] all 2 tasks ready after" in result.console
 
 
 def test_jax_and_torch_style_tasks_are_ready_once_they_hold_a_connection_to_the_coordinator(run_id, tmp_path):
-    # Only process 0 listens; process 1 dials it and listens on nothing. Both run past the start timeout.
-    plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--dial", "worker:1", "--sleep", "4"])
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5)
+    # Only process 0 listens; process 1 dials it and listens on nothing. Both run until seen ready.
+    go = tmp_path / "go"
+    plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--dial", "worker:1", "--until-file", str(go)])
+    clock = LeapingClock(released_once(recorded_ready(tmp_path / "runs" / run_id, "worker:0", "worker:1"), go), by=0)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=120, clock=clock)
     assert result.error is None, result.error
     tasks = result.run["attempts"][0]["tasks"]
     assert all(t["ready_at"] and t["ready_at"] < t["ended_at"] for t in tasks.values()), tasks
@@ -416,7 +427,15 @@ def test_tasks_that_end_before_joining_are_not_announced_ready(run_id, tmp_path)
 
 def test_a_program_that_never_listens_hits_the_start_timeout(run_id, tmp_path):
     plans = make_plans(run_id, ["--bind", "--no-bind", "worker:1", "--lines", "2", "--forever"])
-    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5, grace_period=0.5)
+    run_dir = tmp_path / "runs" / run_id
+    worker_0_joined = recorded_ready(run_dir, "worker:0")
+
+    def printed_and_joined() -> bool:  # the deadline passes once worker:1 printed its lines, worker:0 joined
+        log = run_dir / "worker-1.log"
+        return worker_0_joined() and log.exists() and log.read_text().count("worker:1 1") == 2
+
+    clock = LeapingClock(printed_and_joined, by=1000)
+    result = supervise_plans(plans, run_id, tmp_path, start_timeout=2.5, grace_period=0.5, clock=clock)
     assert isinstance(result.error, TaskFailed)
     lines = str(result.error).splitlines()
     assert lines[0] == "start timeout: worker:1 not ready after 2.5 s"

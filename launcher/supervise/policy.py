@@ -1,0 +1,311 @@
+"""The supervisor's rules, apart from its loop: what to do next, given what happened and when.
+
+The policy is fed events, each batch with the time it was seen (seconds on a monotonic clock),
+and answers with decisions. It never reads the clock, sleeps or touches a process, so every rule
+is tested with a clock the test moves by hand; the supervisor turns what the tasks and the
+backend show into events, carries the decisions out and keeps the record.
+
+The rules of one attempt:
+- Fail fast: the first training task (chief or worker) to end non-zero or by a signal stops the
+  attempt (`Stop(FAILED)`).
+- Sidecars (the evaluator) are not part of the cluster: a sidecar that fails is a notice and
+  `FailureIgnored`; once training is done, the attempt waits for them to end by themselves. Without
+  training tasks, nothing is a sidecar.
+- Readiness: a task is ready by its sign (the ready line, or having joined the cluster, which the
+  supervisor probes when asked), or by ending (a training task that ended 0 had joined; a sidecar
+  that ended cannot get ready any more). Every training task must be ready by the start deadline.
+- Stalls: once every task is ready, no output and no CPU use from any running training task for
+  the stall timeout is a stall (0: no stall watchdog). The clock is stall.StallClock.
+- A stop signal received stops the attempt (`Stop(INTERRUPTED)`), before anything else is looked at.
+
+Between attempts: a task that ended with protocol.EXIT_PREEMPTED restarts the whole cluster within
+the preemption budget, without using up max_restarts; any other failure, stall or start timeout
+restarts it within max_restarts; an interrupted run never restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Iterable, Sequence, Union
+
+from launcher import protocol
+from launcher.supervise import runrecord
+from launcher.supervise.stall import StallClock
+from launcher.supervise.summary import describe_exit
+
+# How often the supervisor is asked to probe whether the tasks that are ready once they join have
+# joined: each probe lists the sockets of their processes.
+JOIN_PROBE_INTERVAL = 0.25
+
+
+# -- what the policy knows of a task -----------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TaskRole:
+    name: str
+    sidecar: bool = False  # its failure does not stop training
+    ready_when_started: bool = False  # nothing to wait for, or no way to tell: counts as ready at once
+    ready_by_joining: bool = False  # ready once a probe finds it joined (no ready line, a port)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    start_timeout: float
+    stall_timeout: float  # 0: no stall watchdog
+    max_restarts: int = 0
+    max_preemption_restarts: int = 0
+
+
+# -- events ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TaskEnded:
+    name: str
+    returncode: int  # negative: ended by that signal
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadyLineSeen:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinSeen:
+    """A probe found the task joined (listening on its port, or connected to the coordinator)."""
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSeen:
+    name: str
+    at: float  # when its last bytes were read
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSeen:
+    name: str
+    cpu_seconds: float  # used by its processes in all
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalReceived:
+    signum: int
+
+
+Event = Union[TaskEnded, ReadyLineSeen, JoinSeen, OutputSeen, CpuSeen, SignalReceived]
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Notice:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """Record the task as ready (not said of a sidecar that merely ended)."""
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureIgnored:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    """Keep watching; look again no later than `until`, and then also do what is asked."""
+    until: float
+    probe_joins: tuple[str, ...] = ()  # probe whether these tasks have joined
+    sample_cpu: tuple[str, ...] = ()  # read these tasks' CPU seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """End the attempt with this status (a runrecord status)."""
+    status: str
+    failed: str | None = None  # the first training task that failed
+    returncode: int | None = None  # the failed task's
+    missing: tuple[str, ...] = ()  # the training tasks not ready by the start deadline
+    signum: int = 0
+    idle_for: float = 0.0  # a stall: seconds without progress
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    notice: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GiveUp:
+    pass
+
+
+Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+def _again(signum: int) -> str:
+    return "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
+
+
+class Policy:
+    """The rules of a whole run: one `begin_attempt` per attempt, `on` for what happened in it,
+    `after` once it has stopped."""
+
+    def __init__(self, rules: Rules, grace_period: float = 0.0):
+        self.rules = rules
+        self.grace_period = grace_period  # only said in the notice of a stop signal
+        self.restarts = 0
+        self.preemptions = 0
+        self._roles: dict[str, TaskRole] = {}
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    def begin_attempt(self, roles: Sequence[TaskRole], now: float) -> list[Decision]:
+        """The attempt's tasks have all been started at `now`."""
+        self._roles = {role.name: role for role in roles}
+        self._started = now
+        self._deadline = now + self.rules.start_timeout
+        self._returncodes: dict[str, int] = {}
+        self._ready: set[str] = set()
+        self._ready_by_ending: set[str] = set()
+        self._all_ready = False
+        self._next_probe = now
+        self._stall: StallClock | None = None
+        self._next_cpu_sample = now
+        self._stopped: Stop | None = None
+        decisions: list[Decision] = []
+        for role in roles:
+            if role.ready_when_started:
+                self._ready.add(role.name)
+                decisions.append(Ready(role.name))
+        return decisions + self.on((), now)
+
+    def on(self, events: Iterable[Event], now: float) -> list[Decision]:
+        """What was seen at `now`; the last decision is a Watch or a Stop."""
+        if self._stopped is not None:
+            return [self._stopped]
+        decisions: list[Decision] = []
+        events = list(events)
+        received = next((e for e in events if isinstance(e, SignalReceived)), None)
+        if received is not None:
+            return self._stop(decisions + [Notice(
+                f"received {runrecord.signal_name(received.signum)}; stopping all tasks: waiting up to "
+                f"{self.grace_period:g} s for them to exit ({_again(received.signum)} to kill now)")],
+                Stop(runrecord.INTERRUPTED, signum=received.signum))
+
+        failed: TaskEnded | None = None
+        for event in events:
+            if isinstance(event, TaskEnded) and event.name not in self._returncodes:
+                self._returncodes[event.name] = event.returncode
+                if event.returncode == 0:
+                    continue
+                if self._roles[event.name].sidecar:
+                    decisions.append(Notice(f"{event.name} {describe_exit(event.returncode)}; "
+                                            f"training goes on without it"))
+                    decisions.append(FailureIgnored(event.name))
+                elif failed is None:
+                    failed = event
+        if failed is not None:
+            return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
+                              Stop(runrecord.FAILED, failed=failed.name, returncode=failed.returncode))
+
+        signs = {e.name for e in events if isinstance(e, (ReadyLineSeen, JoinSeen))}
+        if all(self._ended(role) for role in self._roles.values()):
+            decisions += self._mark_ready(signs)  # a task that ended before any sign is ready too
+            return self._stop(decisions, Stop(runrecord.SUCCEEDED))
+
+        if not self._all_ready:
+            decisions += self._mark_ready(signs)
+            self._all_ready = len(self._ready) == len(self._roles)
+            if self._all_ready and not self._ready_by_ending:
+                decisions.append(Notice(f"all {len(self._roles)} tasks ready after {now - self._started:.1f} s"))
+            missing = tuple(name for name, role in self._roles.items()
+                            if name not in self._ready and not role.sidecar)
+            if missing and now > self._deadline:
+                names = ", ".join(missing)
+                return self._stop(decisions + [Notice(
+                    f"not ready after {self.rules.start_timeout:g} s: {names}; stopping all tasks")],
+                    Stop(runrecord.START_TIMEOUT, missing=missing))
+            if not self._all_ready:
+                return decisions + [self._watch_start(now)]
+
+        return decisions + self._watch_stall(events, now)
+
+    def _ended(self, role: TaskRole) -> bool:
+        """Done, as far as the attempt's success goes: a training task ended 0, a sidecar ended."""
+        code = self._returncodes.get(role.name)
+        return code is not None if role.sidecar else code == 0
+
+    def _mark_ready(self, signs: set[str]) -> list[Decision]:
+        decisions: list[Decision] = []
+        for name, role in self._roles.items():
+            if name in self._ready:
+                continue
+            if name in signs or self._ended(role):
+                self._ready.add(name)
+                if name not in signs:
+                    self._ready_by_ending.add(name)
+                if not (role.sidecar and name in self._ready_by_ending):
+                    decisions.append(Ready(name))
+        return decisions
+
+    def _watch_start(self, now: float) -> Watch:
+        probe: tuple[str, ...] = ()
+        if now >= self._next_probe:
+            self._next_probe = now + JOIN_PROBE_INTERVAL
+            probe = tuple(name for name, role in self._roles.items()
+                          if role.ready_by_joining and name not in self._ready)
+        return Watch(until=min(self._next_probe, self._deadline), probe_joins=probe)
+
+    def _running_training(self) -> list[str]:
+        return [name for name, role in self._roles.items() if not role.sidecar and name not in self._returncodes]
+
+    def _watch_stall(self, events: list[Event], now: float) -> list[Decision]:
+        if not self.rules.stall_timeout:
+            return [Watch(until=float("inf"))]
+        if self._stall is None:
+            self._stall = StallClock(self.rules.stall_timeout, now)
+        training = set(self._running_training())
+        if not training:  # training is over: a sidecar still at work is not a stall
+            return [Watch(until=float("inf"))]
+        for event in events:
+            if isinstance(event, OutputSeen) and event.name in training:
+                self._stall.output_seen(event.at)
+            elif isinstance(event, CpuSeen) and event.name in training:
+                self._stall.cpu_sample(event.name, event.cpu_seconds, now)
+        if self._stall.stalled(now):
+            idle_for = self._stall.idle_for(now)
+            return self._stop([Notice(
+                f"no progress from any training task for {idle_for:.0f} s (no output, no CPU use); "
+                f"stopping all tasks with SIGABRT, which makes Python print their stacks")],
+                Stop(runrecord.STALLED, idle_for=idle_for))
+        sample: tuple[str, ...] = ()
+        if now >= self._next_cpu_sample:
+            self._next_cpu_sample = now + self._stall.cpu_sample_interval
+            sample = tuple(sorted(training))
+        stall_at = self._stall.progress_at + self._stall.timeout
+        return [Watch(until=min(self._next_cpu_sample, stall_at), sample_cpu=sample)]
+
+    def _stop(self, decisions: list[Decision], stop: Stop) -> list[Decision]:
+        self._stopped = stop
+        return decisions + [stop]
+
+    # -- between attempts ------------------------------------------------------------------
+
+    def after(self, stop: Stop) -> Restart | GiveUp:
+        """The attempt stopped so: restart the cluster, or give up with that stop's cause."""
+        if stop.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):
+            return GiveUp()
+        if stop.returncode == protocol.EXIT_PREEMPTED and self.preemptions < self.rules.max_preemption_restarts:
+            self.preemptions += 1
+            return Restart(f"restarting all tasks after preemption ({self.preemptions} of at most "
+                           f"{self.rules.max_preemption_restarts})")
+        if self.restarts < self.rules.max_restarts:
+            self.restarts += 1
+            return Restart(f"restarting all tasks (restart {self.restarts} of {self.rules.max_restarts})")
+        return GiveUp()

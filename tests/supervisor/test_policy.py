@@ -1,0 +1,299 @@
+"""The supervisor's rules, fed events and a clock moved by hand: no process, no sleep."""
+
+import signal
+
+import pytest
+
+from launcher import protocol
+from launcher.supervise import runrecord
+from launcher.supervise.policy import (
+    JOIN_PROBE_INTERVAL, CpuSeen, FailureIgnored, GiveUp, JoinSeen, Notice, OutputSeen, Policy, Ready,
+    ReadyLineSeen, Restart, Rules, SignalReceived, Stop, TaskEnded, TaskRole, Watch,
+)
+from launcher.supervise.stall import CPU_PROGRESS_SHARE
+
+WORKERS = [TaskRole("worker:0"), TaskRole("worker:1")]
+EVALUATOR = TaskRole("evaluator", sidecar=True)
+
+
+def policy(start_timeout=10.0, stall_timeout=0.0, **rules):
+    return Policy(Rules(start_timeout=start_timeout, stall_timeout=stall_timeout, **rules), grace_period=7)
+
+
+def last(decisions):
+    return decisions[-1]
+
+
+def notices(decisions):
+    return [d.text for d in decisions if isinstance(d, Notice)]
+
+
+def ready(decisions):
+    return [d.name for d in decisions if isinstance(d, Ready)]
+
+
+def started(p, roles=WORKERS, now=100.0):
+    decisions = p.begin_attempt(roles, now)
+    assert isinstance(last(decisions), Watch)
+    return decisions
+
+
+def all_ready(p, roles=WORKERS, now=100.0):
+    started(p, roles, now)
+    decisions = p.on([ReadyLineSeen(r.name) for r in roles if not r.ready_when_started], now)
+    assert ready(decisions) == [r.name for r in roles if not r.ready_when_started]
+    return decisions
+
+
+# -- the start deadline --------------------------------------------------------------------------
+
+def test_the_start_deadline_names_the_training_tasks_not_ready():
+    p = policy(start_timeout=10.0)
+    started(p, now=100.0)
+    assert ready(p.on([ReadyLineSeen("worker:0")], 105.0)) == ["worker:0"]
+    assert isinstance(last(p.on([], 110.0)), Watch)  # the deadline itself still counts as in time
+    decisions = p.on([], 110.01)
+    assert last(decisions) == Stop(runrecord.START_TIMEOUT, missing=("worker:1",))
+    assert notices(decisions) == ["not ready after 10 s: worker:1; stopping all tasks"]
+
+
+def test_the_watch_looks_again_by_the_start_deadline():
+    p = policy(start_timeout=10.0)
+    watch = last(started(p, now=100.0))
+    assert watch.until <= 110.0
+
+
+def test_ready_tasks_pass_the_start_deadline_and_are_announced_once():
+    p = policy(start_timeout=10.0)
+    decisions = all_ready(p, now=100.0)
+    assert notices(decisions) == ["all 2 tasks ready after 0.0 s"]
+    assert notices(p.on([ReadyLineSeen("worker:0")], 1000.0)) == []
+    assert isinstance(last(p.on([], 10_000.0)), Watch)
+
+
+def test_a_task_with_nothing_to_wait_for_is_ready_when_started():
+    p = policy()
+    decisions = started(p, [TaskRole("worker:0", ready_when_started=True), TaskRole("worker:1")])
+    assert ready(decisions) == ["worker:0"]
+
+
+def test_an_evaluator_that_never_gets_ready_does_not_time_out_the_start():
+    p = policy(start_timeout=10.0)
+    started(p, WORKERS + [EVALUATOR], now=0.0)
+    p.on([ReadyLineSeen("worker:0"), ReadyLineSeen("worker:1")], 1.0)
+    assert isinstance(last(p.on([], 50.0)), Watch)
+
+
+def test_tasks_ready_by_joining_are_probed_at_an_interval_until_they_join():
+    p = policy(start_timeout=10.0)
+    roles = [TaskRole("worker:0", ready_by_joining=True), TaskRole("worker:1", ready_by_joining=True)]
+    watch = last(started(p, roles, now=0.0))
+    assert watch.probe_joins == ("worker:0", "worker:1")
+    assert last(p.on([], 0.1)).probe_joins == ()  # not due yet
+    decisions = p.on([JoinSeen("worker:1")], JOIN_PROBE_INTERVAL)
+    assert ready(decisions) == ["worker:1"] and last(decisions).probe_joins == ("worker:0",)
+    decisions = p.on([JoinSeen("worker:0")], 2 * JOIN_PROBE_INTERVAL)
+    assert ready(decisions) == ["worker:0"] and notices(decisions) == ["all 2 tasks ready after 0.5 s"]
+
+
+def test_tasks_that_end_before_any_sign_are_ready_but_not_announced():
+    p = policy()
+    started(p, now=0.0)
+    decisions = p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 0)], 1.0)
+    assert last(decisions) == Stop(runrecord.SUCCEEDED)
+    assert ready(decisions) == ["worker:0", "worker:1"]  # a training task that ended 0 had joined
+    assert notices(decisions) == []
+
+
+def test_a_task_that_ended_early_is_not_announced_with_the_others():
+    p = policy()
+    started(p, now=0.0)
+    decisions = p.on([TaskEnded("worker:0", 0), ReadyLineSeen("worker:1")], 1.0)
+    assert ready(decisions) == ["worker:0", "worker:1"]
+    assert notices(decisions) == []
+
+
+# -- fail fast and sidecars ----------------------------------------------------------------------
+
+def test_the_first_training_failure_stops_the_attempt():
+    p = policy()
+    all_ready(p)
+    decisions = p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 3)], 101.0)
+    assert last(decisions) == Stop(runrecord.FAILED, failed="worker:1", returncode=3)
+    assert notices(decisions) == ["worker:1 exited with code 3; stopping all tasks"]
+
+
+def test_of_two_failures_seen_together_the_first_is_charged():
+    p = policy()
+    all_ready(p)
+    decisions = p.on([TaskEnded("worker:1", -9), TaskEnded("worker:0", 1)], 101.0)
+    assert last(decisions).failed == "worker:1"
+
+
+def test_a_failure_before_the_start_deadline_is_a_failure_not_a_timeout():
+    p = policy(start_timeout=1.0)
+    started(p, now=0.0)
+    assert last(p.on([TaskEnded("worker:1", 2)], 5.0)).status == runrecord.FAILED
+
+
+def test_a_failed_sidecar_is_a_notice_and_training_goes_on():
+    p = policy()
+    all_ready(p, WORKERS + [EVALUATOR])
+    decisions = p.on([TaskEnded("evaluator", -signal.SIGKILL)], 101.0)
+    assert FailureIgnored("evaluator") in decisions
+    assert notices(decisions) == ["evaluator was killed by SIGKILL; training goes on without it"]
+    assert isinstance(last(decisions), Watch)
+    assert last(p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 0)], 102.0)) == Stop(runrecord.SUCCEEDED)
+
+
+def test_the_attempt_waits_for_the_sidecar_once_training_is_done():
+    p = policy(stall_timeout=5.0)
+    all_ready(p, WORKERS + [EVALUATOR], now=0.0)
+    assert isinstance(last(p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 0)], 1.0)), Watch)
+    assert isinstance(last(p.on([], 1000.0)), Watch)  # a sidecar still at work is not a stall
+    assert last(p.on([TaskEnded("evaluator", 0)], 1001.0)) == Stop(runrecord.SUCCEEDED)
+
+
+def test_without_training_tasks_every_task_counts():
+    p = policy()
+    all_ready(p, [TaskRole("ps:0")])
+    assert last(p.on([TaskEnded("ps:0", 1)], 101.0)).failed == "ps:0"
+
+
+# -- signals -------------------------------------------------------------------------------------
+
+def test_a_stop_signal_comes_before_everything_else():
+    p = policy()
+    started(p, now=0.0)
+    decisions = p.on([TaskEnded("worker:0", 3), SignalReceived(signal.SIGINT)], 1.0)
+    assert last(decisions) == Stop(runrecord.INTERRUPTED, signum=signal.SIGINT)
+    assert notices(decisions) == [
+        "received SIGINT; stopping all tasks: waiting up to 7 s for them to exit (Ctrl-C again to kill now)"]
+    assert isinstance(p.after(last(decisions)), GiveUp)
+
+
+def test_a_stopped_attempt_stays_stopped():
+    p = policy()
+    started(p, now=0.0)
+    stop = last(p.on([TaskEnded("worker:0", 3)], 1.0))
+    assert p.on([TaskEnded("worker:1", 0)], 2.0) == [stop]
+
+
+# -- stalls --------------------------------------------------------------------------------------
+
+def test_no_progress_for_the_stall_timeout_is_a_stall():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    assert isinstance(last(p.on([], 59.9)), Watch)
+    decisions = p.on([], 60.0)
+    assert last(decisions) == Stop(runrecord.STALLED, idle_for=60.0)
+    assert "no progress from any training task for 60 s" in notices(decisions)[0]
+
+
+def test_the_watch_looks_again_when_a_stall_would_be_due():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    assert last(p.on([OutputSeen("worker:0", 30.0)], 30.0)).until <= 90.0
+
+
+def test_output_from_any_training_task_is_progress():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    for t in range(10, 600, 10):
+        assert isinstance(last(p.on([OutputSeen(f"worker:{t // 10 % 2}", t)], t)), Watch)
+
+
+def test_output_from_a_sidecar_is_not_progress():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, WORKERS + [EVALUATOR], now=0.0)
+    p.on([OutputSeen("evaluator", 50.0)], 50.0)
+    assert last(p.on([OutputSeen("evaluator", 61.0)], 61.0)).status == runrecord.STALLED
+
+
+def test_cpu_use_is_progress_and_is_sampled_when_due():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    watch = last(p.on([], 0.0))
+    assert watch.sample_cpu == ()  # the first sample was asked for when the clock started
+    interval = 15.0  # a quarter of the timeout
+    cpu = 0.0
+    for t in range(0, 300, int(interval)):
+        cpu += CPU_PROGRESS_SHARE * interval  # just busy enough
+        decisions = p.on([CpuSeen("worker:0", cpu), CpuSeen("worker:1", 0.0)], float(t))
+        assert isinstance(last(decisions), Watch), t
+
+
+def test_cpu_below_the_progress_share_is_no_progress():
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    cpu = 0.0
+    for t in range(0, 60, 15):
+        cpu += CPU_PROGRESS_SHARE * 15 * 0.5
+        p.on([CpuSeen("worker:0", cpu)], float(t))
+    assert last(p.on([], 60.0)).status == runrecord.STALLED
+
+
+def test_the_cpu_of_running_training_tasks_is_asked_for_a_quarter_of_the_timeout_apart():
+    p = policy(stall_timeout=20.0)
+    decisions = all_ready(p, now=0.0)
+    assert last(decisions).sample_cpu == ("worker:0", "worker:1")
+    assert last(p.on([], 4.9)).sample_cpu == ()
+    assert last(p.on([TaskEnded("worker:0", 0)], 5.0)).sample_cpu == ("worker:1",)
+
+
+def test_the_cpu_is_sampled_at_least_every_ten_seconds_whatever_the_timeout():
+    p = policy(stall_timeout=3600.0)
+    all_ready(p, now=0.0)
+    assert last(p.on([], 10.0)).sample_cpu == ("worker:0", "worker:1")
+
+
+def test_the_stall_clock_starts_once_every_task_is_ready():
+    p = policy(start_timeout=1000.0, stall_timeout=60.0)
+    started(p, now=0.0)
+    assert isinstance(last(p.on([ReadyLineSeen("worker:0")], 500.0)), Watch)
+    p.on([ReadyLineSeen("worker:1")], 900.0)
+    assert isinstance(last(p.on([], 959.0)), Watch)
+    assert last(p.on([], 960.0)).status == runrecord.STALLED
+
+
+def test_zero_is_no_stall_watchdog():
+    p = policy(stall_timeout=0.0)
+    all_ready(p, now=0.0)
+    assert isinstance(last(p.on([], 1e9)), Watch)
+
+
+# -- restarts ------------------------------------------------------------------------------------
+
+def failure(code=3):
+    return Stop(runrecord.FAILED, failed="worker:1", returncode=code)
+
+
+def test_restarts_are_bounded_by_max_restarts():
+    p = policy(max_restarts=2)
+    assert p.after(failure()) == Restart("restarting all tasks (restart 1 of 2)")
+    assert p.after(Stop(runrecord.STALLED, idle_for=60)) == Restart("restarting all tasks (restart 2 of 2)")
+    assert isinstance(p.after(Stop(runrecord.START_TIMEOUT, missing=("worker:1",))), GiveUp)
+
+
+def test_preemption_restarts_without_using_max_restarts_but_is_bounded():
+    p = policy(max_restarts=1, max_preemption_restarts=2)
+    preempted = failure(protocol.EXIT_PREEMPTED)
+    assert p.after(preempted) == Restart("restarting all tasks after preemption (1 of at most 2)")
+    assert p.after(preempted) == Restart("restarting all tasks after preemption (2 of at most 2)")
+    assert p.after(preempted) == Restart("restarting all tasks (restart 1 of 1)")
+    assert isinstance(p.after(failure()), GiveUp)
+
+
+@pytest.mark.parametrize("status", [runrecord.SUCCEEDED, runrecord.INTERRUPTED])
+def test_success_and_interruption_never_restart(status):
+    assert isinstance(policy(max_restarts=5).after(Stop(status)), GiveUp)
+
+
+def test_each_attempt_starts_afresh():
+    p = policy(start_timeout=10.0, max_restarts=1)
+    started(p, now=0.0)
+    stop = last(p.on([TaskEnded("worker:1", 3)], 1.0))
+    assert isinstance(p.after(stop), Restart)
+    started(p, now=50.0)
+    assert isinstance(last(p.on([ReadyLineSeen("worker:0")], 59.0)), Watch)
+    assert last(p.on([], 60.5)) == Stop(runrecord.START_TIMEOUT, missing=("worker:1",))
