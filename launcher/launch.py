@@ -30,8 +30,9 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         return
 
     _check_local_workdirs(plans)
-    local_runner = LocalRunner()
-    runners = [local_runner]
+    local = [plan for plan in plans if plan.local]
+    local_runner = LocalRunner() if local else None
+    runners = [local_runner] if local_runner is not None else []
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
@@ -51,8 +52,6 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
         # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
         plans = with_interfaces(plans, interfaces, frozenset(os.environ))
 
-    # The local backend also for a run without local tasks: its reaper records the run as
-    # launcher-died if the launcher dies.
     backend = Routed(runners, lambda plan: local_runner if plan.local else ssh_runner)
     try:
         supervise(plans, backend, options.supervise)

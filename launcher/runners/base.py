@@ -4,9 +4,8 @@ A backend is one way of running tasks (local processes, SSH, a Slurm step) and o
 processes, as torchrun's PContext does for a group: it starts an attempt's tasks together
 (Backend.begin_attempt), hands back a TaskProcess per task (two byte streams to read lines
 from, an exit status to poll, a way to signal the task's whole process tree), and answers for
-what else concerns those processes: whether their ports are free before a run, a watchdog that
-stops them if the launcher dies, the processes of a run that left their task's tree (strays),
-and a last sweep for anything of the run still alive. The supervisor owns everything else
+what else concerns those processes: whether their ports are free before a run, the processes
+of a run that left their task's tree (strays), and a last sweep for anything of the run still alive. The supervisor owns everything else
 (output, timing, fail-fast, restarts, the record), so a backend stays small and knows nothing
 of TensorFlow. A run that mixes local and SSH tasks has one backend still: Routed, which hands
 each task to the backend it runs on.
@@ -86,15 +85,6 @@ class Strays:
         return False
 
 
-class Watchdog:
-    """Guards a run's processes while the launcher lives: if it dies, they are stopped and the
-    run is recorded as launcher-died. This one guards nothing: a backend with nothing to stop on
-    this machine (SSH: a remote task ends with its session)."""
-
-    def dismiss(self) -> None:
-        """The run ended and every task is gone: nothing left to guard."""
-
-
 class Attempt(abc.ABC):
     """The tasks of one attempt on one backend, from begin_attempt() to end()."""
 
@@ -120,10 +110,6 @@ class Backend(abc.ABC):
     def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
         """Raise TaskFailed when a port planned for one of `tasks` (this backend's) is already
         taken. A backend that cannot tell before starting does nothing (its tasks say so)."""
-
-    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
-        """Start what stops the run's processes if the launcher dies (`run_dir`: a RunDir)."""
-        return Watchdog()
 
     def strays(self, run_id: str) -> Strays:
         """The run's processes outside its tasks' trees, found now."""
@@ -154,7 +140,7 @@ class TaskByTask(Attempt):
 
 class Routed(Backend):
     """One backend for a run that mixes kinds of tasks: each task goes to the backend `route`
-    names for it, and each run-wide duty (ports, watchdog, strays, sweep) to every backend."""
+    names for it, and each run-wide duty (ports, strays, sweep) to every backend."""
 
     def __init__(self, backends: Sequence[Backend], route: Callable[[TaskPlan], Backend]):
         self.backends = list(dict.fromkeys(backends))  # each once, in order
@@ -175,16 +161,6 @@ class Routed(Backend):
     def check_ports(self, tasks: Sequence[TaskPlan]) -> None:
         for backend, own in self._by_backend(tasks).items():
             backend.check_ports(own)
-
-    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
-        watchdogs: list[Watchdog] = []
-        try:
-            for backend in self.backends:
-                watchdogs.append(backend.watchdog(run_id, grace, run_dir))
-        except BaseException:
-            _each(watchdogs, methodcaller("dismiss"))
-            raise
-        return _Watchdogs(watchdogs)
 
     def strays(self, run_id: str) -> Strays:
         return _AllStrays([backend.strays(run_id) for backend in self.backends])
@@ -226,14 +202,6 @@ def _each(items: Sequence, action: Callable) -> None:
             action(items[0])
         finally:
             _each(items[1:], action)
-
-
-class _Watchdogs(Watchdog):
-    def __init__(self, watchdogs: list[Watchdog]):
-        self._watchdogs = watchdogs
-
-    def dismiss(self) -> None:
-        _each(self._watchdogs, methodcaller("dismiss"))
 
 
 class _AllStrays(Strays):

@@ -15,8 +15,7 @@ from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from launcher.host.probe import port_in_use
-from launcher.runners.base import Attempt, Backend, Strays, TaskByTask, TaskProcess, Watchdog
-from launcher.runners.reaper import Reaper
+from launcher.runners.base import Attempt, Backend, Strays, TaskByTask, TaskProcess
 
 READ_BUFFER = 64 * 1024
 STOP_CHECK_MS = 200  # how often a waiting read looks whether the stream is being closed
@@ -156,7 +155,7 @@ class _TaggedStrays(Strays):
 
 class LocalRunner(Backend):
     """Starts tasks with subprocess: argv in the plan's workdir, env = os.environ + plan.env.
-    Owns the process trees of the run on this machine: its ports, its reaper, its sweeps."""
+    Owns the process trees of the run on this machine: its ports, its strays, its sweeps."""
 
     def begin_attempt(self, tasks, attempt: int) -> Attempt:
         return TaskByTask(self.start, attempt)
@@ -165,9 +164,6 @@ class LocalRunner(Backend):
         for plan in tasks:
             if plan.port is not None and port_in_use(plan.port, plan.host):
                 raise TaskFailed(f"port in use: {plan.host}:{plan.port} (planned for {plan.name})")
-
-    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
-        return Reaper.start(run_id, grace, run_dir)
 
     def writes_here(self, task: TaskPlan) -> bool:
         return True

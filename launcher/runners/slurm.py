@@ -34,9 +34,8 @@ from launcher import protocol
 from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
-from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
+from launcher.runners.base import Attempt, Backend, TaskProcess
 from launcher.runners.local import close_pipe_readers, pipe_reader
-from launcher.runners.reaper import Reaper
 from launcher.runners.slurm_task import plan_document, plan_environment
 
 BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
@@ -305,7 +304,3 @@ class SlurmRunner(Backend):
                 raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
         return SlurmAttempt(SlurmStep(self._argv, self._env, self._count, attempt))
 
-    def watchdog(self, run_id: str, grace: float, run_dir) -> Watchdog:
-        # srun carries the run id: the reaper stops it (and so the step) if the launcher dies,
-        # and records the run as launcher-died.
-        return Reaper.start(run_id, grace, run_dir)

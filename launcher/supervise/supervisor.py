@@ -35,7 +35,8 @@ The rules:
   way (a second one skips the grace period), then raise Interrupted.
 - Nothing is left behind: every stop ends with the backend's sweep for processes
   of the run (locally: those carrying the run's MGPU_RUN_ID), and the backend's
-  watchdog does the same if the launcher dies. Hence a run id must not be in use
+  reaper (reaper.py) does the same for this machine if the launcher dies, and records the run as
+  launcher-died. Hence a run id must not be in use
   by live processes when a run starts.
 """
 
@@ -60,7 +61,8 @@ from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
 )
-from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
+from launcher.runners.base import Attempt, Backend, TaskProcess
+from launcher.supervise.reaper import Reaper
 
 POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
@@ -165,12 +167,13 @@ class _Supervisor:
     # -- the whole run ---------------------------------------------------------
 
     def run(self) -> None:
-        watchdog: Watchdog | None = None
+        reaper: Reaper | None = None
         final = (runrecord.FAILED, None)
         started = time.monotonic()
         try:
             with self.signals:
-                watchdog = self.backend.watchdog(self.options.run_id, self.options.grace_period, self.run_dir)
+                # The record's guard, for every run: if the launcher dies, run.json still says so.
+                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
                 self.backend.check_ports(self.plans)
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
@@ -188,8 +191,8 @@ class _Supervisor:
         finally:
             self.record.finish(*final)
             try:
-                if watchdog is not None:  # every task is gone: nothing left for it to guard
-                    watchdog.dismiss()
+                if reaper is not None:  # every task is gone and the record final: nothing left to guard
+                    reaper.dismiss()
             finally:
                 self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import TaskFailed
-from launcher.runners.base import Attempt, Backend, Routed, Strays, TaskByTask, Watchdog
+from launcher.runners.base import Attempt, Backend, Routed, Strays, TaskByTask
 from launcher.runners.local import LocalRunner
 from launcher.supervise.supervisor import SuperviseOptions, supervise
 from supervisor_helpers import assert_run_gone, make_plans
@@ -32,10 +32,7 @@ class _Recording(LocalRunner):
 
 
 class _RecordingElsewhere(_Recording):
-    """Stands for a backend of other machines (SSH): no watchdog here, no run dir to write to."""
-
-    def watchdog(self, run_id, grace, run_dir) -> Watchdog:
-        return Watchdog()
+    """Stands for a backend of other machines (SSH): no run dir to write to."""
 
     def writes_here(self, task) -> bool:
         return False
@@ -89,15 +86,6 @@ class _Failing(Backend):
                 backend._note("end")
         return _Ending(lambda task, n: None, attempt)
 
-    def watchdog(self, run_id, grace, run_dir):
-        self._note("watchdog")
-        backend = self
-
-        class _Dismissed(Watchdog):
-            def dismiss(self) -> None:
-                backend._note("dismiss")
-        return _Dismissed()
-
     def strays(self, run_id):
         return Strays()
 
@@ -106,7 +94,7 @@ class _Failing(Backend):
 
 
 @pytest.mark.fast
-def test_routed_ends_dismisses_and_closes_every_backend_though_one_raises():
+def test_routed_ends_and_closes_every_backend_though_one_raises():
     log: list = []
     a, b, c = _Failing(log, "a", fails=False), _Failing(log, "b", fails=True), _Failing(log, "c", fails=False)
     plans = make_plans("routed-unit", [], workers=3)
@@ -118,16 +106,13 @@ def test_routed_ends_dismisses_and_closes_every_backend_though_one_raises():
 
     b.fails = False
     attempt = routed.begin_attempt(plans, 1)
-    watchdog = routed.watchdog("routed-unit", 1.0, None)
     b.fails = True
     log.clear()
     with pytest.raises(RuntimeError, match="^b end$"):
         attempt.end()
-    with pytest.raises(RuntimeError, match="^b dismiss$"):
-        watchdog.dismiss()
     with pytest.raises(RuntimeError, match="^b close$"):
         routed.close()
-    assert log == [(name, what) for what in ("end", "dismiss", "close") for name in "abc"]
+    assert log == [(name, what) for what in ("end", "close") for name in "abc"]
 
 
 @pytest.mark.fast

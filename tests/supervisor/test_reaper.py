@@ -9,7 +9,7 @@ import pytest
 
 from launcher.host import proctree
 from launcher.supervise.options import SuperviseOptions
-from launcher.runners.reaper import Reaper
+from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import make_run_dir
 from supervisor_helpers import wait_for
 
@@ -30,7 +30,7 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
     tagged = [start_tagged(run_id), start_tagged(run_id, "stubborn")]
     bystander = start_tagged(bystander_id)
     try:
-        launcher_code = (f"import pathlib, sys, time; from launcher.runners.reaper import Reaper\n"
+        launcher_code = (f"import pathlib, sys, time; from launcher.supervise.reaper import Reaper\n"
                          f"from launcher.supervise.rundir import make_run_dir\n"
                          f"from launcher.supervise.options import SuperviseOptions\n"
                          f"run_dir = make_run_dir(SuperviseOptions('run-dir', pathlib.Path({str(tmp_path)!r})))\n"

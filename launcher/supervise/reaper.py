@@ -1,6 +1,7 @@
-"""A watchdog that stops a run's local processes when the launcher dies.
+"""The guard of a run's record: if the launcher dies, the run is recorded as launcher-died and the
+run's processes on this machine are stopped.
 
-The launcher starts one reaper per run and keeps the write end of a pipe to its
+The supervisor starts one reaper per run, whatever runs its tasks, and keeps the write end of a pipe to its
 stdin. Nothing is ever written until the launcher finishes cleanly and sends
 DONE. If the launcher dies instead (even by SIGKILL), the kernel closes the pipe,
 the reaper reads end-of-file and stops every process tagged with the run id:
@@ -9,7 +10,10 @@ TERM, a grace period, then KILL; then it writes the run's final status to run.js
 hang-up does not reach it. It inherits the run dir's descriptor, so it writes
 there as the launcher does: by name under that descriptor, never through a path.
 
-Run as: python -m launcher.runners.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
+Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
+
+A program of its own: the one module of supervise/ that looks at this machine's processes itself
+(host/proctree), since the launcher, and with it the backends, is gone when it acts.
 """
 
 from __future__ import annotations
@@ -21,15 +25,14 @@ import subprocess
 import sys
 import time
 
-from launcher.runners.base import Watchdog
 from launcher.supervise.rundir import RunDir
 
 DONE = b"done"
 LOG_NAME = "reaper.log"
 
 
-class Reaper(Watchdog):
-    """The launcher's handle on its watchdog process."""
+class Reaper:
+    """The launcher's handle on its reaper process."""
 
     def __init__(self, proc: subprocess.Popen):
         self._proc = proc
@@ -38,7 +41,7 @@ class Reaper(Watchdog):
     def start(cls, run_id: str, grace: float, run_dir: RunDir) -> "Reaper":
         """A reaper for the run, logging to reaper.log in `run_dir`."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
-        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.runners.reaper import main; main()"
+        code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
         with open(run_dir.create(LOG_NAME, append=True), "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path)],
