@@ -4,9 +4,11 @@ Standard library only and importing nothing of mgpu: `mgpu check` runs this file
 with the task's Python on every host (over SSH for remote ones), and this machine's
 launcher imports the same functions, so each question has one answer everywhere.
 
-Run as: python probe.py PORTS MODULES [legacy-keras], with comma-separated lists; prints one
-JSON object with the keys python, busy_ports, missing_modules, tensorflow or tensorflow_error,
-gpus, and with legacy-keras also tf_keras or tf_keras_error.
+Run as: python probe.py PORTS MODULES [legacy-keras] [import-tensorflow], with comma-separated
+lists; prints one JSON object with the keys python, busy_ports, missing_modules, tensorflow or
+tensorflow_error, gpus, and with legacy-keras also tf_keras or tf_keras_error. TensorFlow's
+version is read from its package metadata; with import-tensorflow (tasks that need it) TensorFlow
+is imported too, which takes seconds, so that a broken installation is found before the run.
 
 Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
 launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
@@ -71,7 +73,23 @@ def _first_line(error):
     return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
-def probe(ports, modules, legacy_keras=False):
+# The names TensorFlow is installed under.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-macos",
+                            "intel-tensorflow")
+
+
+def installed_tensorflow_version():
+    """TensorFlow's version from package metadata (without importing it), or None."""
+    import importlib.metadata
+    for name in TENSORFLOW_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def probe(ports, modules, legacy_keras=False, import_tensorflow=True):
     out = {"python": "%d.%d.%d" % sys.version_info[:3]}
     out["busy_ports"] = [port for port in ports if port_in_use(port)]
     missing = []
@@ -81,11 +99,18 @@ def probe(ports, modules, legacy_keras=False):
         except Exception as e:
             missing.append("%s (%s)" % (name, _first_line(e)))
     out["missing_modules"] = missing
-    try:
-        import tensorflow
-        out["tensorflow"] = tensorflow.__version__
-    except Exception as e:
-        out["tensorflow_error"] = _first_line(e)
+    if import_tensorflow:
+        try:
+            import tensorflow
+            out["tensorflow"] = tensorflow.__version__
+        except Exception as e:
+            out["tensorflow_error"] = _first_line(e)
+    else:
+        version = installed_tensorflow_version()
+        if version:
+            out["tensorflow"] = version
+        else:
+            out["tensorflow_error"] = "not installed"
     if legacy_keras:  # tf_keras, what `tf.keras` means with TF_USE_LEGACY_KERAS=1
         try:
             import tf_keras
@@ -291,7 +316,8 @@ def main(argv):
         return
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]
-    result = probe(ports, modules, legacy_keras=argv[3:4] == ["legacy-keras"])
+    flags = argv[3:]
+    result = probe(ports, modules, legacy_keras="legacy-keras" in flags, import_tensorflow="import-tensorflow" in flags)
     sys.stdout.flush()
     print(json.dumps(result))
 

@@ -16,12 +16,12 @@ through a runner, local ones with a subprocess.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import sys
 import time
 from typing import Sequence, TextIO
 
 from launcher.errors import CheckFailed, MgpuError, UsageError
+from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import HostShell, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
@@ -30,7 +30,6 @@ from launcher.preflight.probes import host_probe_command, probe_for
 PROBE_TIMEOUT = 90.0
 # Hosts probed at once.
 _PARALLEL_PROBES = 32
-_TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-macos", "intel-tensorflow")
 
 
 @dataclasses.dataclass
@@ -57,12 +56,7 @@ class HostReport:
 
 def local_tensorflow_version() -> str | None:
     """The TensorFlow version installed here, read from package metadata (TensorFlow is not imported)."""
-    for name in _TF_DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return host_probe.installed_tensorflow_version()
 
 
 def legacy_keras_fix(tensorflow_version: str | None) -> str:

@@ -67,7 +67,8 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) 
     lines.append(
         "TF_CPP_MIN_LOG_LEVEL=3 exec "
         + shlex.join((probe.python, "-c", probe_source(), port_list, ",".join(probe.modules),
-                      *(["legacy-keras"] if probe.legacy_keras else [])))
+                      *(["legacy-keras"] if probe.legacy_keras else []),
+                      *(["import-tensorflow"] if probe.tensorflow_required else [])))
         + " </dev/null"
     )
     return sh("\n".join(lines))
