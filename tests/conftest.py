@@ -46,9 +46,17 @@ FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/train
         "tests/supervisor/test_output_reader.py", "tests/supervisor/test_policy.py")
 
 
+# `make test` spreads the suite over pytest-xdist workers a file at a time (a file's fixtures are
+# made once), and the files that share a machine-wide lab (one Slurm cluster; network namespaces
+# with their sshds) in one worker, in order.
+SHARED_LABS = {"tests/slurm/": "slurm-lab", "tests/ssh/test_netns.py": "netns-lab", "tests/k8s/test_pods.py": "netns-lab"}
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
         relative = item.path.relative_to(root).as_posix()
         if relative.startswith(FAST):
             item.add_marker(pytest.mark.fast)
+        group = next((lab for prefix, lab in SHARED_LABS.items() if relative.startswith(prefix)), relative)
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -40,7 +40,7 @@ def run_record(log_dir, run_id):
 def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
     code, out = finish(launch([
-        "--local", "2", "--evaluator", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "r1",
+        "--local", "2", "--evaluator", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "with-evaluator",
         "--", *FAST, "--train-steps", "60", "--eval-every", "30", "--batch-size-per-replica", "32",
         "--model-dir", str(model_dir), "--evaluator-timeout", "120"], tmp_path))
     assert code == 0, out[-3000:]
@@ -53,18 +53,18 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     bars = [line for line in out.splitlines() if line.startswith("[worker:0] ") and " steps/s]" in line]
     assert bars and bars[-1].startswith("[worker:0] 100%|") and "| 60/60 [" in bars[-1], out[-3000:]
     assert not [line for line in out.splitlines() if line.startswith("[worker:1] ") and " steps/s]" in line]
-    assert "MGPU_PROGRESS 60/60" in (log_dir / "r1" / "worker-0.log").read_text()
+    assert "MGPU_PROGRESS 60/60" in (log_dir / "with-evaluator" / "worker-0.log").read_text()
     assert "MGPU_PROGRESS" not in out
-    assert run_record(log_dir, "r1")["status"] == "succeeded"
+    assert run_record(log_dir, "with-evaluator")["status"] == "succeeded"
     for name in ("worker-0", "worker-1", "evaluator-0"):
-        log = (log_dir / "r1" / f"{name}.log").read_text()
+        log = (log_dir / "with-evaluator" / f"{name}.log").read_text()
         assert not [word for word in UNCLEAN_EXIT if word in log], log[-3000:]
 
 
 def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
     proc = launch([
-        "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "r2", "--grace-period", "30",
+        "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "preempted", "--grace-period", "30",
         "--", *FAST, "--train-steps", "400", "--log-every", "20", "--steps-per-loop", "5",
         "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir)], tmp_path)
     seen = []
@@ -74,7 +74,7 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
             seen.append(line)
             if line.startswith("[worker:0] train step=20/400"):
                 break
-        worker = psutil.Process(run_record(log_dir, "r2")["attempts"][0]["tasks"]["worker:1"]["pid"])
+        worker = psutil.Process(run_record(log_dir, "preempted")["attempts"][0]["tasks"]["worker:1"]["pid"])
         # Frozen while it gets the signal: the cluster cannot finish first, however fast it trains
         # (the other worker waits for it in the next collective).
         worker.suspend()
@@ -84,7 +84,7 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
         code, out = finish(proc)
         out = "".join(seen) + out
     assert code == 0, out[-3000:]
-    attempts = run_record(log_dir, "r2")["attempts"]
+    attempts = run_record(log_dir, "preempted")["attempts"]
     assert len(attempts) == 2
     assert {t["exit_code"] for t in attempts[0]["tasks"].values()} == {42}
     saved = int(out.split("preempted; checkpoint saved at step ")[1].split()[0])
