@@ -13,18 +13,29 @@ from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
+from launcher.preflight.run_id import check_run_id_unused
 from launcher.runners.base import Routed
 from launcher.runners.local import LocalRunner
 from launcher.runners.slurm import SlurmRunner
 from launcher.runners.ssh import runner as ssh_runner_module, transport
 from launcher.runners.ssh.options import SshOptions
 from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir
 from launcher.supervise.supervisor import supervise
 
 
 def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
-    check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
+    # The run id stays claimed on this machine from the check that no process carries it until the
+    # run's last sweep is done.
+    with run_lock.claimed(options.supervise.run_id):
+        # A run id or log dir that cannot be used fails before any connection.
+        check_run_dir(options.supervise)
+        check_run_id_unused(options.supervise.run_id)
+        _launch(plans, options)
+
+
+def _launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     if any(plan.slurm_rank is not None for plan in plans):
         _launch_slurm(plans, options)
         return
