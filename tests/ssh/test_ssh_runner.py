@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
+from launcher.plan.coordinator import Coordinator
 from launcher.plan.planner import TaskPlan
 from launcher.runners.ssh.runner import SshRunner
 from launcher.config.spec import SshSettings
@@ -518,7 +519,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.runners.ssh.runner import SshRunner
 from launcher.runners.ssh.options import SshOptions
 from launcher.config.spec import SshSettings
-runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2], kill_grace=2))
+runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2]), grace_period=2)
 env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3], "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
 plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", sys.argv[4]), env, None, False)
 proc = runner.start(plan, 0)
@@ -567,7 +568,8 @@ def cluster_plan(host: str, argv, coordinator_port: int, own_port: int | None = 
     cluster = {"worker": [f"127.0.0.2:{coordinator_port}", f"127.0.0.3:{own_port}"]}
     env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}),
            "MGPU_RUN_ID": unique_run_id("join"), "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "1"}
-    return TaskPlan("worker", 1, host, own_port, False, SshSettings(), tuple(argv), env, None, False)
+    return TaskPlan("worker", 1, host, own_port, False, SshSettings(), tuple(argv), env, None, False,
+                    coordinator=Coordinator("127.0.0.2", coordinator_port))
 
 
 # Connects to the coordinator at 127.0.0.2:argv[1] as JAX's and PyTorch's processes other than 0

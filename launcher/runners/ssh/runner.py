@@ -18,7 +18,6 @@ import threading
 import paramiko
 
 from launcher.errors import ConnectError, MgpuError
-from launcher.plan.coordinator import coordinator_port
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
 from launcher.runners.base import Attempt, Backend, TaskByTask, TaskProcess
@@ -201,7 +200,7 @@ class SshRunner(Backend):
         """Start the task; its join watcher watches its own port and the coordinator's."""
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.options.kill_grace)
-        own_port, coordinator = task.port, coordinator_port(task)
+        own_port, coordinator = task.port, task.coordinator_port
         sessions = 2 if own_port is not None or coordinator is not None else 1
         conn = self.connect(task, sessions)
         try:
