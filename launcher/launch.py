@@ -14,7 +14,7 @@ from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
 from launcher.preflight.run_id import check_run_id_unused
-from launcher.runners.base import Routed
+from launcher.runners.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.runners.local import LocalRunner
 from launcher.runners.slurm import SlurmRunner
 from launcher.runners.ssh import runner as ssh_runner_module, transport
@@ -46,7 +46,7 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
-        _check_remote_command_lengths(remote, options.ssh)
+        _check_remote_command_lengths(remote, options.supervise.grace_period)
         ssh_runner = _start_ssh(plans, remote, options)
         runners.append(ssh_runner)
     else:
@@ -79,10 +79,10 @@ def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
             raise UsageError(f"workdir {plan.workdir} {problem} on this machine ({plan.name} runs here)")
 
 
-def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -> None:
+def _check_remote_command_lengths(remote: Sequence[TaskPlan], grace_period: float) -> None:
     """A command line the remote shell cannot take is refused before connecting anywhere."""
     for plan in remote:
-        size = len(task_command(plan.argv, plan.env, plan.workdir, ssh.kill_grace).command.encode("utf-8", "surrogateescape"))
+        size = len(task_command(plan.argv, plan.env, plan.workdir, grace_period).command.encode("utf-8", "surrogateescape"))
         if size > MAX_COMMAND_BYTES:
             raise UsageError(f"{plan.name}: the command line is {size} bytes; a remote host takes at most "
                              f"{MAX_COMMAND_BYTES} (pass long arguments in a file)")
@@ -115,7 +115,7 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
     """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
-    runner = make_ssh_runner(options.ssh)
+    runner = make_ssh_runner(options.ssh, options.supervise.grace_period)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
         _warn_about_exposure(plans, runner.resolved_address, options)
@@ -127,8 +127,8 @@ def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: L
     return runner
 
 
-def make_ssh_runner(options: SshOptions):
+def make_ssh_runner(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):
     """An SSH runner; with options.debug, the log of its connections is shown too."""
     if options.debug:
         transport.enable_debug_logging()
-    return ssh_runner_module.SshRunner(options)
+    return ssh_runner_module.SshRunner(options, grace_period)

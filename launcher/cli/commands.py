@@ -17,6 +17,7 @@ from launcher.cli.options import (
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
+from launcher.runners.base import DEFAULT_GRACE_PERIOD
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
@@ -68,8 +69,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--show-tf-logs", is_flag=True,
               help="Show TensorFlow's C++ INFO and WARNING records and its start-up notices (cuInit, oneDNN, "
                    "CPU features) on the console; the task logs always have them.")
-@click.option("--grace-period", type=params.Seconds(0), default=10.0, show_default=True, metavar="SECONDS",
-              help="Time between TERM and KILL when stopping tasks.")
+@click.option("--grace-period", type=params.Seconds(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
+              metavar="SECONDS", help="Time between TERM and KILL when stopping tasks (remote ones too, when their "
+                                      "SSH session ends).")
 @click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not started by then: printed the ready line (the "
                    "built-in trainer) or, for other programs, listened on its port or connected to the "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import os
 import pathlib
 import secrets
@@ -350,13 +349,11 @@ def with_task_settings(spec: ClusterSpec, settings: TaskSettings) -> ClusterSpec
 def ssh_options_from(opts: dict) -> SshOptions:
     """SshOptions from the parsed options; those a command does not have keep their defaults."""
     defaults = SshOptions()
-    grace = opts.get("grace_period")
     return SshOptions(
         known_hosts=opts.get("known_hosts") or None,
         accept_new_host_keys=bool(opts.get("accept_new_host_keys")),
         ssh_config=opts.get("ssh_config") or None,
         connect_timeout=float(opts.get("connect_timeout") or defaults.connect_timeout),
-        kill_grace=math.ceil(grace) if grace is not None else defaults.kill_grace,
         debug=debug_flag(click.get_current_context(silent=True)),
     )
 

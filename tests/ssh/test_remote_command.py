@@ -49,7 +49,7 @@ def test_arguments_and_environment_arrive_byte_exact(tmp_path):
     workdir.mkdir()
     for name, value in env.items():
         argv = [sys.executable, "-c", ECHO_PROGRAM, name, *TRICKY]
-        proc = start_like_sshd(remote_command.task_command(argv, env, str(workdir), kill_grace=1))
+        proc = start_like_sshd(remote_command.task_command(argv, env, str(workdir), grace_period=1))
         assert read_pgid(proc) == proc.pid
         out, err = finish(proc)
         assert proc.returncode == 0, err
