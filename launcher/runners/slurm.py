@@ -35,7 +35,7 @@ from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.runners.base import Attempt, Backend, TaskProcess, Watchdog
-from launcher.runners.local import close_pipe_readers, pipe_reader
+from launcher.runners.pipes import close_pipe_readers, pipe_reader
 from launcher.runners.reaper import Reaper
 from launcher.runners.slurm_task import plan_document, plan_environment
 
