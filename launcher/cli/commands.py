@@ -192,13 +192,15 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
         click.echo(render_tf_config(pod_plan(read_pod(os.environ), ("true",)), fmt))
         return
     if from_slurm:
-        from launcher.config.slurm_env import step_rank
+        from launcher.config.slurm_env import misplacement, step_rank
 
         plans = make_plans(read_spec(hosts_request(opts, slurm=SlurmScope.STEP)), run_id="tf-config", slurm=True)
         rank = step_rank(os.environ)
         if rank >= len(plans):
             raise UsageError(f"SLURM_PROCID {rank} is out of range: the step has {len(plans)} tasks")
-        _check_placement(plans[rank])
+        problem = misplacement(os.environ, rank, plans[rank].host)
+        if problem:
+            raise UsageError(problem)
         click.echo(render_tf_config(plans[rank], fmt))
         return
     if task_index is None:
@@ -206,14 +208,6 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     # The same addresses as `mgpu launch` writes: ssh-config HostNames unless --keep-host-names.
     plans = make_plans(read_spec(hosts_request(opts)), run_id="tf-config", naming=host_naming(opts), count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
-
-
-def _check_placement(plan) -> None:
-    """Refuse a task that Slurm placed on another node than block distribution would."""
-    node = os.environ.get("SLURMD_NODENAME")
-    if node is not None and node != plan.host:
-        raise UsageError(f"task {plan.slurm_rank} runs on {node}, but block distribution puts it on {plan.host}: "
-                         f"start the step with srun --distribution=block")
 
 
 # ---------------------------------------------------------------------------

@@ -95,8 +95,7 @@ def _spec(opts: dict) -> ClusterSpec:
     if opts["spec_file"] and (opts["workers"] or opts["chief"]):
         raise UsageError("give either --spec or --workers (and --chief), not both")
     if opts["spec_file"]:
-        spec = load_spec_text(read_text(opts["spec_file"], "--spec"), opts["spec_file"]).cluster_spec(
-            ClusterSpec(tasks=()).ssh_defaults)
+        spec = load_spec_text(read_text(opts["spec_file"], "--spec"), opts["spec_file"])
         if any(task.role == EVALUATOR for task in spec.tasks):
             raise UsageError(f"--spec {opts['spec_file']}: an evaluator is not supported on Kubernetes yet: "
                              "run it as a Deployment of its own, or drop it from the spec")

@@ -154,8 +154,9 @@ def read_spec(request: HostsRequest) -> ClusterSpec:
         return _slurm_spec(request.port, request.slurm is SlurmScope.STEP, request.chief is THIS_MACHINE,
                            request.evaluator is THIS_MACHINE)
     if request.spec_file:
-        return load_spec_text(read_text(request.spec_file, "--spec"), request.spec_file).cluster_spec(
-            request.ssh_defaults)
+        spec = load_spec_text(read_text(request.spec_file, "--spec"), request.spec_file)
+        # The command line's SSH settings win over the file's `ssh:`.
+        return dataclasses.replace(spec, ssh_defaults=request.ssh_defaults.merged_over(spec.ssh_defaults))
     if request.local is not None:
         from launcher.host.ports import pick_free_ports
 

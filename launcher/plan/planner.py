@@ -67,6 +67,11 @@ class TaskPlan:
         return self.coordinator.port if self.coordinator else None
 
 
+def tf_config_text(cluster_json: str, task: Mapping) -> str:
+    """TF_CONFIG as every task gets it: compact JSON, the cluster (`cluster_json`, compact too) first."""
+    return '{"cluster":' + cluster_json + ',"task":' + json.dumps(task, separators=(",", ":")) + "}"
+
+
 class TaskEnv(Mapping[str, str]):
     """A task's env, TF_CONFIG first. TF_CONFIG is made when read, from the cluster's JSON that
     every task of the plan shares: planning N tasks takes O(N) memory and time, not O(N^2)."""
@@ -98,7 +103,7 @@ class TaskEnv(Mapping[str, str]):
         if name == "TF_CONFIG" and self._has_tf_config:
             if self._text is not None:
                 return self._text
-            return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
+            return tf_config_text(self.cluster_json, self.task)
         return self._rest[name]
 
     def __iter__(self) -> Iterator[str]:

@@ -37,7 +37,7 @@ def finish(proc: subprocess.Popen) -> tuple[bytes, bytes]:
 
 def read_pgid(proc: subprocess.Popen) -> int:
     line = proc.stderr.readline()
-    pgid = remote_command.parse_pgid_line(line)
+    _, pgid = remote_command.split_pgid_line(line)
     assert pgid is not None, line
     return pgid
 
@@ -170,10 +170,10 @@ def test_one_signal_command_reaches_several_groups_even_if_one_is_gone():
 
 
 def test_pgid_line_parsing():
-    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
-    assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
-    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
-    assert remote_command.parse_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == 123
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 123\n") == (b"", 123)
+    assert remote_command.split_pgid_line(b"Welcome to host\n") == (b"Welcome to host\n", None)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID abc\n") == (b"MGPU_REMOTE_PGID abc\n", None)
+    assert remote_command.split_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == (b"  ", 123)
 
 
 def test_a_login_shells_unfinished_line_before_the_pgid_line_stays_in_the_stream():

@@ -172,11 +172,6 @@ def task_command(
     return RemoteTask(sh("\n".join(lines)), env_block(env))
 
 
-def parse_pgid_line(line: bytes) -> int | None:
-    """The process group from the wrapper's first stderr line, or None if it is another line."""
-    return split_pgid_line(line)[1]
-
-
 def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
     """(what the login shell printed before the wrapper's PGID line on the same line, the process
     group), or (line, None) if the line does not end with the PGID line. The wrapper prints it
