@@ -13,18 +13,29 @@ from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
-from launcher.runners.base import Routed
+from launcher.preflight.run_id import check_run_id_unused
+from launcher.runners.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.runners.local import LocalRunner
 from launcher.runners.slurm import SlurmRunner
 from launcher.runners.ssh import runner as ssh_runner_module, transport
 from launcher.runners.ssh.options import SshOptions
 from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir
 from launcher.supervise.supervisor import supervise
 
 
 def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
-    check_run_dir(options.supervise)  # a run id or log dir that cannot be used fails before any connection
+    # The run id stays claimed on this machine from the check that no process carries it until the
+    # run's last sweep is done.
+    with run_lock.claimed(options.supervise.run_id):
+        # A run id or log dir that cannot be used fails before any connection.
+        check_run_dir(options.supervise)
+        check_run_id_unused(options.supervise.run_id)
+        _launch(plans, options)
+
+
+def _launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     if any(plan.slurm_rank is not None for plan in plans):
         _launch_slurm(plans, options)
         return
@@ -36,7 +47,7 @@ def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     remote = [plan for plan in plans if not plan.local]
     ssh_runner = None
     if remote:
-        _check_remote_command_lengths(remote, options.ssh)
+        _check_remote_command_lengths(remote, options.supervise.grace_period)
         ssh_runner = _start_ssh(plans, remote, options)
         runners.append(ssh_runner)
     else:
@@ -67,10 +78,10 @@ def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:
             raise UsageError(f"workdir {plan.workdir} {problem} on this machine ({plan.name} runs here)")
 
 
-def _check_remote_command_lengths(remote: Sequence[TaskPlan], ssh: SshOptions) -> None:
+def _check_remote_command_lengths(remote: Sequence[TaskPlan], grace_period: float) -> None:
     """A command line the remote shell cannot take is refused before connecting anywhere."""
     for plan in remote:
-        size = len(task_command(plan.argv, plan.env, plan.workdir, ssh.kill_grace).command.encode("utf-8", "surrogateescape"))
+        size = len(task_command(plan.argv, plan.env, plan.workdir, grace_period).command.encode("utf-8", "surrogateescape"))
         if size > MAX_COMMAND_BYTES:
             raise UsageError(f"{plan.name}: the command line is {size} bytes; a remote host takes at most "
                              f"{MAX_COMMAND_BYTES} (pass long arguments in a file)")
@@ -103,7 +114,7 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
     """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
-    runner = make_ssh_runner(options.ssh)
+    runner = make_ssh_runner(options.ssh, options.supervise.grace_period)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
         _warn_about_exposure(plans, runner.resolved_address, options)
@@ -115,8 +126,8 @@ def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: L
     return runner
 
 
-def make_ssh_runner(options: SshOptions):
+def make_ssh_runner(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):
     """An SSH runner; with options.debug, the log of its connections is shown too."""
     if options.debug:
         transport.enable_debug_logging()
-    return ssh_runner_module.SshRunner(options)
+    return ssh_runner_module.SshRunner(options, grace_period)

@@ -10,13 +10,14 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    SlurmScope, check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from,
-    make_plans, new_run_id, read_spec, ssh_options, ssh_options_from, task_settings, with_command_line,
-    with_task_settings,
+    check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from, ssh_options,
+    ssh_options_from, task_settings,
 )
+from launcher.config.load import SlurmScope, make_plans, new_run_id, read_spec, with_command_line, with_task_settings
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
+from launcher.runners.base import DEFAULT_GRACE_PERIOD
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
@@ -68,8 +69,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--show-tf-logs", is_flag=True,
               help="Show TensorFlow's C++ INFO and WARNING records and its start-up notices (cuInit, oneDNN, "
                    "CPU features) on the console; the task logs always have them.")
-@click.option("--grace-period", type=params.Seconds(0), default=10.0, show_default=True, metavar="SECONDS",
-              help="Time between TERM and KILL when stopping tasks.")
+@click.option("--grace-period", type=params.Seconds(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
+              metavar="SECONDS", help="Time between TERM and KILL when stopping tasks (remote ones too, when their "
+                                      "SSH session ends).")
 @click.option("--start-timeout", type=params.Seconds(0.1), default=120.0, show_default=True, metavar="SECONDS",
               help="Stop the cluster if a task has not started by then: printed the ready line (the "
                    "built-in trainer) or, for other programs, listened on its port or connected to the "
@@ -190,13 +192,15 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
         click.echo(render_tf_config(pod_plan(read_pod(os.environ), ("true",)), fmt))
         return
     if from_slurm:
-        from launcher.config.slurm_env import step_rank
+        from launcher.config.slurm_env import misplacement, step_rank
 
         plans = make_plans(read_spec(hosts_request(opts, slurm=SlurmScope.STEP)), run_id="tf-config", slurm=True)
         rank = step_rank(os.environ)
         if rank >= len(plans):
             raise UsageError(f"SLURM_PROCID {rank} is out of range: the step has {len(plans)} tasks")
-        _check_placement(plans[rank])
+        problem = misplacement(os.environ, rank, plans[rank].host)
+        if problem:
+            raise UsageError(problem)
         click.echo(render_tf_config(plans[rank], fmt))
         return
     if task_index is None:
@@ -204,14 +208,6 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     # The same addresses as `mgpu launch` writes: ssh-config HostNames unless --keep-host-names.
     plans = make_plans(read_spec(hosts_request(opts)), run_id="tf-config", naming=host_naming(opts), count_gpus=False)
     click.echo(render_tf_config(select_task(plans, task_type, task_index), fmt))
-
-
-def _check_placement(plan) -> None:
-    """Refuse a task that Slurm placed on another node than block distribution would."""
-    node = os.environ.get("SLURMD_NODENAME")
-    if node is not None and node != plan.host:
-        raise UsageError(f"task {plan.slurm_rank} runs on {node}, but block distribution puts it on {plan.host}: "
-                         f"start the step with srun --distribution=block")
 
 
 # ---------------------------------------------------------------------------

@@ -9,8 +9,9 @@ import click
 
 from launcher.cli import params
 from launcher.cli.main import cli
-from launcher.cli.options import check_text, read_text, task_settings, with_command_line, with_task_settings
+from launcher.cli.options import check_text, task_settings
 from launcher.config.k8s_env import PodJob
+from launcher.config.load import HostsRequest, read_spec, with_command_line, with_task_settings
 from launcher.config.spec import EVALUATOR, MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ClusterSpec
 from launcher.errors import UsageError
 from launcher.plan.k8s_manifest import K8sJob, render_manifest
@@ -90,13 +91,11 @@ def k8s_command(**opts) -> None:
 def _spec(opts: dict) -> ClusterSpec:
     """The tasks and settings: --workers/--chief or a spec file, with the options over it."""
     from launcher.config.spec import TaskSpec
-    from launcher.config.spec_file import load_spec_text
 
     if opts["spec_file"] and (opts["workers"] or opts["chief"]):
         raise UsageError("give either --spec or --workers (and --chief), not both")
     if opts["spec_file"]:
-        spec = load_spec_text(read_text(opts["spec_file"], "--spec"), opts["spec_file"]).cluster_spec(
-            ClusterSpec(tasks=()).ssh_defaults)
+        spec = read_spec(HostsRequest(spec_file=opts["spec_file"]))
         if any(task.role == EVALUATOR for task in spec.tasks):
             raise UsageError(f"--spec {opts['spec_file']}: an evaluator is not supported on Kubernetes yet: "
                              "run it as a Deployment of its own, or drop it from the spec")

@@ -92,3 +92,14 @@ def step_rank(env: Mapping[str, str]) -> int:
     if not is_number(rank):
         raise UsageError(f"SLURM_PROCID {rank!r} is not a task rank (ASCII digits)")
     return int(rank)
+
+
+def misplacement(env: Mapping[str, str], rank: int, host: str) -> str | None:
+    """Why task `rank` must not start here: Slurm placed it on another node (SLURMD_NODENAME) than
+    `host`, where block distribution puts it and where its TF_CONFIG address is. None when it is
+    on `host`, or when the node is not known."""
+    node = env.get("SLURMD_NODENAME")
+    if node is None or node == host:
+        return None
+    return (f"task {rank} runs on {node}, but block distribution puts it on {host}: "
+            f"start the step with srun --distribution=block")

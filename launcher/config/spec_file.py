@@ -5,11 +5,10 @@ Every problem is one SpecError naming the file and the key.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import shlex
-from typing import Mapping, NoReturn
+from typing import NoReturn
 
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, expand_entry
@@ -17,42 +16,6 @@ from launcher.config.spec import (
     CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecFile:
-    """What a spec file says. The CLI combines it with its own options into a ClusterSpec."""
-
-    tasks: tuple[TaskSpec, ...]
-    ssh: SshSettings = SshSettings()
-    command: tuple[str, ...] | None = None
-    trainer_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    workdir: str | None = None
-    python: str | None = None
-    threads_per_task: int | None = None
-    gpus_per_task: int | None = None
-    addresses: Mapping[str, str] = dataclasses.field(default_factory=dict)  # hosts.H.address
-    legacy_keras: bool = False
-    stall_timeout: float | None = None
-
-    def cluster_spec(self, ssh_defaults: SshSettings) -> ClusterSpec:
-        """The ClusterSpec this file describes; `ssh_defaults` (from the command line) win over its `ssh:`."""
-        return ClusterSpec(
-            tasks=self.tasks,
-            command=self.command,
-            trainer_args=self.trainer_args,
-            env=self.env,
-            workdir=self.workdir,
-            ssh_defaults=ssh_defaults.merged_over(self.ssh),
-            python=self.python,
-            threads_per_task=self.threads_per_task,
-            gpus_per_task=self.gpus_per_task,
-            addresses=self.addresses,
-            legacy_keras=self.legacy_keras,
-            stall_timeout=self.stall_timeout,
-        )
-
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
@@ -140,8 +103,9 @@ class _Reader:
         return read(top[key], key, *args) if key in top else None
 
 
-def parse_spec(data: object, source: str) -> SpecFile:
-    """Check a loaded YAML/JSON document and turn it into a SpecFile."""
+def parse_spec(data: object, source: str) -> ClusterSpec:
+    """Check a loaded YAML/JSON document and turn it into the ClusterSpec it describes (its `ssh:`
+    as the spec's ssh_defaults, which the command line's own fill in)."""
     read = _Reader(source)
     if data is None:
         read.fail("the file is empty")
@@ -154,10 +118,10 @@ def parse_spec(data: object, source: str) -> SpecFile:
     trainer_args = top.get("trainer_args", [])
     if not isinstance(trainer_args, list):
         read.fail("trainer_args must be a list")
-    return SpecFile(
+    return ClusterSpec(
         tasks=_tasks(read, top),
         addresses=_addresses(read, top),
-        ssh=read.optional(top, "ssh", read.ssh_settings) or SshSettings(),
+        ssh_defaults=read.optional(top, "ssh", read.ssh_settings) or SshSettings(),
         command=_command(read, top.get("command")),
         trainer_args=tuple(read.string(arg, "trainer_args") for arg in trainer_args),
         env=_env(read, top.get("env", {})),
@@ -265,7 +229,7 @@ MAX_NODES = 1_000_000
 MAX_DEPTH = 64
 
 
-def load_spec_text(text: str, source: str) -> SpecFile:
+def load_spec_text(text: str, source: str) -> ClusterSpec:
     """Parse YAML or JSON (JSON is YAML) text, with alias expansion and nesting bounded and
     duplicate keys refused."""
     import yaml  # only spec files need it; it is a third of the CLI's import time

@@ -270,6 +270,16 @@ def source_address_toward(host):
         return None
 
 
+def interface_toward(hosts, own):
+    """The interface this host sends from to reach the first of `hosts` that is not `own` (`own`
+    itself when all are: not the address this host resolves its own name to, which on Debian is
+    127.0.1.1); None when that host does not resolve or is not routed, or no interface holds the
+    address."""
+    peer = next((host for host in hosts if host != own), own)
+    source = source_address_toward(peer)
+    return interface_holding([source], local_addresses()) if source else None
+
+
 def _resolved(host):
     try:
         return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]

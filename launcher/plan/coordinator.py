@@ -1,25 +1,38 @@
-"""Which port a task's cluster is coordinated on. Pure: no I/O.
+"""The job's coordinator: its first member, the chief when there is one, else worker 0. Pure: no I/O.
 
-The coordinator is the first member of the cluster: the chief when there is one, else worker 0.
-That is process 0 for JAX and PyTorch (keras_env.py orders the processes the same way), whose
-port the other processes connect to; TensorFlow's tasks each listen on their own port instead.
+That is process 0 for JAX and PyTorch (job_env.py numbers the processes in JOB_ROLES order), whose
+port the other processes connect to; TensorFlow's tasks each listen on their own port instead. The
+planner works it out once and every task's plan carries it: the job's variables, and whatever
+watches for a task joining its cluster, read it there.
 """
 
 from __future__ import annotations
 
-from launcher.config.addresses import parse_endpoint
-from launcher.config.spec import CHIEF, WORKER
-from launcher.plan.planner import TaskPlan
+import dataclasses
+from typing import Mapping, Sequence
+
+from launcher.config.addresses import format_address
+from launcher.config.spec import CHIEF, WORKER, TaskSpec
+
+# The order of the job's processes: the chief, when there is one, is process 0 and so the coordinator.
+JOB_ROLES = (CHIEF, WORKER)
 
 
-def coordinator_port(plan: TaskPlan) -> int | None:
-    """The port of the first cluster member in the task's TF_CONFIG; None without one."""
-    cluster = plan.env.cluster
-    for role in (CHIEF, WORKER):
-        members = cluster.get(role) if isinstance(cluster, dict) else None
-        if members:
-            try:
-                return parse_endpoint(str(members[0])).port
-            except ValueError:
-                return None
+@dataclasses.dataclass(frozen=True)
+class Coordinator:
+    address: str  # where the other tasks reach it: a host name or an IP address, without brackets
+    port: int
+
+    def __str__(self) -> str:
+        """host:port, an IPv6 address in brackets (as in TF_CONFIG)."""
+        return format_address(self.address, self.port)
+
+
+def find_coordinator(tasks: Sequence[TaskSpec], addresses: Mapping[str, str]) -> Coordinator | None:
+    """The first member of the job among `tasks`, at the address the others reach its host at
+    (`addresses`, else its host name); None for a job without members."""
+    for role in JOB_ROLES:
+        first = next((task for task in tasks if task.role == role), None)
+        if first is not None:
+            return Coordinator(addresses.get(first.host, first.host), first.port)
     return None

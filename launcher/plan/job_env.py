@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from launcher.config.spec import CHIEF, WORKER
+from launcher.plan.coordinator import JOB_ROLES, Coordinator
 from launcher.protocol import (
     ENV_JAX_COORDINATOR_ADDRESS, ENV_JAX_CPU_COLLECTIVES, ENV_JAX_NUM_PROCESSES, ENV_JAX_PROCESS_ID, ENV_KERAS_JOB_ADDRESSES, ENV_KERAS_NUM_PROCESSES, ENV_KERAS_PROCESS_ID,
     ENV_TORCH_LOCAL_RANK, ENV_TORCH_LOCAL_WORLD_SIZE, ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT, ENV_TORCH_RANK,
     ENV_TORCH_WORLD_SIZE,
 )
 
-# The order of processes: the chief, when there is one, is process 0 and so the coordinator.
-_JOB_ROLES = (CHIEF, WORKER)
 # JAX's cross-process collectives for CPU-only tasks. Recent JAX already defaults to it; older
 # releases default to none, and then every cross-process computation fails.
 CPU_COLLECTIVES = "gloo"
@@ -34,19 +32,20 @@ class Job:
     """The job's processes, worked out once per plan: the strings every task shares (the addresses,
     the sizes) are made once, so that planning N tasks stays O(N) in time and memory.
 
-    `cluster` is TF_CONFIG's cluster; `machine_of` names the machine of each member, by (role, index),
-    for the per-host counts.
+    `cluster` is TF_CONFIG's cluster; `coordinator` its first member, as the planner found it;
+    `machine_of` names the machine of each member, by (role, index), for the per-host counts.
     """
 
-    def __init__(self, cluster: Mapping[str, Sequence[str]], machine_of: Mapping[tuple[str, int], str]):
+    def __init__(self, cluster: Mapping[str, Sequence[str]], coordinator: Coordinator | None,
+                 machine_of: Mapping[tuple[str, int], str]):
         members = [(role, index, address)
-                   for role in _JOB_ROLES
+                   for role in JOB_ROLES
                    for index, address in enumerate(cluster.get(role, ()))]
         self.addresses = ",".join(address for _, _, address in members)
-        self.coordinator = members[0][2] if members else ""
+        self.coordinator = str(coordinator) if coordinator else ""
         self.size = str(len(members))
         self.process_ids = {(role, index): process_id for process_id, (role, index, _) in enumerate(members)}
-        self.master_addr, self.master_port = split_address(members[0][2]) if members else ("", "")
+        self.master_addr, self.master_port = (coordinator.address, str(coordinator.port)) if coordinator else ("", "")
         self.local_ranks: dict[tuple[str, int], str] = {}
         counts: dict[str, int] = {}
         for role, index, _ in members:
@@ -70,12 +69,6 @@ class Job:
             ENV_TORCH_MASTER_ADDR: self.master_addr, ENV_TORCH_MASTER_PORT: self.master_port,
             ENV_JAX_COORDINATOR_ADDRESS: self.coordinator, ENV_JAX_NUM_PROCESSES: self.size, ENV_JAX_PROCESS_ID: rank,
         }
-
-
-def split_address(address: str) -> tuple[str, str]:
-    """`host:port` or `[IPv6]:port` as (host, port), the host without brackets (MASTER_ADDR's form)."""
-    host, _, port = address.rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), port
 
 
 def collectives_env(visible_devices: str | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ from launcher.errors import SpecError
 from launcher.config.addresses import format_address, is_loopback
 from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
+from launcher.plan.coordinator import Coordinator, find_coordinator
 from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
 from launcher.plan.job_env import Job, collectives_env
 
@@ -37,6 +38,8 @@ class TaskPlan:
     address: str | None = None
     slurm_rank: int | None = None  # the task's SLURM_PROCID when it runs in a Slurm job step
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
+    # The job's first member (coordinator.py), the same in every task's plan; None: no members.
+    coordinator: Coordinator | None = None
 
     def __post_init__(self) -> None:
         # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
@@ -57,6 +60,16 @@ class TaskPlan:
     @property
     def tf_config(self) -> dict:
         return self.env.tf_config
+
+    @property
+    def coordinator_port(self) -> int | None:
+        """The port the job's processes other than 0 connect to (JAX's and PyTorch's)."""
+        return self.coordinator.port if self.coordinator else None
+
+
+def tf_config_text(cluster_json: str, task: Mapping) -> str:
+    """TF_CONFIG as every task gets it: compact JSON, the cluster (`cluster_json`, compact too) first."""
+    return '{"cluster":' + cluster_json + ',"task":' + json.dumps(task, separators=(",", ":")) + "}"
 
 
 class TaskEnv(Mapping[str, str]):
@@ -90,7 +103,7 @@ class TaskEnv(Mapping[str, str]):
         if name == "TF_CONFIG" and self._has_tf_config:
             if self._text is not None:
                 return self._text
-            return '{"cluster":' + self.cluster_json + ',"task":' + json.dumps(self.task, separators=(",", ":")) + "}"
+            return tf_config_text(self.cluster_json, self.task)
         return self._rest[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -179,7 +192,8 @@ def plan_tasks(
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
-    job = Job(cluster, dict(zip(names, machine_of)))
+    coordinator = find_coordinator(spec.tasks, addresses)
+    job = Job(cluster, coordinator, dict(zip(names, machine_of)))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for rank, (task, (task_type, index), local, visible, shared) in enumerate(
@@ -219,6 +233,7 @@ def plan_tasks(
                 address=addresses.get(task.host, task.host),
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
+                coordinator=coordinator,
             )
         )
     return plans

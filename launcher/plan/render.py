@@ -1,4 +1,5 @@
-"""Rendering of plans: dry-run text and JSON, tf-config output, and the record run.json keeps.
+"""Rendering of plans: dry-run text and JSON, tf-config output, the record run.json keeps, and the
+document a Slurm step's tasks start from.
 
 One serialisation of a TaskPlan (plan_to_dict) serves run.json and dry-run JSON alike.
 """
@@ -47,6 +48,34 @@ def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: boo
     if with_tf_config:
         record["tf_config"] = plan.tf_config
     return record
+
+
+def slurm_step_document(plans: Sequence[TaskPlan]) -> dict:
+    """The plans of one Slurm job step as the compact document its tasks' bootstrap
+    (runners/slurm_task.py) reads.
+
+    The TF cluster and whatever every task shares are written once, so the document stays small
+    enough for the environment even with hundreds of tasks.
+    """
+    envs = [{k: v for k, v in plan.env.items() if k != "TF_CONFIG"} for plan in plans]
+    # Shared by every task that has it; a task without it lists it under "unset" (the evaluator
+    # lacks the Keras job variables, as long as the cluster list, that every other task shares).
+    common = {k: v for k, v in envs[0].items() if all(env.get(k, v) == v for env in envs)}
+    # Names some task has and another lacks: the one that lacks them (the evaluator, without RANK)
+    # must not inherit them from the step's environment either.
+    named = dict.fromkeys(k for env in envs for k in env)
+    tasks = []
+    for plan, env in zip(plans, envs):
+        task = {"host": plan.host, "type": plan.type, "index": plan.index,
+                "env": {k: v for k, v in env.items() if k not in common}}
+        unset = [k for k in named if k not in env]
+        if unset:
+            task["unset"] = unset
+        if list(plan.argv) != list(plans[0].argv) or plan.workdir != plans[0].workdir:
+            task.update(argv=list(plan.argv), workdir=plan.workdir)
+        tasks.append(task)
+    return {"cluster": plans[0].tf_config["cluster"], "env": common, "tasks": tasks,
+            "argv": list(plans[0].argv), "workdir": plans[0].workdir}
 
 
 def iter_plan_json(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Iterator[str]:

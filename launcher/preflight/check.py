@@ -23,7 +23,7 @@ from typing import Sequence, TextIO
 from launcher.errors import CheckFailed, MgpuError, UsageError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.on_host import HostShell, in_parallel
+from launcher.preflight.on_host import HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
@@ -138,11 +138,8 @@ def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str |
 
     `ssh_runner` (a runners.ssh.SshRunner) reaches remote hosts; local ones are probed directly.
     """
-    hosts: dict[tuple[str, bool], list[TaskPlan]] = {}
-    for plan in plans:
-        hosts.setdefault((plan.host, plan.local), []).append(plan)
     shell = HostShell(ssh_runner)
-    reports = in_parallel([lambda group=group: _check_host(group, shell) for group in hosts.values()], _PARALLEL_PROBES)
+    reports = in_parallel([lambda group=group: _check_host(group, shell) for group in by_host(plans)], _PARALLEL_PROBES)
     _compare_tensorflow(reports, local_version)
     return reports
 

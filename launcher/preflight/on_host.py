@@ -11,7 +11,7 @@ import dataclasses
 import json
 import subprocess
 import threading
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from launcher.errors import CheckFailed, ConnectError
 from launcher.plan.planner import TaskPlan
@@ -74,6 +74,15 @@ def last_json(out: bytes) -> dict | None:
             except ValueError:
                 return None
     return None
+
+
+def by_host(plans: Iterable[TaskPlan]) -> list[list[TaskPlan]]:
+    """`plans` grouped by the host they run on, in plan order: each group is probed once. A host
+    name that means this machine for some tasks and a remote host for others is two hosts."""
+    groups: dict[tuple[str, bool], list[TaskPlan]] = {}
+    for plan in plans:
+        groups.setdefault((plan.host, plan.local), []).append(plan)
+    return list(groups.values())
 
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from launcher.errors import CheckFailed, MgpuError
 from launcher.host import probe as host_probe
 from launcher.host.probe import interface_holding
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.on_host import HostShell, in_parallel
+from launcher.preflight.on_host import HostShell, by_host, in_parallel
 from launcher.preflight.probes import reach_probe_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
@@ -57,11 +57,8 @@ def _target(plan: TaskPlan) -> str:
 
 
 def _hosts(plans: Sequence[TaskPlan]) -> list[_Host]:
-    grouped: dict[tuple[str, bool], list[TaskPlan]] = {}
-    for plan in plans:
-        if plan.port is not None:  # the evaluator is not in the cluster: no port, dials no one
-            grouped.setdefault((plan.host, plan.local), []).append(plan)
-    return [_Host(tuple(group)) for group in grouped.values()]
+    # The evaluator is not in the cluster: no port, dials no one.
+    return [_Host(tuple(group)) for group in by_host(plan for plan in plans if plan.port is not None)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +139,6 @@ def describe_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str 
     if unknown:
         parts.append("no interface holds the address of " + ", ".join(unknown) + ": NCCL and Gloo choose there")
     return "; ".join(parts) or "NCCL and Gloo choose their interfaces (no task is in the cluster)"
-
-
-def reachability_problems(plans: Sequence[TaskPlan], ssh_runner=None) -> list[str]:
-    """One line per task pair that cannot connect (or port that cannot be listened on); [] when all can."""
-    return list(probe_reachability(plans, ssh_runner).problems)
 
 
 def check_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Mapping[str, str | None]:

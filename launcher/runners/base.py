@@ -20,6 +20,10 @@ from typing import BinaryIO, Callable, Sequence
 
 from launcher.plan.planner import TaskPlan
 
+# Seconds a stopped task's processes get between SIGTERM and SIGKILL (`--grace-period`): on this
+# machine, in a Slurm step, and on a remote host when the task's SSH session ends.
+DEFAULT_GRACE_PERIOD = 10.0
+
 
 class TaskProcess(abc.ABC):
     """A started task.

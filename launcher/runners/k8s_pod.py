@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 from launcher.config.k8s_env import ENV_DNS_TIMEOUT, PodJob, read_pod
 from launcher.errors import EXIT_USAGE, UsageError
-from launcher.host.probe import interface_holding, local_addresses, source_address_toward
+from launcher.host.probe import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
 from launcher.plan.planner import TaskPlan, plan_tasks
 
@@ -67,13 +67,6 @@ def wait_for_names(hosts: Sequence[str], timeout: float, resolve: Callable[[str]
         sleep(min(DNS_RETRY, max(0.0, deadline - clock())))
 
 
-def pod_interface(pod: PodJob) -> str | None:
-    """The interface this pod sends from toward another pod (its own name in a one-pod job)."""
-    peers = [host for i, host in enumerate(pod.hosts) if i != pod.index] or [pod.host(pod.index)]
-    source = source_address_toward(peers[0])
-    return interface_holding([source], local_addresses()) if source else None
-
-
 def _dns_timeout(environ: Mapping[str, str]) -> float:
     text = environ.get(ENV_DNS_TIMEOUT, "")
     try:
@@ -105,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PEERS_UNRESOLVED
     env = {**os.environ, **plan.env}
     if not any(name in env for name in INTERFACE_ENV):
-        interface = pod_interface(pod)
+        interface = interface_toward(pod.hosts, pod.host(pod.index))
         if interface:
             env.update(interface_env(interface))
     try:

@@ -34,9 +34,10 @@ from launcher import protocol
 from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
+from launcher.plan.render import slurm_step_document
 from launcher.runners.base import Attempt, Backend, TaskProcess
-from launcher.runners.local import close_pipe_readers, pipe_reader
-from launcher.runners.slurm_task import plan_document, plan_environment
+from launcher.runners.pipes import close_pipe_readers, pipe_reader
+from launcher.runners.slurm_task import plan_environment
 
 BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
 # Linux gives a program's arguments and environment together 2 MiB or more; the plans take at most half.
@@ -78,7 +79,7 @@ def srun_argv(plans: Sequence[TaskPlan], python: str) -> list[str]:
 def step_environment(plans: Sequence[TaskPlan], environ: dict[str, str]) -> dict[str, str]:
     """srun's environment: the launcher's, less its CUDA_VISIBLE_DEVICES (so that one in a task
     means Slurm bound GPUs to the step), plus the plans. Raises UsageError when they do not fit."""
-    handover = plan_environment(plan_document(plans))
+    handover = plan_environment(slurm_step_document(plans))
     size = sum(len(value) for value in handover.values())
     if size > MAX_PLAN_BYTES:
         raise UsageError(f"the plan of {len(plans)} tasks takes {size} bytes, more than the "

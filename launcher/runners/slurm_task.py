@@ -23,43 +23,18 @@ import os
 import sys
 from typing import Mapping
 
-from launcher.host.probe import interface_holding, local_addresses, source_address_toward
+from launcher.config.slurm_env import misplacement
+from launcher.host.probe import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
+from launcher.plan.planner import tf_config_text
 
-# The plans travel in the environment, which every node of a step receives (no shared file
-# system needed): MGPU_SLURM_PLAN holds the number of parts, MGPU_SLURM_PLAN_0... the JSON, in
-# parts because Linux limits one environment string to 128 KiB.
+# The plans (plan/render.py's slurm_step_document) travel in the environment, which every node of a
+# step receives (no shared file system needed): MGPU_SLURM_PLAN holds the number of parts,
+# MGPU_SLURM_PLAN_0... the JSON, in parts because Linux limits one environment string to 128 KiB.
 ENV_PLAN = "MGPU_SLURM_PLAN"
 PART_CHARS = 100_000
 EXIT_MISPLACED = 2
 EXIT_CANNOT_START = 127
-
-
-def plan_document(plans) -> dict:
-    """The plans of one step as the compact document this program reads (launcher side).
-
-    The TF cluster and whatever every task shares are written once, so the document stays small
-    enough for the environment even with hundreds of tasks.
-    """
-    envs = [{k: v for k, v in plan.env.items() if k != "TF_CONFIG"} for plan in plans]
-    # Shared by every task that has it; a task without it lists it under "unset" (the evaluator
-    # lacks the Keras job variables, as long as the cluster list, that every other task shares).
-    common = {k: v for k, v in envs[0].items() if all(env.get(k, v) == v for env in envs)}
-    # Names some task has and another lacks: the one that lacks them (the evaluator, without RANK)
-    # must not inherit them from the step's environment either.
-    named = dict.fromkeys(k for env in envs for k in env)
-    tasks = []
-    for plan, env in zip(plans, envs):
-        task = {"host": plan.host, "type": plan.type, "index": plan.index,
-                "env": {k: v for k, v in env.items() if k not in common}}
-        unset = [k for k in named if k not in env]
-        if unset:
-            task["unset"] = unset
-        if list(plan.argv) != list(plans[0].argv) or plan.workdir != plans[0].workdir:
-            task.update(argv=list(plan.argv), workdir=plan.workdir)
-        tasks.append(task)
-    return {"cluster": plans[0].tf_config["cluster"], "env": common, "tasks": tasks,
-            "argv": list(plans[0].argv), "workdir": plans[0].workdir}
 
 
 def plan_environment(document: dict) -> dict[str, str]:
@@ -74,11 +49,6 @@ def read_plan_environment(environ: Mapping[str, str]) -> dict:
     return json.loads("".join(environ[f"{ENV_PLAN}_{i}"] for i in range(int(environ[ENV_PLAN]))))
 
 
-def tf_config_text(cluster: Mapping, task_type: str, index: int) -> str:
-    """TF_CONFIG exactly as the planner writes it."""
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}, separators=(",", ":"))
-
-
 def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str | None]:
     """(argv, environment, workdir) of task `rank`, over this process's environment."""
     task = document["tasks"][rank]
@@ -90,17 +60,9 @@ def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tupl
         env.pop(name, None)
     if slurm_devices is not None:  # Slurm bound GPUs to this step: its choice stands
         env["CUDA_VISIBLE_DEVICES"] = slurm_devices
-    env["TF_CONFIG"] = tf_config_text(document["cluster"], task["type"], task["index"])
+    env["TF_CONFIG"] = tf_config_text(json.dumps(document["cluster"], separators=(",", ":")),
+                                      {"type": task["type"], "index": task["index"]})
     return list(task.get("argv", document["argv"])), env, task.get("workdir", document["workdir"])
-
-
-def step_interface(document: Mapping, node: str) -> str | None:
-    """The interface this node sends from to reach another node of the step (its own name, when
-    the step has one node: not the address this node resolves its own name to, which on Debian
-    is 127.0.1.1)."""
-    peers = [t["host"] for t in document["tasks"] if t["host"] != node] or [node]
-    source = source_address_toward(peers[0])
-    return interface_holding([source], local_addresses()) if source else None
 
 
 def main() -> int:
@@ -111,15 +73,13 @@ def main() -> int:
     except (KeyError, ValueError, IndexError) as exc:
         print(f"mgpu: this program runs inside `mgpu launch --slurm` steps only ({exc!r})", file=sys.stderr)
         return EXIT_MISPLACED
-    node = os.environ.get("SLURMD_NODENAME")
-    if node is not None and node != task["host"]:
-        print(f"mgpu: task {rank} ({task['type']}:{task['index']}) runs on {node}, but its TF_CONFIG address is "
-              f"on {task['host']}: the step must use block distribution (srun --distribution=block)",
-              file=sys.stderr, flush=True)
+    problem = misplacement(os.environ, rank, task["host"])
+    if problem:
+        print(f"mgpu: {task['type']}:{task['index']}: {problem}", file=sys.stderr, flush=True)
         return EXIT_MISPLACED
     argv, env, workdir = task_start(document, rank, os.environ)
     if not any(name in env for name in INTERFACE_ENV):
-        interface = step_interface(document, task["host"])
+        interface = interface_toward([t["host"] for t in document["tasks"]], task["host"])
         if interface:
             env.update(interface_env(interface))
     try:

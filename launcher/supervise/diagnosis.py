@@ -14,7 +14,7 @@
 - blame(): which task is at fault when one fails: the task it reports
   unhealthy, else the coordination service's task if it stopped answering,
   else a peer that failed before it, else itself.
-- known_failures(): which known failures a task's lines show (launcher/fixes.py says what to
+- known_failures(): which known failures a task's lines show (fixes.py says what to
   do about each).
 """
 
@@ -283,7 +283,7 @@ def blame(reporter: TaskEnd, reporter_lines: Sequence[str], peers: Sequence[Task
 
 # -- known failures ---------------------------------------------------------------------------
 # What a line says happened, by name. What to do about it, in the words of mgpu's command line,
-# is launcher/fixes.py's: this module knows the frameworks' wording, not mgpu's options.
+# is fixes.py's: this module knows the frameworks' wording, not mgpu's options.
 
 KERAS3_FIT_UNDER_MWMS = "keras3-fit-under-mwms"
 TORCH_ENV_MISSING = "torch-env-missing"

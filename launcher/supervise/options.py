@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from launcher.runners.base import DEFAULT_GRACE_PERIOD
+
 # Seconds without progress (output or CPU use from any training task) before a run counts as stalled.
 DEFAULT_STALL_TIMEOUT = 1800.0
 
@@ -13,7 +15,7 @@ DEFAULT_STALL_TIMEOUT = 1800.0
 class SuperviseOptions:
     run_id: str
     log_dir: pathlib.Path  # run files go to log_dir / run_id /
-    grace_period: float = 10.0  # TERM -> KILL
+    grace_period: float = DEFAULT_GRACE_PERIOD  # TERM -> KILL, for every backend
     start_timeout: float = 120.0  # seconds for every task to become ready
     max_restarts: int = 0
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: no stall watchdog

@@ -8,24 +8,19 @@ claim on the run id: two launches with one id cannot both win it), mode 0700, an
 open: every file in it is created relative to that descriptor, never through a path,
 and never through a symbolic link.
 
-A run id tags every process of the run, and the end of a run stops every process of this
-user that carries it, whatever its log dir. So a run id is also claimed on the whole machine:
-a lock file per run id (flock) in a folder of this user's, RUN_ID_LOCK_DIR, held from before
-the check that no live process carries the id until the run's last sweep is done. The kernel
-drops it when the launcher dies, however it dies.
+The run dir is made under the machine-wide claim on the run id (run_lock.py), and holds that
+claim until it is closed.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import pathlib
-import pwd
 import stat
 
 from launcher.errors import UsageError
-from launcher.host import proctree
+from launcher.supervise import run_lock
 from launcher.supervise.options import SuperviseOptions
 
 RUN_DIR_MODE = 0o700
@@ -72,87 +67,8 @@ class RunDir:
             os.close(self.fd)
             self.fd = -1
         if self.run_id is not None:
-            release_run_id(self.run_id)
+            run_lock.release_run_id(self.run_id)
             self.run_id = None
-
-
-def run_id_lock_dir() -> str:
-    """Where run id locks live: a folder of this user's that every launch of theirs finds,
-    whatever its environment (root's is under /run, which only root may write)."""
-    euid = os.geteuid()
-    return "/run/mgpu" if euid == 0 and os.path.isdir("/run") else f"/tmp/mgpu-{euid}"
-
-
-_claims: dict[str, int] = {}  # run id -> the descriptor of its locked file, in this process
-
-
-def _open_lock_dir() -> int:
-    """The lock folder, made if missing (mode 0700); refused unless it is this user's own and private."""
-    path = run_id_lock_dir()
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        os.close(fd)
-        raise UsageError(f"{path}: owned by {_owner_name(st.st_uid)} or open to others; mgpu keeps its run id "
-                         f"locks there: remove it")
-    return fd
-
-
-def claim_run_id(run_id: str) -> None:
-    """Lock the run id on this machine (a second claim in this process is a no-op). Raises
-    UsageError naming the launch that holds it."""
-    if run_id in _claims:
-        return
-    name = f"{run_id}.lock"
-    dir_fd = _open_lock_dir()
-    try:
-        for _ in range(100):  # a holder that ends removes its file: lock the one now at the name
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-                os.close(fd)
-                raise UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
-                                 f"this machine, in any log dir); choose another run id") from None
-            try:
-                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                current = None
-            mine = os.fstat(fd)
-            if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            _claims[run_id] = fd
-            return
-        raise UsageError(f"run id {run_id}: its lock in {run_id_lock_dir()} keeps changing; choose another run id")
-    finally:
-        os.close(dir_fd)
-
-
-def release_run_id(run_id: str) -> None:
-    """Give the claim up. The file is removed while still locked: a launch that opened it meanwhile
-    finds, once it has the lock, that the name is gone or names a new file, and starts over."""
-    fd = _claims.pop(run_id, None)
-    if fd is None:
-        return
-    try:
-        os.unlink(os.path.join(run_id_lock_dir(), f"{run_id}.lock"))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _make_dirs(path: pathlib.Path) -> None:
@@ -170,20 +86,13 @@ def _make_dirs(path: pathlib.Path) -> None:
             os.chmod(folder, LOG_DIR_MODE)
 
 
-def _owner_name(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def check_log_dir_stat(st: os.stat_result, shown: str) -> None:
     """Refuse a log dir that someone else owns, or that others may write without the sticky bit:
     they could rename the run's folder away and put one of theirs in its place."""
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"--log-dir {shown}: {os.strerror(errno.ENOTDIR)}")
     if st.st_uid not in (os.geteuid(), 0):
-        raise UsageError(f"--log-dir {shown}: owned by {_owner_name(st.st_uid)}, not by you; "
+        raise UsageError(f"--log-dir {shown}: owned by {run_lock.owner_name(st.st_uid)}, not by you; "
                          f"use a log dir of your own")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise UsageError(f"--log-dir {shown}: writable by other users without the sticky bit; "
@@ -216,25 +125,9 @@ def check_run_dir(options: SuperviseOptions) -> pathlib.Path:
     """Check that a run can start under this run id, make the log dir, and return the
     run's directory in it (make_run_dir claims it).
 
-    Raises UsageError, before anything starts, for a run that already exists in
-    the log dir, for a run id that live processes of this user carry (every stop
-    of this run would stop them too), and for a log dir that cannot be made, or
-    written, or that another user could tamper with.
-
-    The run id is claimed on the whole machine while the live processes are looked for (a
-    launch that starts at the same time, in any log dir, sees the claim rather than no
-    process yet); the claim is kept only if this process held it already (make_run_dir).
+    Raises UsageError, before anything starts, for a run that already exists in the log dir,
+    and for a log dir that cannot be made, or written, or that another user could tamper with.
     """
-    held = options.run_id in _claims
-    claim_run_id(options.run_id)
-    try:
-        return _check_run_dir(options)
-    finally:
-        if not held:
-            release_run_id(options.run_id)
-
-
-def _check_run_dir(options: SuperviseOptions) -> pathlib.Path:
     fd = _open_log_dir(options)
     try:
         os.stat(options.run_id, dir_fd=fd, follow_symlinks=False)
@@ -244,20 +137,15 @@ def _check_run_dir(options: SuperviseOptions) -> pathlib.Path:
         raise _already_exists(options)
     finally:
         os.close(fd)
-    holders = proctree.tagged_processes(options.run_id)
-    if holders:
-        pids = ", ".join(str(p.pid) for p in holders[:5]) + (", ..." if len(holders) > 5 else "")
-        raise UsageError(
-            f"run id {options.run_id} is in use by running processes (pid {pids}); choose another run id"
-        )
     return pathlib.Path(options.log_dir) / options.run_id
 
 
 def make_run_dir(options: SuperviseOptions) -> RunDir:
-    """Claim the run id on this machine, check the run can start (check_run_dir), then claim its
-    directory: made fresh, private, held open. The RunDir keeps the run id's claim until closed."""
-    held = options.run_id in _claims
-    claim_run_id(options.run_id)
+    """Claim the run id on this machine (unless this process holds it already), check the run can
+    start (check_run_dir), then claim its directory: made fresh, private, held open. The RunDir
+    keeps a claim it made until closed."""
+    held = run_lock.is_claimed(options.run_id)
+    run_lock.claim_run_id(options.run_id)
     try:
         path = check_run_dir(options)
         log_fd = _open_log_dir(options)
@@ -274,6 +162,6 @@ def make_run_dir(options: SuperviseOptions) -> RunDir:
             os.close(log_fd)
     except BaseException:
         if not held:
-            release_run_id(options.run_id)
+            run_lock.release_run_id(options.run_id)
         raise
     return RunDir(path, fd, None if held else options.run_id)

@@ -9,9 +9,9 @@ import dataclasses
 import pathlib
 from typing import Sequence
 
-from launcher import fixes, protocol
+from launcher import protocol
 from launcher.error_file import TaskError
-from launcher.supervise import diagnosis, runrecord, stacks
+from launcher.supervise import diagnosis, fixes, runrecord, stacks
 from launcher.supervise.console_text import console_safe
 
 

@@ -141,7 +141,7 @@ class _Supervisor:
         self.run_dir = run_dir
         self.signals = Signals()
         # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
-        self.coordinator_port = next((p.port for p in self.plans if p.type in protocol.TRAINING_TASK_TYPES), None)
+        self.coordinator_port = self.plans[0].coordinator_port
         # Without training tasks, nothing is a sidecar: every task counts.
         self.sidecar_types = (
             frozenset(p.type for p in self.plans) - frozenset(protocol.TRAINING_TASK_TYPES)

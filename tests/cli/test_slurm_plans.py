@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from launcher.runners.slurm import srun_argv, step_environment, task_status
-from launcher.runners.slurm_task import plan_document, read_plan_environment, task_start
+from launcher.plan.render import slurm_step_document
+from launcher.runners.slurm_task import read_plan_environment, task_start
 
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[9-10],gpu01", "SLURM_TASKS_PER_NODE": "2(x2),1"}
 NO_SLURM = {name: "" for name in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
@@ -110,7 +111,7 @@ def slurm_plans(mgpu, *args):
 
 def test_task_side_rebuilds_each_plan_exactly(mgpu):
     plans = slurm_plans(mgpu, "--chief", "--env", "A=1", "--gpus-per-task", "1")
-    document = json.loads(json.dumps(plan_document(plans)))
+    document = json.loads(json.dumps(slurm_step_document(plans)))
     for rank, plan in enumerate(plans):
         argv, env, workdir = task_start(document, rank, {"PATH": "/bin", "SLURM_PROCID": str(rank)})
         assert argv == list(plan.argv) and workdir is None
@@ -120,7 +121,7 @@ def test_task_side_rebuilds_each_plan_exactly(mgpu):
 
 def test_task_side_keeps_the_gpus_slurm_bound(mgpu):
     plans = slurm_plans(mgpu, "--gpus-per-task", "1")
-    document = plan_document(plans)
+    document = slurm_step_document(plans)
     _, env, _ = task_start(document, 1, {"CUDA_VISIBLE_DEVICES": "3"})
     assert env["CUDA_VISIBLE_DEVICES"] == "3"  # Slurm's binding, where the plan says "1"
     _, env, _ = task_start(document, 1, {})

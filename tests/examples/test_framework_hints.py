@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from launcher.fixes import hints
+from launcher.supervise.fixes import hints
 
 TORCH_ENV_INIT = "import torch.distributed as dist; dist.init_process_group('gloo', init_method='env://')"
 JAX_INIT = "import jax; jax.distributed.initialize()"

@@ -171,8 +171,7 @@ class SshLab:
     def options(self, **overrides):
         from launcher.runners.ssh.options import SshOptions
 
-        settings = dict(known_hosts=str(self.known_hosts), ssh_config=str(self.ssh_config), connect_timeout=5.0,
-                        kill_grace=2)
+        settings = dict(known_hosts=str(self.known_hosts), ssh_config=str(self.ssh_config), connect_timeout=5.0)
         settings.update(overrides)
         return SshOptions(**settings)
 

@@ -24,7 +24,7 @@ def task(host: str) -> TaskPlan:
 
 
 def logs_in(ssh_lab, host: str = "sshd-a", **options) -> bool:
-    runner = SshRunner(ssh_lab.options(**options))
+    runner = SshRunner(ssh_lab.options(**options), grace_period=2)
     try:
         return runner.run(task(host), "exit 0", 10)[0] == 0
     finally:

@@ -37,7 +37,7 @@ def finish(proc: subprocess.Popen) -> tuple[bytes, bytes]:
 
 def read_pgid(proc: subprocess.Popen) -> int:
     line = proc.stderr.readline()
-    pgid = remote_command.parse_pgid_line(line)
+    _, pgid = remote_command.split_pgid_line(line)
     assert pgid is not None, line
     return pgid
 
@@ -49,7 +49,7 @@ def test_arguments_and_environment_arrive_byte_exact(tmp_path):
     workdir.mkdir()
     for name, value in env.items():
         argv = [sys.executable, "-c", ECHO_PROGRAM, name, *TRICKY]
-        proc = start_like_sshd(remote_command.task_command(argv, env, str(workdir), kill_grace=1))
+        proc = start_like_sshd(remote_command.task_command(argv, env, str(workdir), grace_period=1))
         assert read_pgid(proc) == proc.pid
         out, err = finish(proc)
         assert proc.returncode == 0, err
@@ -170,10 +170,10 @@ def test_one_signal_command_reaches_several_groups_even_if_one_is_gone():
 
 
 def test_pgid_line_parsing():
-    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID 123\n") == 123
-    assert remote_command.parse_pgid_line(b"Welcome to host\n") is None
-    assert remote_command.parse_pgid_line(b"MGPU_REMOTE_PGID abc\n") is None
-    assert remote_command.parse_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == 123
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 123\n") == (b"", 123)
+    assert remote_command.split_pgid_line(b"Welcome to host\n") == (b"Welcome to host\n", None)
+    assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID abc\n") == (b"MGPU_REMOTE_PGID abc\n", None)
+    assert remote_command.split_pgid_line(b"  MGPU_REMOTE_PGID 123\n") == (b"  ", 123)
 
 
 def test_a_login_shells_unfinished_line_before_the_pgid_line_stays_in_the_stream():

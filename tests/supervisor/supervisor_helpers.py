@@ -8,6 +8,7 @@ import sys
 import time
 
 from launcher.host import proctree
+from launcher.plan.coordinator import Coordinator
 from launcher.plan.planner import TaskPlan
 from launcher.host.ports import pick_free_ports
 
@@ -53,6 +54,7 @@ def make_plans(
                 env=task_env,
                 workdir=workdir,
                 waits_for_ready=waits_for_ready,
+                coordinator=Coordinator("127.0.0.1", ports[members[0]]),
             )
         )
     return plans

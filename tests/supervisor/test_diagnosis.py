@@ -1,6 +1,6 @@
 """diagnosis.py on lines TensorFlow 2.21 really prints (copied from task logs of this machine)."""
 
-from launcher import fixes
+from launcher.supervise import fixes
 from launcher.supervise import diagnosis
 
 NOISE = [

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from launcher.errors import CheckFailed
-from launcher.preflight.reach import check_reachability, reachability_problems
+from launcher.preflight.reach import check_reachability, probe_reachability
 from supervisor_helpers import FAKE_WORKER, make_plans
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,16 +17,16 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_local_tasks_reach_each_other(run_id):
     started = time.monotonic()
-    assert reachability_problems(make_plans(run_id, [], workers=3, chief=True, evaluator=True)) == []
+    assert probe_reachability(make_plans(run_id, [], workers=3, chief=True, evaluator=True)).problems == ()
     assert time.monotonic() - started < 5  # every listener answered: nobody waited out the timeout
 
 
 def test_an_unresolvable_address_is_named(run_id):
     plans = make_plans(run_id, [], workers=2)
     plans[1] = dataclasses.replace(plans[1], address="no-such-host.invalid")
-    problems = reachability_problems(plans)
+    problems = probe_reachability(plans).problems
     target = f"no-such-host.invalid:{plans[1].port}"
-    assert problems == [f"worker:0,worker:1 on 127.0.0.1 cannot resolve no-such-host.invalid (worker:1 at {target})"]
+    assert problems == (f"worker:0,worker:1 on 127.0.0.1 cannot resolve no-such-host.invalid (worker:1 at {target})",)
     with pytest.raises(CheckFailed) as caught:
         check_reachability(plans)
     assert str(caught.value).splitlines()[-1].startswith("hint: the tasks dial each other")

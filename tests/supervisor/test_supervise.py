@@ -1,4 +1,5 @@
-"""supervise() driven directly with plans, the local runner and fake workers."""
+"""supervise() driven directly with plans, the local runner and fake workers (launch() for what it
+checks before supervising)."""
 
 import json
 import os
@@ -15,6 +16,9 @@ import pytest
 from launcher import protocol
 from launcher.host import proctree
 from launcher.errors import TaskFailed, UsageError
+from launcher.launch import launch
+from launcher.launch_options import LaunchOptions
+from launcher.supervise.options import SuperviseOptions
 from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, pid_alive, read_pids, records,
                                 recorded_ready, released_once, supervise_plans, wait_for)
 
@@ -246,11 +250,13 @@ def test_a_run_id_carried_by_live_processes_is_refused_before_anything_starts(ru
     try:
         assert wait_for(lambda: [p.pid for p in proctree.tagged_processes(run_id)] == [other.pid], 10)
         plans = make_plans(run_id, ["--record", str(record_dir)], workers=1)
-        result = supervise_plans(plans, run_id, tmp_path)
-        assert isinstance(result.error, UsageError) and result.error.exit_code == 2
-        assert str(result.error) == (f"run id {run_id} is in use by running processes (pid {other.pid}); "
-                                     f"choose another run id")
-        assert not result.run_dir.exists()
+        options = LaunchOptions(SuperviseOptions(run_id=run_id, log_dir=tmp_path / "runs"), check_hosts=False)
+        with pytest.raises(UsageError) as refused:
+            launch(plans, options)
+        assert refused.value.exit_code == 2
+        assert str(refused.value) == (f"run id {run_id} is in use by running processes (pid {other.pid}); "
+                                      f"choose another run id")
+        assert not (tmp_path / "runs" / run_id).exists()
         assert records(record_dir) == {}
         assert other.poll() is None
     finally:

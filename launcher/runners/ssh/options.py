@@ -15,6 +15,4 @@ class SshOptions:
     ssh_config: str | None = None  # default ~/.ssh/config
     connect_timeout: float = 10.0
     keepalive: float = 15.0  # seconds between keepalives; 3 unanswered ones drop the connection
-    # Seconds a remote task group gets between SIGTERM and SIGKILL when its SSH session ends.
-    kill_grace: int = 5
     debug: bool = False  # show the SSH library's log of mgpu's connections

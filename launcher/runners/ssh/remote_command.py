@@ -39,6 +39,7 @@ exits once nothing is left to report or the task has ended.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import signal
 from typing import Iterable, Mapping, Sequence
@@ -53,7 +54,8 @@ MAX_COMMAND_BYTES = 128 * 1024 - 1
 ENV_END = "MGPU_ENV_END"
 TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
-# $1 = process group, $2 = grace seconds, then no tags or all four NAME=value tags (TAG_NAMES).
+# $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or all
+# four NAME=value tags (TAG_NAMES).
 # The watcher is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
 # for its stacks when a run stalls), and its final KILL goes to the tagged processes first: kill
 # signals its operands in order, and signalling the group ends the watcher itself. Its own
@@ -139,7 +141,7 @@ def task_command(
     argv: Sequence[str],
     env: Mapping[str, str],
     workdir: str | None,
-    kill_grace: int,
+    grace_period: float,
 ) -> RemoteTask:
     """The command line that starts one task over SSH, and what to send on its stdin (see the
     module docstring). Raises ValueError for a bad env name."""
@@ -158,7 +160,7 @@ def task_command(
         '[ -n "$mgpu_end" ] || exit 255',  # the launcher went away before sending the environment
         "( ( exec /bin/sh -c "
         + shlex.quote(_WATCHER)
-        + f' mgpu-watch "$$" {int(kill_grace)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
+        + f' mgpu-watch "$$" {math.ceil(grace_period)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
         "exec 3<&-",
     ]
     if names:
@@ -168,11 +170,6 @@ def task_command(
         run = f"cd {shlex.quote(safe_workdir(workdir))} && {run}"
     lines.append(run)
     return RemoteTask(sh("\n".join(lines)), env_block(env))
-
-
-def parse_pgid_line(line: bytes) -> int | None:
-    """The process group from the wrapper's first stderr line, or None if it is another line."""
-    return split_pgid_line(line)[1]
 
 
 def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:

@@ -18,10 +18,9 @@ import threading
 import paramiko
 
 from launcher.errors import ConnectError, MgpuError
-from launcher.plan.coordinator import coordinator_port
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
-from launcher.runners.base import Attempt, Backend, TaskByTask, TaskProcess
+from launcher.runners.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, TaskByTask, TaskProcess
 from launcher.runners.ssh import remote_command
 from launcher.runners.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
 from launcher.runners.ssh.options import SshOptions
@@ -144,8 +143,9 @@ class SshRunner(Backend):
     """Starts tasks on remote hosts; one connection per host, shared by its tasks. Owns the
     connections; what runs on a remote host ends with its session (remote_command.py)."""
 
-    def __init__(self, options: SshOptions = SshOptions()):
+    def __init__(self, options: SshOptions = SshOptions(), grace_period: float = DEFAULT_GRACE_PERIOD):
         self.options = options
+        self.grace_period = grace_period  # a task's remote tree gets it between TERM and KILL
         self._config = load_ssh_config(options.ssh_config)
         self._lock = threading.Lock()
         self._host_locks: dict[SshTarget, threading.Lock] = {}
@@ -200,8 +200,8 @@ class SshRunner(Backend):
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
         """Start the task; its join watcher watches its own port and the coordinator's."""
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
-                                             self.options.kill_grace)
-        own_port, coordinator = task.port, coordinator_port(task)
+                                             self.grace_period)
+        own_port, coordinator = task.port, task.coordinator_port
         sessions = 2 if own_port is not None or coordinator is not None else 1
         conn = self.connect(task, sessions)
         try:

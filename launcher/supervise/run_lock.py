@@ -1,0 +1,124 @@
+"""The claim on a run id across this machine, whatever the log dir.
+
+A run id tags every process of the run, and the end of a run stops every process of this user
+that carries it, whatever its log dir. So a run id is claimed on the whole machine: a lock file
+per run id (flock) in a folder of this user's (run_id_lock_dir), held from before the check that
+no live process carries the id until the run's last sweep is done. The kernel drops it when the
+launcher dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+from typing import Iterator
+
+from launcher.errors import UsageError
+
+LOCK_FILE_MODE = 0o600
+
+
+def run_id_lock_dir() -> str:
+    """Where run id locks live: a folder of this user's that every launch of theirs finds,
+    whatever its environment (root's is under /run, which only root may write)."""
+    euid = os.geteuid()
+    return "/run/mgpu" if euid == 0 and os.path.isdir("/run") else f"/tmp/mgpu-{euid}"
+
+
+_claims: dict[str, int] = {}  # run id -> the descriptor of its locked file, in this process
+
+
+def _open_lock_dir() -> int:
+    """The lock folder, made if missing (mode 0700); refused unless it is this user's own and private."""
+    path = run_id_lock_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise UsageError(f"{path}: owned by {owner_name(st.st_uid)} or open to others; mgpu keeps its run id "
+                         f"locks there: remove it")
+    return fd
+
+
+def claim_run_id(run_id: str) -> None:
+    """Lock the run id on this machine (a second claim in this process is a no-op). Raises
+    UsageError naming the launch that holds it."""
+    if run_id in _claims:
+        return
+    name = f"{run_id}.lock"
+    dir_fd = _open_lock_dir()
+    try:
+        for _ in range(100):  # a holder that ends removes its file: lock the one now at the name
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
+                                 f"this machine, in any log dir); choose another run id") from None
+            try:
+                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _claims[run_id] = fd
+            return
+        raise UsageError(f"run id {run_id}: its lock in {run_id_lock_dir()} keeps changing; choose another run id")
+    finally:
+        os.close(dir_fd)
+
+
+def release_run_id(run_id: str) -> None:
+    """Give the claim up. The file is removed while still locked: a launch that opened it meanwhile
+    finds, once it has the lock, that the name is gone or names a new file, and starts over."""
+    fd = _claims.pop(run_id, None)
+    if fd is None:
+        return
+    try:
+        os.unlink(os.path.join(run_id_lock_dir(), f"{run_id}.lock"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def is_claimed(run_id: str) -> bool:
+    """Whether this process holds the run id's claim."""
+    return run_id in _claims
+
+
+@contextlib.contextmanager
+def claimed(run_id: str) -> Iterator[None]:
+    """The run id claimed for the block: by it, or already by this process (then kept after it)."""
+    held = is_claimed(run_id)
+    claim_run_id(run_id)
+    try:
+        yield
+    finally:
+        if not held:
+            release_run_id(run_id)
+
+
+def owner_name(uid: int) -> str:
+    """A file's owner, for messages: the user's name and uid, or the uid alone."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
