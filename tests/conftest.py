@@ -1,11 +1,17 @@
 """Fixtures shared by every test folder."""
 
+import inspect
 import json
+import pathlib
+import re
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `from needs import require`
 
 
 @pytest.fixture
@@ -39,16 +45,33 @@ def mgpu():
     return run
 
 
-# The pure parts, tested without TensorFlow, JAX or torch and without servers: `make test-fast`
-# (`pytest -m fast`) runs them in seconds, beside the real-process tests.
+# The pure parts, tested without TensorFlow, JAX, torch or numpy and without servers: `make test-fast`
+# (`pytest -m fast`) runs them in seconds, beside the real-process tests. A test in these places is
+# fast unless it is marked slow, ssh or netns, or it or its module imports a framework (or require()s
+# one, see needs.py).
 FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervisor/test_diagnosis.py", "tests/supervisor/test_stacks.py",
         "tests/supervisor/test_output_reader.py")
+NOT_FAST_MARKS = ("slow", "ssh", "netns")
+FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
+USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"
+ANYWHERE = re.compile(USES_A_FRAMEWORK)
+AT_MODULE_LEVEL = re.compile(rf"^(?:{USES_A_FRAMEWORK}|\S.*\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b)", re.MULTILINE)
+
+
+def _needs_a_framework(item) -> bool:
+    try:
+        module_source = item.path.read_text()
+        function_source = inspect.getsource(getattr(item, "function", None) or item.obj)
+    except (OSError, TypeError):
+        return True  # cannot tell: not fast
+    return bool(AT_MODULE_LEVEL.search(module_source) or ANYWHERE.search(function_source))
 
 
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
         relative = item.path.relative_to(root).as_posix()
-        if relative.startswith(FAST):
+        if (relative.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST_MARKS)
+                and not _needs_a_framework(item)):
             item.add_marker(pytest.mark.fast)
