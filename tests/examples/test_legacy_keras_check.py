@@ -1,19 +1,19 @@
 """`mgpu check --legacy-keras` and the launch preflight: every host needs tf_keras of its TensorFlow's series."""
 
-import importlib.metadata
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from needs import installed_version
 
 from launcher.host.ports import pick_free_ports
 
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TF_VERSION = importlib.metadata.version("tensorflow")
+TF_VERSION = installed_version("tensorflow", "the train extra")
 SERIES = ".".join(TF_VERSION.split(".")[:2])
 
 
@@ -39,7 +39,7 @@ def test_check_shows_tf_keras_of_every_host(tmp_path):
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.strip().splitlines()
     assert header.split()[4:6] == ["TENSORFLOW", "TF_KERAS"]
-    assert row.split()[4:6] == [TF_VERSION, importlib.metadata.version("tf-keras")]
+    assert row.split()[4:6] == [TF_VERSION, installed_version("tf-keras", "the legacy-keras extra")]
 
 
 def test_check_names_the_pip_command_when_tf_keras_is_missing(tmp_path):
