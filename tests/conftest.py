@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder."""
 
+import functools
 import inspect
 import json
 import pathlib
@@ -59,13 +60,17 @@ ANYWHERE = re.compile(USES_A_FRAMEWORK)
 AT_MODULE_LEVEL = re.compile(rf"^(?:{USES_A_FRAMEWORK}|\S.*\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b)", re.MULTILINE)
 
 
+@functools.lru_cache(maxsize=None)
+def _module_needs_a_framework(path: pathlib.Path) -> bool:
+    return bool(AT_MODULE_LEVEL.search(path.read_text()))
+
+
 def _needs_a_framework(item) -> bool:
     try:
-        module_source = item.path.read_text()
-        function_source = inspect.getsource(getattr(item, "function", None) or item.obj)
+        return (_module_needs_a_framework(item.path)
+                or bool(ANYWHERE.search(inspect.getsource(getattr(item, "function", None) or item.obj))))
     except (OSError, TypeError):
         return True  # cannot tell: not fast
-    return bool(AT_MODULE_LEVEL.search(module_source) or ANYWHERE.search(function_source))
 
 
 def pytest_collection_modifyitems(config, items):
