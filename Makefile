@@ -1,6 +1,8 @@
 # make demo   set up .venv and run a local 2-worker training
 # make test   set up .venv and run the whole test suite
 # make test-fast  only the pure parts' tests (planner, hostlists, schedules, watchers...): seconds
+# make test-fast-pythons  the same without TensorFlow, JAX or torch, on each of FAST_PYTHONS
+#             (python3.10 python3.13 unless given: the oldest Python mgpu supports, and the newest)
 # make bench  run the benchmarks; results go to benchmarks/results/
 #             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
@@ -13,8 +15,11 @@ PY := $(VENV)/bin/python
 MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
+FAST_PYTHONS ?= python3.10 python3.13
+# mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
+FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
-.PHONY: venv demo test test-fast bench bench-links bench-accuracy docs clean
+.PHONY: venv demo test test-fast test-fast-pythons bench bench-links bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -40,6 +45,18 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -m fast -q
 
+# One venv per Python (.venv-fast-python3.10...), made once.
+test-fast-pythons:
+	set -e; for python in $(FAST_PYTHONS); do \
+		venv=.venv-fast-$$(basename $$python); \
+		if [ ! -x $$venv/bin/python ]; then \
+			$$python -m venv $$venv; \
+			$$venv/bin/python -m pip install --quiet --quiet -e . $(FAST_TOOLS); \
+		fi; \
+		echo "== $$($$venv/bin/python --version)"; \
+		$$venv/bin/python -m pytest -m fast -q; \
+	done
+
 bench: venv
 	$(PY) benchmarks/run_all.py $(if $(WORKERS),--workers $(WORKERS))
 
@@ -54,4 +71,4 @@ docs: venv
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) mgpu-runs .pytest_cache site
+	rm -rf $(VENV) .venv-fast-* mgpu-runs .pytest_cache site

@@ -1,11 +1,18 @@
 """Fixtures shared by every test folder."""
 
+import functools
+import inspect
 import json
+import pathlib
+import re
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `from needs import require`
 
 
 @pytest.fixture
@@ -39,11 +46,31 @@ def mgpu():
     return run
 
 
-# The pure parts, tested without TensorFlow, JAX or torch and without servers: `make test-fast`
-# (`pytest -m fast`) runs them in seconds, beside the real-process tests.
+# The pure parts, tested without TensorFlow, JAX, torch or numpy and without servers: `make test-fast`
+# (`pytest -m fast`) runs them in seconds, beside the real-process tests. A test in these places is
+# fast unless it is marked slow, ssh or netns, or it or its module imports a framework (or require()s
+# one, see needs.py).
 FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervisor/test_diagnosis.py", "tests/supervisor/test_stacks.py",
         "tests/supervisor/test_output_reader.py", "tests/supervisor/test_policy.py")
+NOT_FAST_MARKS = ("slow", "ssh", "netns")
+FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
+USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"
+ANYWHERE = re.compile(USES_A_FRAMEWORK)
+AT_MODULE_LEVEL = re.compile(rf"^(?:{USES_A_FRAMEWORK}|\S.*\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_needs_a_framework(path: pathlib.Path) -> bool:
+    return bool(AT_MODULE_LEVEL.search(path.read_text()))
+
+
+def _needs_a_framework(item) -> bool:
+    try:
+        return (_module_needs_a_framework(item.path)
+                or bool(ANYWHERE.search(inspect.getsource(getattr(item, "function", None) or item.obj))))
+    except (OSError, TypeError):
+        return True  # cannot tell: not fast
 
 
 # `make test` spreads the suite over pytest-xdist workers a file at a time (a file's fixtures are
@@ -56,7 +83,8 @@ def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
         relative = item.path.relative_to(root).as_posix()
-        if relative.startswith(FAST):
+        if (relative.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST_MARKS)
+                and not _needs_a_framework(item)):
             item.add_marker(pytest.mark.fast)
         group = next((lab for prefix, lab in SHARED_LABS.items() if relative.startswith(prefix)), relative)
         item.add_marker(pytest.mark.xdist_group(group))

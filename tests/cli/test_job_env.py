@@ -3,6 +3,7 @@
 import subprocess
 
 import pytest
+from needs import require
 
 KERAS_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
 COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
@@ -78,7 +79,7 @@ def test_keras_names_are_reserved_in_spec_files(mgpu, tmp_path, name):
     assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
 
 
-def test_text_dry_run_shows_them(mgpu):
+def test_text_dry_run_shows_the_keras_variables(mgpu):
     result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
     assert result.exit_code == 0, result.stderr
     assert "KERAS_DISTRIBUTION_JOB_ADDRESSES=h1:2222,h2:2222" in result.stdout
@@ -220,7 +221,7 @@ def test_torch_names_are_reserved(mgpu, tmp_path, name):
     assert result.exit_code == 2 and "is set by mgpu for each task" in result.stderr
 
 
-def test_text_dry_run_shows_them(mgpu):
+def test_text_dry_run_shows_the_torch_variables(mgpu):
     result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
     assert result.exit_code == 0, result.stderr
     assert "MASTER_ADDR=h1" in result.stdout and "MASTER_PORT=2222" in result.stdout
@@ -307,6 +308,7 @@ def test_installed_jax_reads_the_coordinator_address_itself():
     and id it does not, which is why the docs' recipe passes them in."""
     import inspect
 
+    require("jax")
     from jax._src import distributed
 
     source = inspect.getsource(distributed.State.initialize)
@@ -335,3 +337,47 @@ def test_tf_config_from_slurm_exports_torch_and_jax_variables(mgpu):
     result = mgpu("tf-config", "--from-slurm", "--port", "4000", "--format", "jax-env", env=step)
     assert exported(result.stdout, JAX_NAMES) == {
         "JAX_COORDINATOR_ADDRESS": "node1:4000", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
+
+
+# -- Inside a pod of `mgpu k8s` ---------------------------------------------------------------
+
+def pod_environment(mgpu, *k8s_args, index):
+    """The environment a pod of the manifest gets: its container's env, and Kubernetes' index."""
+    import yaml
+
+    result = mgpu("k8s", *k8s_args, "--image", "registry.example.com/train:1")
+    assert result.exit_code == 0, result.stderr
+    [job] = [doc for doc in yaml.safe_load_all(result.stdout) if doc["kind"] == "Job"]
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    return {**env, "JOB_COMPLETION_INDEX": str(index)}
+
+
+def test_tf_config_from_k8s_gives_a_pod_its_place_in_the_job(mgpu):
+    """Pod 2 of a job with a chief is worker 1, process 2 of 3; process 0, the chief, coordinates."""
+    env = pod_environment(mgpu, "--workers", "2", "--chief", "--name", "run7", index=2)
+    result = mgpu("tf-config", "--from-k8s", env=env)
+    assert result.exit_code == 0, result.stderr
+    tf_config = result.json()
+    assert tf_config["task"] == {"type": "worker", "index": 1}
+    chief = tf_config["cluster"]["chief"]
+    assert len(chief) == 1 and len(tf_config["cluster"]["worker"]) == 2
+    assert all(address.startswith("run7-") for address in chief + tf_config["cluster"]["worker"])
+    host, port = chief[0].rsplit(":", 1)
+    result = mgpu("tf-config", "--from-k8s", "--format", "torch-env", env=env)
+    assert result.exit_code == 0, result.stderr
+    assert exported(result.stdout, TORCH_NAMES) == {
+        "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": host,
+        "MASTER_PORT": port}
+    result = mgpu("tf-config", "--from-k8s", "--format", "jax-env", env=env)
+    assert exported(result.stdout, JAX_NAMES) == {
+        "JAX_COORDINATOR_ADDRESS": chief[0], "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2"}
+
+
+def test_tf_config_from_k8s_outside_a_pod_says_what_is_missing(mgpu):
+    result = mgpu("tf-config", "--from-k8s", env={"JOB_COMPLETION_INDEX": None, "MGPU_K8S_JOB": None})
+    assert result.exit_code == 2
+    assert "not in a pod of an `mgpu k8s` job" in result.stderr and "JOB_COMPLETION_INDEX" in result.stderr
+    result = mgpu("tf-config", "--from-k8s", "--task-index", "1", env=pod_environment(mgpu, "--workers", "2", index=0))
+    assert result.exit_code == 2
+    assert "--from-k8s takes the cluster from the pod's environment: drop --task-index" in result.stderr

@@ -11,8 +11,11 @@ import time
 
 import psutil
 import pytest
+from needs import installed_version
 
 pytestmark = pytest.mark.slow
+installed_version("tensorflow", "the train extra")
+installed_version("tf-keras", "the legacy-keras extra")
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "keras_fit_legacy.py")

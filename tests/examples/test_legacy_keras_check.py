@@ -1,19 +1,19 @@
 """`mgpu check --legacy-keras` and the launch preflight: every host needs tf_keras of its TensorFlow's series."""
 
-import importlib.metadata
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from needs import installed_version
 
 from launcher.host.ports import pick_free_ports
 
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TF_VERSION = importlib.metadata.version("tensorflow")
+TF_VERSION = installed_version("tensorflow", "the train extra")
 SERIES = ".".join(TF_VERSION.split(".")[:2])
 
 
@@ -39,7 +39,7 @@ def test_check_shows_tf_keras_of_every_host(tmp_path):
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.strip().splitlines()
     assert header.split()[4:6] == ["TENSORFLOW", "TF_KERAS"]
-    assert row.split()[4:6] == [TF_VERSION, importlib.metadata.version("tf-keras")]
+    assert row.split()[4:6] == [TF_VERSION, installed_version("tf-keras", "the legacy-keras extra")]
 
 
 def test_check_names_the_pip_command_when_tf_keras_is_missing(tmp_path):
@@ -59,3 +59,17 @@ def test_launch_refuses_a_tf_keras_of_another_series_before_starting(tmp_path):
     assert last == (f"mgpu: error: check failed on 127.0.0.1: tf_keras 2.15.1 does not match tensorflow {TF_VERSION} "
                     f"(--legacy-keras): pip install 'tf-keras~={SERIES}.0'")
     assert not (tmp_path / "started").exists()
+
+
+def test_check_names_a_tensorflow_other_than_this_machines(tmp_path):
+    """A host whose Python imports another TensorFlow than the launcher's machine has: named in one line."""
+    shadow = tmp_path / "shadow" / "tensorflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("__version__ = '2.15.1'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)]), HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "launcher", "check", "--workers", workers(), "--", sys.executable,
+                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[1].split()[4] == "2.15.1"
+    assert done.stderr.strip() == (f"mgpu: error: check failed on 127.0.0.1: tensorflow 2.15.1 differs from "
+                                   f"{TF_VERSION} on this machine")

@@ -10,8 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from needs import installed_version
 
+from launcher.supervise.fixes import FIXES
 from launcher.host import proctree
+from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,6 +44,7 @@ def launched():
 
 
 def test_jax_psum_joins_one_job_from_mgpus_variables(tmp_path, launched):
+    installed_version("jax")
     proc, _ = launched(tmp_path, ["--local", "2", "--chief"], [str(REPO / "examples" / "jax_psum.py")])
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
@@ -50,6 +54,7 @@ def test_jax_psum_joins_one_job_from_mgpus_variables(tmp_path, launched):
 
 
 def test_torch_ddp_trains_and_a_killed_worker_resumes_from_the_snapshot(tmp_path, launched):
+    installed_version("torch")
     program = [str(REPO / "examples" / "torch_ddp.py"), "--epochs", "40", "--save-every", "2",
                "--snapshot", str(tmp_path / "snapshot.pt")]
     proc, run_id = launched(tmp_path, ["--local", "2", "--max-restarts", "1", "--grace-period", "60"], program)
@@ -75,13 +80,21 @@ def test_torch_ddp_trains_and_a_killed_worker_resumes_from_the_snapshot(tmp_path
     assert not proctree.tagged_processes(run_id)
 
 
-def test_keras_3_on_torch_has_no_multi_process_distribution():
-    """Keras 3 distributes `fit` across processes on JAX only: its torch backend has no distribution_lib."""
-    import importlib.util
-
-    import keras
-
-    assert importlib.util.find_spec("keras.src.backend.jax.distribution_lib") is not None
-    if importlib.util.find_spec("keras.src.backend.torch.distribution_lib") is not None:
-        pytest.fail(f"Keras {keras.__version__} has a torch distribution_lib: add a Keras-on-torch fit test")
-    pytest.skip(f"Keras {keras.__version__}'s torch backend has no multi-process distribution (no distribution_lib)")
+def test_keras_3_on_torch_has_no_multi_process_distribution(tmp_path):
+    """Keras 3 distributes `fit` across processes on JAX only: on its torch backend,
+    keras.distribution.initialize() has no distribution library to call, even with the variables
+    mgpu sets. So mgpu's hint for Keras 3 `fit` names the JAX backend, and docs/frameworks.md says
+    Keras on torch is not supported; when this test fails, Keras has changed: add a Keras-on-torch
+    `fit` test and update both."""
+    installed_version("keras")
+    installed_version("torch")
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("KERAS_", "JAX_"))}
+    env.update(KERAS_BACKEND="torch", KERAS_HOME=str(tmp_path), KERAS_DISTRIBUTION_JOB_ADDRESSES="127.0.0.1:1",
+               KERAS_DISTRIBUTION_NUM_PROCESSES="1", KERAS_DISTRIBUTION_PROCESS_ID="0")
+    done = subprocess.run([sys.executable, "-c", "import keras; keras.distribution.initialize()"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, f"Keras on torch now initializes a distribution:\n{done.stdout}{done.stderr}"
+    assert done.stderr.splitlines()[-1] == "AttributeError: 'NoneType' object has no attribute 'initialize'", \
+        done.stderr[-3000:]
+    hint = FIXES[diagnosis.KERAS3_FIT_UNDER_MWMS]
+    assert "KERAS_BACKEND=jax" in hint and "torch" not in hint

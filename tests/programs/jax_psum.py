@@ -1,6 +1,8 @@
-"""A plain JAX multi-process program: one psum across the processes, repeated for HOLD seconds.
+"""A plain JAX multi-process program: one psum across the processes, repeated for HOLD seconds, or
+until the file HOLD exists. Every process stops after the same round: the first to see the hold
+over tells the others through the psum.
 
-Only process 0 (the coordinator) listens; the others dial it. Usage: python jax_psum.py HOLD_SECONDS
+Only process 0 (the coordinator) listens; the others dial it. Usage: python jax_psum.py HOLD_SECONDS|HOLD_FILE
 """
 
 import os
@@ -10,7 +12,14 @@ import time
 import jax
 import jax.numpy as jnp
 
-HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+HOLD = sys.argv[1] if len(sys.argv) > 1 else "0"
+
+
+def hold_over(started: float) -> bool:
+    try:
+        return time.monotonic() - started >= float(HOLD)
+    except ValueError:
+        return os.path.exists(HOLD)
 
 
 def main() -> None:
@@ -23,7 +32,8 @@ def main() -> None:
     while True:
         total = psum(jnp.ones(jax.local_device_count()))
         rounds += 1
-        if time.monotonic() - started >= HOLD:
+        stops = psum(jnp.full(jax.local_device_count(), float(hold_over(started))))
+        if float(stops[0]) > 0:
             break
         time.sleep(0.5)
     print(f"process {jax.process_index()}: psum {float(total[0]):g} after {rounds} rounds", flush=True)

@@ -1,7 +1,9 @@
-"""A PyTorch DDP program (gloo, CPU): a small linear model trained for HOLD seconds.
+"""A PyTorch DDP program (gloo, CPU): a small linear model trained for HOLD seconds, or until the
+file HOLD exists. Every rank stops after the same step: the first to see the hold over tells the
+others through an all-reduce.
 
 Rank 0 hosts the rendezvous store on the first member's port; the other ranks dial it and listen on
-no port of their own. Usage: python torch_ddp.py HOLD_SECONDS
+no port of their own. Usage: python torch_ddp.py HOLD_SECONDS|HOLD_FILE
 """
 
 import os
@@ -12,7 +14,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+HOLD = sys.argv[1] if len(sys.argv) > 1 else "0"
+
+
+def hold_over(started: float) -> bool:
+    try:
+        return time.monotonic() - started >= float(HOLD)
+    except ValueError:
+        return os.path.exists(HOLD)
 
 
 def main() -> None:
@@ -30,7 +39,9 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         steps += 1
-        if time.monotonic() - started >= HOLD:
+        stop = torch.tensor([float(hold_over(started))])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item() > 0:
             break
         time.sleep(0.2)
     print(f"rank {rank}: {steps} steps, loss {loss.item():.3f}", flush=True)

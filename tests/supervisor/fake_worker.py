@@ -55,6 +55,18 @@ def cluster_address(name):
     return host, int(port)
 
 
+def wait_until_listened_on(port):
+    """Until something listens on `port` (bounded: 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    sys.exit(f"{NAME}: nothing listened on port {port} in 60 s")
+
+
 def wait_for_pid_file(pid_file):
     for _ in range(200):  # wait (bounded) until it runs, so a test can find it
         if os.path.exists(pid_file) and os.path.getsize(pid_file):
@@ -118,8 +130,9 @@ def main():
         sock.listen()
         held.append(sock)
     if args.bind and not selected(args.no_bind):
-        time.sleep(0.5)  # let a port thief go first
         port = cluster_address(NAME)[1]
+        if any(selected([spec.partition("=")[2]]) for spec in args.steal_port):
+            wait_until_listened_on(port)  # the thief goes first
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

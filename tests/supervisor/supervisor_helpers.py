@@ -7,6 +7,8 @@ import pathlib
 import sys
 import time
 
+import psutil
+
 from launcher.host import proctree
 from launcher.plan.coordinator import Coordinator
 from launcher.plan.planner import TaskPlan
@@ -70,11 +72,10 @@ def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not); any error but "no such process" propagates."""
     try:
-        import psutil
-
-        return proctree.is_alive(psutil.Process(pid))
-    except Exception:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 

@@ -2,6 +2,8 @@
 
 import json
 import os
+import pathlib
+import subprocess
 import sys
 import textwrap
 
@@ -9,6 +11,8 @@ from launcher import error_file
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from supervisor_helpers import assert_run_gone, make_plans, supervise_plans
+
+MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 
 
 def python_plans(run_id: str, program: str, workers: int = 1) -> list[TaskPlan]:
@@ -229,3 +233,23 @@ def test_a_huge_error_still_fits_the_file(tmp_path):
     error = error_file.parse(data)
     assert error is not None and error.exception == "ValueError"
     assert error.frame.endswith('raise ValueError("\\U0001f600" * 100000)')
+
+
+def test_what_an_error_file_says_reaches_the_console_escaped(tmp_path):
+    """The error file is the task's text like its output: escape sequences in it cannot move the
+    cursor, retitle the terminal or forge mgpu's lines on the console (the real `mgpu launch`)."""
+    hostile = "shard \x1b]0;owned\x07 \u202eevil missing\x1b[2J\r[mgpu] all tasks succeeded"
+    document = {"version": 1, "exception": "Value\x1b[31mError", "message": hostile,
+                "frame": "train.py:3 in load: \x1b[1A", "traceback": None, "exit": "exception",
+                "timestamp": "2026-11-23T12:00:05.123+00:00"}
+    program = ("import json, os, sys\n"
+               f"open(os.environ['MGPU_ERROR_FILE'], 'w').write({json.dumps(document)!r})\n"
+               "sys.exit(3)\n")
+    done = subprocess.run([str(MGPU), "launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--",
+                           sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    shown = done.stdout + done.stderr
+    assert not any(c in shown for c in "\x1b\x07\r\u202e"), shown
+    assert "  Value\\x1b[31mError: shard \\x1b]0;owned\\x07 \\u202eevil missing\\x1b[2J" in done.stderr.splitlines()
+    assert "  at train.py:3 in load: \\x1b[1A" in done.stderr.splitlines()
+    assert not [line for line in shown.splitlines() if line.startswith("[mgpu] all tasks")]

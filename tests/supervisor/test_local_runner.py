@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from needs import missing
 from supervisor_helpers import make_plans, pid_alive, read_pids, records, wait_for
 from launcher.errors import TaskFailed
 from launcher.runners.local import LocalRunner
@@ -65,20 +66,21 @@ BYSTANDER = "import sys\nfor line in sys.stdin:\n    print('alive', flush=True)\
 
 
 def start_with_pid(pid):
-    """A process in a new session (pgid == pid) that got `pid` again, or None if another one took it."""
-    for _ in range(20):
+    """A process in a new session (pgid == pid) that got `pid` again. Another process of the machine
+    may take the pid between the write and the fork: then it tries again, up to 1000 times."""
+    for _ in range(1000):
         try:
             with open(NS_LAST_PID, "w") as f:
                 f.write(str(pid - 1))
-        except OSError:
-            return None
+        except OSError as e:
+            missing(f"cannot choose the next pid through {NS_LAST_PID} (needs root): {e}")
         proc = subprocess.Popen([sys.executable, "-c", BYSTANDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 start_new_session=True)
         if proc.pid == pid:
             return proc
         proc.kill()
         proc.wait()
-    return None
+    pytest.fail(f"pid {pid} went to other processes 1000 times: this machine starts processes too fast")
 
 
 def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
@@ -86,8 +88,6 @@ def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
     proc = LocalRunner().start(plan, attempt=0)
     assert finish(proc) == 0  # reaped, and its process group is empty
     bystander = start_with_pid(proc.pid)
-    if bystander is None:
-        pytest.skip(f"cannot choose the next pid through {NS_LAST_PID}")
     try:
         assert os.getpgid(bystander.pid) == proc.pid
         proc.signal_tree(signal.SIGTERM)

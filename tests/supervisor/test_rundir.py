@@ -8,13 +8,15 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 from launcher.errors import UsageError
 from launcher.supervise.options import SuperviseOptions
+from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir, make_run_dir
+from launcher.supervise.run_lock import run_id_lock_dir
+from supervisor_helpers import wait_for
 
 MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -141,16 +143,22 @@ def test_run_json_hides_given_env_values_unless_asked(tmp_path):
 def test_renaming_the_run_dir_during_a_run_redirects_nothing(tmp_path):
     # What a rename swap would do: the path now names another folder; the run keeps writing to its own.
     runs = tmp_path / "runs"
+    go = tmp_path / "go"
+    task = ("import os, sys, time\n"
+            "deadline = time.monotonic() + 120\n"
+            f"while not os.path.exists({str(go)!r}):\n"
+            "    if time.monotonic() > deadline: sys.exit('never told to go on')\n"
+            "    time.sleep(0.05)\n"
+            "print('late')\n")
     proc = subprocess.Popen([str(MGPU), "launch", "--local", "1", "--log-dir", str(runs), "--run-id", "swap", "--",
-                             sys.executable, "-c", "import sys, time; time.sleep(2); print('late')"],
+                             sys.executable, "-c", task],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
-        for _ in range(400):  # up to 20 s for the run to start
-            if (runs / "swap" / "run.json").exists():
-                break
-            time.sleep(0.05)
+        assert wait_for(lambda: (runs / "swap" / "run.json").exists(), 60), "the run did not start"
         (runs / "swap").rename(runs / "moved")
         (runs / "swap").mkdir()
+        assert proc.poll() is None  # the task waits for `go`: the run is still going
+        go.touch()
         assert proc.wait(60) == 0
     finally:
         proc.kill()
@@ -158,3 +166,28 @@ def test_renaming_the_run_dir_during_a_run_redirects_nothing(tmp_path):
     assert list((runs / "swap").iterdir()) == []
     assert (runs / "moved" / "worker-0.log").read_text() == "late\n"
     assert '"status": "succeeded"' in (runs / "moved" / "run.json").read_text()
+
+
+def test_the_run_id_lock_folder_is_private_to_its_user(tmp_path):
+    result = launch("--log-dir", str(tmp_path / "runs"), "--run-id", f"lock-{os.getpid()}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    st = os.stat(run_id_lock_dir(), follow_symlinks=False)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+@needs_root
+def test_a_run_id_lock_folder_of_another_user_or_open_to_others_is_refused(tmp_path, monkeypatch):
+    # The folder's place is redirected (the machine's own is shared by every launch); the checks are mgpu's.
+    folder = tmp_path / "locks"
+    monkeypatch.setattr(run_lock, "run_id_lock_dir", lambda: str(folder))
+    run_lock.claim_run_id("made")  # made when missing, private
+    run_lock.release_run_id("made")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o750)
+    with pytest.raises(UsageError, match=f"^{folder}: owned by root \\(uid 0\\) or open to others; .*remove it$"):
+        run_lock.claim_run_id("open")
+    folder.chmod(0o700)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(UsageError, match=f"^{folder}: owned by nobody \\(uid 65534\\) or open to others"):
+        run_lock.claim_run_id("theirs")
+    assert sorted(p.name for p in folder.iterdir()) == []  # nothing was locked in either

@@ -9,11 +9,13 @@ import textwrap
 import time
 
 import pytest
+from needs import installed_version
 
 from trainer_helpers import REPO
 from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+installed_version("tensorflow", "the train extra")
 
 PROLOGUE = "import json, os, socket, sys, time\nimport tensorflow as tf\n"
 

@@ -8,10 +8,13 @@ factors' all-gather goes on the wire (early, during back-propagation, or togethe
 other gradients after it) changes nothing but the time.
 """
 
-import numpy as np
 import pytest
+from needs import installed_version, require
 
-from trainer_helpers import Trainer, cluster_configs, read_json, wait_all
+np = require("numpy", "the train extra")
+installed_version("tensorflow", "the train extra")
+
+from trainer_helpers import Trainer, cluster_configs, read_json, wait_all  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
+from needs import require
+
+np = require("numpy", "the train extra")  # noqa: E402 (datasets needs it too)
 
 from launcher.errors import MgpuError, UsageError
 from launcher.trainer import cluster, datasets, options

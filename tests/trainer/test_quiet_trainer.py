@@ -6,11 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from needs import installed_version
 
 from trainer_helpers import REPO
 from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+installed_version("tensorflow", "the train extra")
 
 UNCLEAN_EXIT = ("CoordinationService", "have crashed", "Heartbeat")
 # A record TensorFlow's gRPC server logs at INFO level once it listens (after the start-up banner).

@@ -3,7 +3,11 @@
 import json
 import os
 
-from launcher.trainer import results
+from needs import require
+
+require("tensorflow", "the train extra")  # launcher.trainer.results imports it
+
+from launcher.trainer import results  # noqa: E402
 
 
 def test_write_json_ignores_links_planted_in_the_model_dir(tmp_path):

@@ -1,11 +1,13 @@
 """Runtime set-up that needs TensorFlow but no GPU: threads, collectives, device checks."""
 
 import pytest
+from needs import installed_version
 
 from launcher.errors import UsageError
 from launcher.trainer import options
 
 pytestmark = pytest.mark.slow
+installed_version("tensorflow", "the train extra")
 
 
 def test_nccl_without_gpus_is_a_usage_error():

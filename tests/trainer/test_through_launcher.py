@@ -8,10 +8,12 @@ import sys
 
 import psutil
 import pytest
+from needs import installed_version
 
 from trainer_helpers import FAST, REPO
 
 pytestmark = pytest.mark.slow
+installed_version("tensorflow", "the train extra")
 
 MGPU = [sys.executable, "-m", "launcher"]
 # What a worker logs when the coordination service it talks to has gone away first.

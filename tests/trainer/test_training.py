@@ -10,10 +10,13 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from needs import installed_version, require
 
-from launcher import protocol
+np = require("numpy", "the train extra")
+installed_version("tensorflow", "the train extra")
+
+from launcher import protocol  # noqa: E402
 from trainer_helpers import FAST, REPO, Trainer, cluster_configs, read_json, wait_all, wait_for
 
 pytestmark = pytest.mark.slow

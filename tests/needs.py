@@ -1,0 +1,41 @@
+"""`require(module)`: what a test needs that only an optional extra installs (TensorFlow, JAX, torch,
+kubernetes-validate...).
+
+Without it the test skips, except on CI (CI=true, or MGPU_REQUIRE_SSHD=1 as .ci/run sets), where
+every extra is installed and its absence is a failure, not a skip nobody reads. Called at module
+level it skips (or fails) the whole module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import types
+
+import pytest
+
+ON_CI = os.environ.get("CI", "").lower() == "true" or os.environ.get("MGPU_REQUIRE_SSHD") == "1"
+
+
+def missing(reason: str) -> None:
+    """Skip the test, or fail it on CI."""
+    if ON_CI:
+        pytest.fail(f"{reason}; CI (CI=true or MGPU_REQUIRE_SSHD=1) runs every test", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require(module: str, extra: str = "the dev extra") -> types.ModuleType:
+    """Import `module` and return it; skip without it, fail on CI."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing(f"needs {module} ({extra}): {e}")
+
+
+def installed_version(distribution: str, extra: str = "the dev extra") -> str:
+    """The version of an installed distribution, read without importing it; skip without it, fail on CI."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        missing(f"needs {distribution} installed ({extra})")
