@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 import yaml
+from needs import require
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
@@ -38,7 +39,7 @@ def test_manifests_match_their_golden_files(mgpu, case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_manifests_are_valid_kubernetes_objects(case):
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (the dev extra)")
+    kubernetes_validate = require("kubernetes_validate")
     documents = list(yaml.safe_load_all((GOLDEN / f"{case}.yaml").read_text()))
     assert [d["kind"] for d in documents] == ["Service", "Job"]
     for document in documents:
@@ -47,7 +48,7 @@ def test_manifests_are_valid_kubernetes_objects(case):
 
 def test_the_validator_does_catch_a_wrong_field():
     """So that the test above can fail: a Job with a misspelt field is refused."""
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (the dev extra)")
+    kubernetes_validate = require("kubernetes_validate")
     job = list(yaml.safe_load_all((GOLDEN / "workers.yaml").read_text()))[1]
     job["spec"]["completionsMode"] = job["spec"].pop("completionMode")
     with pytest.raises(kubernetes_validate.ValidationError):
