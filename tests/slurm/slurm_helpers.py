@@ -205,3 +205,15 @@ def _wait_for(predicate, timeout: float, what: str, lab: SlurmLab) -> None:
         if any(proc.poll() is not None for proc in lab.procs):
             raise AssertionError(f"a daemon exited while waiting for {what}\n{lab.log_tail()}")
         time.sleep(0.1)
+
+def free_ports_in_a_row(n: int) -> int:
+    """The first of `n` consecutive ports that were free a moment ago: `--port P` plans the tasks
+    of one node on P, P+1, ..."""
+    from launcher.host.ports import pick_free_ports
+    from launcher.host.probe import port_in_use
+
+    for _ in range(200):
+        first = pick_free_ports(1)[0]
+        if first + n <= 65536 and not any(port_in_use(first + i) for i in range(1, n)):
+            return first
+    raise AssertionError(f"no {n} consecutive free ports")

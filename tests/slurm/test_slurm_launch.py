@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from launcher.host.probe import interface_holding, local_addresses, source_address_toward
-from slurm_helpers import SlurmLab
+from slurm_helpers import SlurmLab, free_ports_in_a_row
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MGPU = [sys.executable, "-m", "launcher"]
@@ -114,7 +114,8 @@ def seen_by_task(stdout: str) -> dict[str, dict]:
 
 def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
     rid = run_id("plan")
-    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--chief", "--env", "EXTRA=x y", "--port", "23400",
+    port = free_ports_in_a_row(3)
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--chief", "--env", "EXTRA=x y", "--port", str(port),
                                                       "--gpus-per-task", "0", "--", *program(tmp_path)), tasks=3)
     assert done.returncode == 0, done.stdout + done.stderr
     record = run_record(tmp_path, rid)
@@ -132,7 +133,7 @@ def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
         assert NODE_INTERFACE is not None
         assert (task["NCCL_SOCKET_IFNAME"], task["GLOO_SOCKET_IFNAME"]) == (f"={NODE_INTERFACE}", NODE_INTERFACE)
     assert json.loads(seen["worker:1"]["TF_CONFIG"]) == {
-        "cluster": {"chief": [f"{NODE}:23400"], "worker": [f"{NODE}:23401", f"{NODE}:23402"]},
+        "cluster": {"chief": [f"{NODE}:{port}"], "worker": [f"{NODE}:{port + 1}", f"{NODE}:{port + 2}"]},
         "task": {"type": "worker", "index": 1}}
     # Each task's lines, stdout and stderr, land in its own log, and on the console under its name.
     for rank, name in enumerate(["chief:0", "worker:0", "worker:1"]):
@@ -241,7 +242,7 @@ def test_two_tasks_train_with_the_built_in_trainer(slurm, tmp_path):
     rid = run_id("train")
     model_dir = tmp_path / "model"
     done = in_allocation(slurm, tmp_path, launch_argv(
-        tmp_path, rid, "--threads-per-task", "1", "--port", "23500", "--",
+        tmp_path, rid, "--threads-per-task", "1", "--port", str(free_ports_in_a_row(2)), "--",
         "--dataset", "synthetic", "--model", "small", "--train-steps", "4", "--batch-size-per-replica", "16",
         "--log-every", "2", "--model-dir", str(model_dir)), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -325,3 +326,4 @@ def test_a_hostile_progress_line_stops_nothing_in_a_step(slurm, tmp_path):
     for rank in range(2):
         assert (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes() == expected
     assert "[worker:1] 20000\n" in done.stdout and "[mgpu] done: 2 tasks succeeded" in done.stdout
+
