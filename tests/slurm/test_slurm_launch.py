@@ -327,3 +327,84 @@ def test_a_hostile_progress_line_stops_nothing_in_a_step(slurm, tmp_path):
         assert (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes() == expected
     assert "[worker:1] 20000\n" in done.stdout and "[mgpu] done: 2 tasks succeeded" in done.stdout
 
+
+# Writes the environment it was given to DIR/env-<rank>.json.
+ENV_WRITER = r"""
+import json, os, sys
+path = os.path.join(sys.argv[1], f"env-{os.environ['SLURM_PROCID']}.json")
+with open(path + ".part", "w") as f:
+    json.dump(dict(os.environ), f)
+os.rename(path + ".part", path)
+"""
+
+JOB_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID",
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_CPU_COLLECTIVES_IMPLEMENTATION")
+
+
+def test_each_task_of_a_step_gets_the_keras_torch_and_jax_variables(slurm, tmp_path):
+    """What the tasks of a real step find in their environment: the job's variables, numbered as
+    TF_CONFIG, the plan's CUDA_VISIBLE_DEVICES (Slurm bound no GPUs), never the launcher's own
+    values, and none of the job's variables for the evaluator."""
+    rid = run_id("vars")
+    port = free_ports_in_a_row(4)
+    found = tmp_path / "env"
+    found.mkdir()
+    script = tmp_path / "env.py"
+    script.write_text(ENV_WRITER)
+    argv = launch_argv(tmp_path, rid, "--chief", "--evaluator", "--port", str(port), "--gpus-per-task", "0",
+                       "--", sys.executable, str(script), str(found))
+    # The launcher's own values of these must not reach a task.
+    stale = {"CUDA_VISIBLE_DEVICES": "5", "RANK": "9", "JAX_PROCESS_ID": "9", "KERAS_DISTRIBUTION_PROCESS_ID": "9"}
+    done = slurm.run("salloc", "--quiet", "--ntasks=4", "--time=10", *argv, env={**slurm.env, **stale}, cwd=tmp_path,
+                     timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    envs = [json.loads((found / f"env-{rank}.json").read_text()) for rank in range(4)]
+    addresses = [f"{NODE}:{port + i}" for i in range(3)]
+    for rank, (kind, index) in enumerate([("chief", 0), ("worker", 0), ("worker", 1)]):
+        env = envs[rank]
+        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"chief": addresses[:1], "worker": addresses[1:]},
+                                                "task": {"type": kind, "index": index}}
+        assert {name: env.get(name) for name in JOB_NAMES} == {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses), "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(rank),
+            "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": NODE, "MASTER_PORT": str(port),
+            "JAX_COORDINATOR_ADDRESS": addresses[0], "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": str(rank),
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["SLURM_PROCID"] == str(rank)
+    evaluator = envs[3]
+    assert json.loads(evaluator["TF_CONFIG"])["task"] == {"type": "evaluator", "index": 0}
+    assert {name: evaluator.get(name) for name in JOB_NAMES} == dict.fromkeys(JOB_NAMES)
+    assert evaluator["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_the_gpus_slurm_binds_to_each_task_are_the_ones_it_gets(slurm, tmp_path):
+    """A job holds GPU 0; an allocation with --gpus-per-task=1 then gets GPUs 1 and 2, one bound to
+    each task of the step. Each task sees its own, as Slurm set it: not the plan's 0 and 1, nor the
+    launcher's own CUDA_VISIBLE_DEVICES."""
+    holder = slurm.run("sbatch", "--parsable", "--ntasks=1", "--gpus=1", "--time=10", "--output=/dev/null",
+                       "--wrap", "exec sleep 600", cwd=tmp_path)
+    assert holder.returncode == 0, holder.stderr
+    job = holder.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 30
+        while slurm.run("squeue", "-h", "-j", job, "-o", "%t").stdout.strip() != "R":
+            assert time.monotonic() < deadline, "the job holding GPU 0 did not start: " + slurm.run("squeue").stdout
+            time.sleep(0.2)
+        rid = run_id("gpus")
+        found = tmp_path / "env"
+        found.mkdir()
+        script = tmp_path / "env.py"
+        script.write_text(ENV_WRITER)
+        done = slurm.run("salloc", "--quiet", "--ntasks=2", "--gpus-per-task=1", "--time=10",
+                         *launch_argv(tmp_path, rid, "--", sys.executable, str(script), str(found)),
+                         env={**slurm.env, "CUDA_VISIBLE_DEVICES": "5"}, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        slurm.run("scancel", job)
+    envs = [json.loads((found / f"env-{rank}.json").read_text()) for rank in range(2)]
+    assert sorted(env["CUDA_VISIBLE_DEVICES"] for env in envs) == ["1", "2"]
+    # A task with GPUs keeps JAX's own collectives.
+    assert [env.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION") for env in envs] == [None, None]
