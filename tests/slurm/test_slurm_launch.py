@@ -380,6 +380,96 @@ def test_each_task_of_a_step_gets_the_keras_torch_and_jax_variables(slurm, tmp_p
     assert evaluator["CUDA_VISIBLE_DEVICES"] == ""
 
 
+# Rank 1 fails at once; rank 0 ignores SIGTERM and runs until it is killed.
+FAILS_BESIDE_A_STUBBORN_TASK = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("started", flush=True)
+if os.environ["SLURM_PROCID"] == "1":
+    sys.exit(1)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_slurm_itself_ends_the_step_when_a_task_fails(slurm, tmp_path):
+    """srun runs with --kill-on-bad-exit: a task that ignores mgpu's SIGTERM, with a grace period
+    of ten minutes, still ends with the step as soon as its peer has failed."""
+    rid = run_id("kill-on-bad-exit")
+    script = tmp_path / "stubborn.py"
+    script.write_text(FAILS_BESIDE_A_STUBBORN_TASK)
+    argv = launch_argv(tmp_path, rid, "--", sys.executable, str(script))
+    argv[argv.index("--grace-period") + 1] = "600"
+    done = in_allocation(slurm, tmp_path, argv, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "mgpu: error: worker:1 on" in done.stderr and "exited with code 1" in done.stderr
+    tasks = run_record(tmp_path, rid)["attempts"][0]["tasks"]
+    assert tasks["worker:1"]["exit_code"] == 1
+    assert tasks["worker:0"]["exit_code"] != 0
+    assert_nothing_left(slurm, rid)
+
+
+# The evaluator fails at once; the workers go on until run.json says its failure was ignored.
+EVALUATOR_FAILS = r"""
+import json, os, sys, time
+if os.environ["MGPU_TASK_TYPE"] == "evaluator":
+    sys.exit(3)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with open(sys.argv[1]) as f:
+            task = json.load(f)["attempts"][0]["tasks"]["evaluator:0"]
+        if task.get("failure_ignored"):
+            print("the evaluator's failure was ignored", flush=True)
+            sys.exit(0)
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    time.sleep(0.1)
+sys.exit(4)
+"""
+
+
+def test_a_failing_evaluator_leaves_the_step_running(slurm, tmp_path):
+    """With an evaluator, srun runs without --kill-on-bad-exit: its failure ends neither the step
+    nor the run."""
+    rid = run_id("evaluator")
+    script = tmp_path / "evaluator.py"
+    script.write_text(EVALUATOR_FAILS)
+    done = in_allocation(slurm, tmp_path, launch_argv(
+        tmp_path, rid, "--evaluator", "--", sys.executable, str(script), str(tmp_path / "runs" / rid / "run.json")),
+        tasks=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "evaluator:0 exited with code 3; training goes on without it" in done.stdout + done.stderr
+    record = run_record(tmp_path, rid)
+    assert record["status"] == "succeeded"
+    tasks = record["attempts"][0]["tasks"]
+    assert (tasks["evaluator:0"]["exit_code"], tasks["evaluator:0"]["failure_ignored"]) == (3, True)
+    assert [tasks[f"worker:{i}"]["exit_code"] for i in range(2)] == [0, 0]
+    for i in range(2):
+        assert "the evaluator's failure was ignored" in (tmp_path / "runs" / rid / f"worker-{i}.log").read_text()
+
+
+def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
+    """Under Slurm only output counts as progress: tasks that print once and then wait in silence
+    are stopped once --stall-timeout passes, and the report says where each one was."""
+    rid = run_id("stall")
+    script = tmp_path / "silent.py"
+    script.write_text("import time\nprint('loading', flush=True)\ndef wait_for_data():\n    time.sleep(600)\n"
+                      "wait_for_data()\n")
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--",
+                                                      sys.executable, str(script)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = done.stderr[done.stderr.index("mgpu: error: "):].splitlines()
+    assert report[0].startswith("mgpu: error: stall: no training task made progress for "), report
+    for index in range(2):
+        at = report.index(f"worker:{index} on {NODE}: in its own code, not in a collective")
+        assert any(line.endswith(" in wait_for_data") and "silent.py:" in line for line in report[at:]), report
+    assert report[-1] == f"stacks: {tmp_path / 'runs' / rid / 'stacks-0.txt'}"
+    assert run_record(tmp_path, rid)["status"] == "stalled"
+    assert "wait_for_data" in (tmp_path / "runs" / rid / "stacks-0.txt").read_text()
+    assert_nothing_left(slurm, rid)
+
+
 def test_the_gpus_slurm_binds_to_each_task_are_the_ones_it_gets(slurm, tmp_path):
     """A job holds GPU 0; an allocation with --gpus-per-task=1 then gets GPUs 1 and 2, one bound to
     each task of the step. Each task sees its own, as Slurm set it: not the plan's 0 and 1, nor the
