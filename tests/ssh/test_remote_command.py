@@ -123,9 +123,11 @@ def wait_group_gone(pgid: int, timeout: float) -> list[psutil.Process]:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("program,grace", [(TREE, 5), (STUBBORN_TREE, 1)], ids=["terms", "ignores-term"])
-def test_end_of_session_kills_the_whole_tree(program, grace):
-    """When sshd closes the session's stdin (connection gone), the watcher kills the group."""
+@pytest.mark.parametrize("program,grace,ended_by", [(TREE, 2, signal.SIGTERM), (STUBBORN_TREE, 1, signal.SIGKILL)],
+                         ids=["terms", "ignores-term"])
+def test_end_of_session_kills_the_whole_tree(program, grace, ended_by):
+    """When sshd closes the session's stdin (connection gone), the watcher kills the group: TERM
+    first, KILL after the grace period."""
     proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], {}, None, grace))
     pgid = read_pgid(proc)
     child = int(proc.stdout.readline())
@@ -133,7 +135,7 @@ def test_end_of_session_kills_the_whole_tree(program, grace):
     started = time.monotonic()
     proc.stdin.close()  # what sshd does when the session ends
     assert wait_group_gone(pgid, grace + 10) == []
-    proc.wait(5)
+    assert proc.wait(5) == -ended_by
     assert time.monotonic() - started < grace + 10
 
 
