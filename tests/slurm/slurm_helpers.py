@@ -100,8 +100,8 @@ class SlurmLab:
             if proc.poll() is None:
                 proc.terminate()
         for proc in reversed(self.procs):
-            try:
-                proc.wait(10)
+            try:  # a slurmd still waiting on a job it was told to end keeps going for seconds
+                proc.wait(2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
