@@ -448,15 +448,31 @@ def test_a_failing_evaluator_leaves_the_step_running(slurm, tmp_path):
         assert "the evaluator's failure was ignored" in (tmp_path / "runs" / rid / f"worker-{i}.log").read_text()
 
 
+# Prints until every task of the step runs (each leaves a file in DIR), then waits in silence.
+SILENT_ONCE_ALL_RUN = r"""
+import os, pathlib, sys, time
+started = pathlib.Path(sys.argv[1])
+(started / os.environ["SLURM_PROCID"]).touch()
+def wait_for_data():
+    time.sleep(600)
+while len(list(started.iterdir())) < int(os.environ["SLURM_NTASKS"]):
+    print("waiting for the other tasks", flush=True)
+    time.sleep(0.1)
+print("loading", flush=True)
+wait_for_data()
+"""
+
+
 def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
-    """Under Slurm only output counts as progress: tasks that print once and then wait in silence
-    are stopped once --stall-timeout passes, and the report says where each one was."""
+    """Under Slurm only output counts as progress: tasks that print until all of them run, then wait
+    in silence, are stopped once --stall-timeout passes, and the report says where each one was."""
     rid = run_id("stall")
     script = tmp_path / "silent.py"
-    script.write_text("import time\nprint('loading', flush=True)\ndef wait_for_data():\n    time.sleep(600)\n"
-                      "wait_for_data()\n")
+    script.write_text(SILENT_ONCE_ALL_RUN)
+    started = tmp_path / "started"
+    started.mkdir()
     done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--",
-                                                      sys.executable, str(script)))
+                                                      sys.executable, str(script), str(started)))
     assert done.returncode == 1, done.stdout + done.stderr
     report = done.stderr[done.stderr.index("mgpu: error: "):].splitlines()
     assert report[0].startswith("mgpu: error: stall: no training task made progress for "), report
