@@ -16,12 +16,13 @@ from slurm_helpers import Node, SlurmLab, start_slurm  # noqa: E402
 
 @pytest.fixture(scope="session")
 def slurm_lab(tmp_path_factory) -> Iterator[SlurmLab]:
-    """One node named as this machine (so TF_CONFIG's addresses resolve here), 16 CPUs to Slurm."""
+    """One node named as this machine (so TF_CONFIG's addresses resolve here), 16 CPUs and 3 GPUs
+    (device files only) to Slurm."""
     try:
         socket.gethostbyname(socket.gethostname())
     except OSError:
         pytest.fail(f"this machine's name {socket.gethostname()!r} does not resolve: add it to /etc/hosts")
-    lab = start_slurm(tmp_path_factory.mktemp("slurm"), (Node(socket.gethostname(), "127.0.0.1"),), cpus=16)
+    lab = start_slurm(tmp_path_factory.mktemp("slurm"), (Node(socket.gethostname(), "127.0.0.1"),), cpus=16, gpus=3)
     try:
         yield lab
     finally:

@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import socket
+import stat
 import subprocess
 import time
 
@@ -99,8 +100,8 @@ class SlurmLab:
             if proc.poll() is None:
                 proc.terminate()
         for proc in reversed(self.procs):
-            try:
-                proc.wait(10)
+            try:  # a slurmd still waiting on a job it was told to end keeps going for seconds
+                proc.wait(2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
@@ -137,11 +138,21 @@ def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
 
 
 def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str, munge_socket: pathlib.Path,
-                  cpus: int) -> pathlib.Path:
+                  cpus: int, gpus: int = 0) -> pathlib.Path:
     conf = directory / "slurm.conf"
-    node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN\n" for n in nodes)
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
+    node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus}{gres} State=UNKNOWN\n" for n in nodes)
+    if gpus:
+        # GPUs as Slurm knows them: device files it hands out, one per GPU (here copies of
+        # /dev/null: nothing opens them). gres.conf sits beside slurm.conf, where slurmd looks.
+        for index in range(gpus):
+            device = directory / f"gpu{index}"
+            if not device.exists():
+                os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (directory / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={directory}/gpu[0-{gpus - 1}]\n")
     conf.write_text(
-        f"ClusterName=mgpu-test\n"
+        "ClusterName=mgpu-test\n"
+        + ("GresTypes=gpu\n" if gpus else "") +
         f"SlurmctldHost={controller}\n"
         f"SlurmctldPort={free_port()}\n"
         f"SlurmdPort={free_port()}\n"
@@ -163,7 +174,7 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
 
 
 def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str = "localhost",
-                cpus: int = 4) -> SlurmLab:
+                cpus: int = 4, gpus: int = 0) -> SlurmLab:
     """munged on a private socket, slurmctld here, one slurmd per node (in its namespace, if any)."""
     require_slurm()
     directory.mkdir(parents=True, exist_ok=True)
@@ -171,7 +182,7 @@ def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: st
     for folder in ["state", *(f"spool-{node.name}" for node in nodes)]:
         (directory / folder).mkdir(exist_ok=True)
     munge_socket = directory / "munge.socket"
-    conf = _write_config(directory, nodes, controller, munge_socket, cpus)
+    conf = _write_config(directory, nodes, controller, munge_socket, cpus, gpus)
     lab = SlurmLab(directory, nodes, conf)
     try:
         key = directory / "munge.key"
@@ -205,3 +216,16 @@ def _wait_for(predicate, timeout: float, what: str, lab: SlurmLab) -> None:
         if any(proc.poll() is not None for proc in lab.procs):
             raise AssertionError(f"a daemon exited while waiting for {what}\n{lab.log_tail()}")
         time.sleep(0.1)
+
+
+def free_ports_in_a_row(n: int) -> int:
+    """The first of `n` consecutive ports that were free a moment ago: `--port P` plans the tasks
+    of one node on P, P+1, ..."""
+    from launcher.host.ports import pick_free_ports
+    from launcher.host.probe import port_in_use
+
+    for _ in range(200):
+        first = pick_free_ports(1)[0]
+        if first + n <= 65536 and not any(port_in_use(first + i) for i in range(1, n)):
+            return first
+    raise AssertionError(f"no {n} consecutive free ports")

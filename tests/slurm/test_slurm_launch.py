@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from launcher.host.probe import interface_holding, local_addresses, source_address_toward
-from slurm_helpers import SlurmLab
+from slurm_helpers import SlurmLab, free_ports_in_a_row
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MGPU = [sys.executable, "-m", "launcher"]
@@ -88,7 +88,6 @@ seen = {k: os.environ.get(k) for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "MGP
 print("SEEN " + json.dumps(seen), flush=True)
 print(f"to stderr from {rank}", file=sys.stderr, flush=True)
 if order == "fail":
-    time.sleep(0.5)
     sys.exit(1)
 if order == "forever":
     while True:
@@ -114,7 +113,8 @@ def seen_by_task(stdout: str) -> dict[str, dict]:
 
 def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
     rid = run_id("plan")
-    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--chief", "--env", "EXTRA=x y", "--port", "23400",
+    port = free_ports_in_a_row(3)
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--chief", "--env", "EXTRA=x y", "--port", str(port),
                                                       "--gpus-per-task", "0", "--", *program(tmp_path)), tasks=3)
     assert done.returncode == 0, done.stdout + done.stderr
     record = run_record(tmp_path, rid)
@@ -132,7 +132,7 @@ def test_tasks_get_their_plan_and_output_is_split_per_task(slurm, tmp_path):
         assert NODE_INTERFACE is not None
         assert (task["NCCL_SOCKET_IFNAME"], task["GLOO_SOCKET_IFNAME"]) == (f"={NODE_INTERFACE}", NODE_INTERFACE)
     assert json.loads(seen["worker:1"]["TF_CONFIG"]) == {
-        "cluster": {"chief": [f"{NODE}:23400"], "worker": [f"{NODE}:23401", f"{NODE}:23402"]},
+        "cluster": {"chief": [f"{NODE}:{port}"], "worker": [f"{NODE}:{port + 1}", f"{NODE}:{port + 2}"]},
         "task": {"type": "worker", "index": 1}}
     # Each task's lines, stdout and stderr, land in its own log, and on the console under its name.
     for rank, name in enumerate(["chief:0", "worker:0", "worker:1"]):
@@ -241,7 +241,7 @@ def test_two_tasks_train_with_the_built_in_trainer(slurm, tmp_path):
     rid = run_id("train")
     model_dir = tmp_path / "model"
     done = in_allocation(slurm, tmp_path, launch_argv(
-        tmp_path, rid, "--threads-per-task", "1", "--port", "23500", "--",
+        tmp_path, rid, "--threads-per-task", "1", "--port", str(free_ports_in_a_row(2)), "--",
         "--dataset", "synthetic", "--model", "small", "--train-steps", "4", "--batch-size-per-replica", "16",
         "--log-every", "2", "--model-dir", str(model_dir)), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -325,3 +325,191 @@ def test_a_hostile_progress_line_stops_nothing_in_a_step(slurm, tmp_path):
     for rank in range(2):
         assert (tmp_path / "runs" / rid / f"worker-{rank}.log").read_bytes() == expected
     assert "[worker:1] 20000\n" in done.stdout and "[mgpu] done: 2 tasks succeeded" in done.stdout
+
+
+# Writes the environment it was given to DIR/env-<rank>.json.
+ENV_WRITER = r"""
+import json, os, sys
+path = os.path.join(sys.argv[1], f"env-{os.environ['SLURM_PROCID']}.json")
+with open(path + ".part", "w") as f:
+    json.dump(dict(os.environ), f)
+os.rename(path + ".part", path)
+"""
+
+JOB_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID",
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_CPU_COLLECTIVES_IMPLEMENTATION")
+
+
+def test_each_task_of_a_step_gets_the_keras_torch_and_jax_variables(slurm, tmp_path):
+    """What the tasks of a real step find in their environment: the job's variables, numbered as
+    TF_CONFIG, the plan's CUDA_VISIBLE_DEVICES (Slurm bound no GPUs), never the launcher's own
+    values, and none of the job's variables for the evaluator."""
+    rid = run_id("vars")
+    port = free_ports_in_a_row(4)
+    found = tmp_path / "env"
+    found.mkdir()
+    script = tmp_path / "env.py"
+    script.write_text(ENV_WRITER)
+    argv = launch_argv(tmp_path, rid, "--chief", "--evaluator", "--port", str(port), "--gpus-per-task", "0",
+                       "--", sys.executable, str(script), str(found))
+    # The launcher's own values of these must not reach a task.
+    stale = {"CUDA_VISIBLE_DEVICES": "5", "RANK": "9", "JAX_PROCESS_ID": "9", "KERAS_DISTRIBUTION_PROCESS_ID": "9"}
+    done = slurm.run("salloc", "--quiet", "--ntasks=4", "--time=10", *argv, env={**slurm.env, **stale}, cwd=tmp_path,
+                     timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    envs = [json.loads((found / f"env-{rank}.json").read_text()) for rank in range(4)]
+    addresses = [f"{NODE}:{port + i}" for i in range(3)]
+    for rank, (kind, index) in enumerate([("chief", 0), ("worker", 0), ("worker", 1)]):
+        env = envs[rank]
+        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"chief": addresses[:1], "worker": addresses[1:]},
+                                                "task": {"type": kind, "index": index}}
+        assert {name: env.get(name) for name in JOB_NAMES} == {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses), "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(rank),
+            "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": NODE, "MASTER_PORT": str(port),
+            "JAX_COORDINATOR_ADDRESS": addresses[0], "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": str(rank),
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["SLURM_PROCID"] == str(rank)
+    evaluator = envs[3]
+    assert json.loads(evaluator["TF_CONFIG"])["task"] == {"type": "evaluator", "index": 0}
+    assert {name: evaluator.get(name) for name in JOB_NAMES} == dict.fromkeys(JOB_NAMES)
+    assert evaluator["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# Rank 1 fails at once; rank 0 ignores SIGTERM and runs until it is killed.
+FAILS_BESIDE_A_STUBBORN_TASK = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("started", flush=True)
+if os.environ["SLURM_PROCID"] == "1":
+    sys.exit(1)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_slurm_itself_ends_the_step_when_a_task_fails(slurm, tmp_path):
+    """srun runs with --kill-on-bad-exit: a task that ignores mgpu's SIGTERM, with a grace period
+    of ten minutes, still ends with the step as soon as its peer has failed."""
+    rid = run_id("kill-on-bad-exit")
+    script = tmp_path / "stubborn.py"
+    script.write_text(FAILS_BESIDE_A_STUBBORN_TASK)
+    argv = launch_argv(tmp_path, rid, "--", sys.executable, str(script))
+    argv[argv.index("--grace-period") + 1] = "600"
+    done = in_allocation(slurm, tmp_path, argv, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "mgpu: error: worker:1 on" in done.stderr and "exited with code 1" in done.stderr
+    tasks = run_record(tmp_path, rid)["attempts"][0]["tasks"]
+    assert tasks["worker:1"]["exit_code"] == 1
+    assert tasks["worker:0"]["exit_code"] != 0
+    assert_nothing_left(slurm, rid)
+
+
+# The evaluator fails at once; the workers go on until run.json says its failure was ignored.
+EVALUATOR_FAILS = r"""
+import json, os, sys, time
+if os.environ["MGPU_TASK_TYPE"] == "evaluator":
+    sys.exit(3)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with open(sys.argv[1]) as f:
+            task = json.load(f)["attempts"][0]["tasks"]["evaluator:0"]
+        if task.get("failure_ignored"):
+            print("the evaluator's failure was ignored", flush=True)
+            sys.exit(0)
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    time.sleep(0.1)
+sys.exit(4)
+"""
+
+
+def test_a_failing_evaluator_leaves_the_step_running(slurm, tmp_path):
+    """With an evaluator, srun runs without --kill-on-bad-exit: its failure ends neither the step
+    nor the run."""
+    rid = run_id("evaluator")
+    script = tmp_path / "evaluator.py"
+    script.write_text(EVALUATOR_FAILS)
+    done = in_allocation(slurm, tmp_path, launch_argv(
+        tmp_path, rid, "--evaluator", "--", sys.executable, str(script), str(tmp_path / "runs" / rid / "run.json")),
+        tasks=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "evaluator:0 exited with code 3; training goes on without it" in done.stdout + done.stderr
+    record = run_record(tmp_path, rid)
+    assert record["status"] == "succeeded"
+    tasks = record["attempts"][0]["tasks"]
+    assert (tasks["evaluator:0"]["exit_code"], tasks["evaluator:0"]["failure_ignored"]) == (3, True)
+    assert [tasks[f"worker:{i}"]["exit_code"] for i in range(2)] == [0, 0]
+    for i in range(2):
+        assert "the evaluator's failure was ignored" in (tmp_path / "runs" / rid / f"worker-{i}.log").read_text()
+
+
+# Prints until every task of the step runs (each leaves a file in DIR), then waits in silence.
+SILENT_ONCE_ALL_RUN = r"""
+import os, pathlib, sys, time
+started = pathlib.Path(sys.argv[1])
+(started / os.environ["SLURM_PROCID"]).touch()
+def wait_for_data():
+    time.sleep(600)
+while len(list(started.iterdir())) < int(os.environ["SLURM_NTASKS"]):
+    print("waiting for the other tasks", flush=True)
+    time.sleep(0.1)
+print("loading", flush=True)
+wait_for_data()
+"""
+
+
+def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
+    """Under Slurm only output counts as progress: tasks that print until all of them run, then wait
+    in silence, are stopped once --stall-timeout passes, and the report says where each one was."""
+    rid = run_id("stall")
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT_ONCE_ALL_RUN)
+    started = tmp_path / "started"
+    started.mkdir()
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--",
+                                                      sys.executable, str(script), str(started)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = done.stderr[done.stderr.index("mgpu: error: "):].splitlines()
+    assert report[0].startswith("mgpu: error: stall: no training task made progress for "), report
+    for index in range(2):
+        at = report.index(f"worker:{index} on {NODE}: in its own code, not in a collective")
+        assert any(line.endswith(" in wait_for_data") and "silent.py:" in line for line in report[at:]), report
+    assert report[-1] == f"stacks: {tmp_path / 'runs' / rid / 'stacks-0.txt'}"
+    assert run_record(tmp_path, rid)["status"] == "stalled"
+    assert "wait_for_data" in (tmp_path / "runs" / rid / "stacks-0.txt").read_text()
+    assert_nothing_left(slurm, rid)
+
+
+def test_the_gpus_slurm_binds_to_each_task_are_the_ones_it_gets(slurm, tmp_path):
+    """A job holds GPU 0; an allocation with --gpus-per-task=1 then gets GPUs 1 and 2, one bound to
+    each task of the step. Each task sees its own, as Slurm set it: not the plan's 0 and 1, nor the
+    launcher's own CUDA_VISIBLE_DEVICES."""
+    holder = slurm.run("sbatch", "--parsable", "--ntasks=1", "--gpus=1", "--time=10", "--output=/dev/null",
+                       "--wrap", "exec sleep 600", cwd=tmp_path)
+    assert holder.returncode == 0, holder.stderr
+    job = holder.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 30
+        while slurm.run("squeue", "-h", "-j", job, "-o", "%t").stdout.strip() != "R":
+            assert time.monotonic() < deadline, "the job holding GPU 0 did not start: " + slurm.run("squeue").stdout
+            time.sleep(0.2)
+        rid = run_id("gpus")
+        found = tmp_path / "env"
+        found.mkdir()
+        script = tmp_path / "env.py"
+        script.write_text(ENV_WRITER)
+        done = slurm.run("salloc", "--quiet", "--ntasks=2", "--gpus-per-task=1", "--time=10",
+                         *launch_argv(tmp_path, rid, "--", sys.executable, str(script), str(found)),
+                         env={**slurm.env, "CUDA_VISIBLE_DEVICES": "5"}, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        slurm.run("scancel", job)
+    envs = [json.loads((found / f"env-{rank}.json").read_text()) for rank in range(2)]
+    assert sorted(env["CUDA_VISIBLE_DEVICES"] for env in envs) == ["1", "2"]
+    # A task with GPUs keeps JAX's own collectives.
+    assert [env.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION") for env in envs] == [None, None]

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ssh"))  # the network-namespace lab
 
-from slurm_helpers import Node, start_slurm  # noqa: E402
+from slurm_helpers import REQUIRE, Node, start_slurm  # noqa: E402
 from ssh_helpers import Netns, require_tools  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -25,6 +25,8 @@ MGPU = [sys.executable, "-m", "launcher"]
 def two_nodes(tmp_path_factory):
     require_tools("ip")
     if os.geteuid() != 0:
+        if REQUIRE:
+            pytest.fail("network namespaces need root and MGPU_REQUIRE_SSHD=1 is set")
         pytest.skip("network namespaces need root")
     lab = Netns.create(("h1", "h2"))
     slurm = None

@@ -9,6 +9,7 @@ import pytest
 from launcher.runners.ssh import hostkeys
 from launcher.preflight.exposure import exposure_warnings, is_public
 from launcher.plan.planner import TaskPlan
+from ssh_helpers import require_tools
 
 
 def plan(host: str, port: int | None = 2222, index: int = 0, local: bool = False) -> TaskPlan:
@@ -62,11 +63,9 @@ def test_known_hosts_names():
 
 
 def test_fingerprint_matches_ssh_keygen(tmp_path):
+    require_tools("ssh-keygen")
     key = tmp_path / "k"
-    try:
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    except FileNotFoundError:
-        pytest.skip("needs ssh-keygen (openssh-client)")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     import base64
 
     blob = base64.b64decode((tmp_path / "k.pub").read_text().split()[1])

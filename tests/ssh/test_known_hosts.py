@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from launcher.errors import HostKeyError
+from launcher.errors import ConnectError, HostKeyError
 from launcher.runners.ssh import known_hosts
 from launcher.runners.ssh.runner import SshRunner
 from launcher.config.spec import SshSettings
@@ -126,3 +126,19 @@ def test_proxy_command_is_honoured(ssh_lab, tmp_path):
         "Host sshd-a\n", f"Host sshd-a\n  ProxyCommand {PYTHON} {relay} %h %p {used}\n"))
     assert logs_in(ssh_lab, ssh_config=str(config))
     assert used.read_text() == f"127.0.0.1:{ssh_lab.a.port}\n"
+
+
+@pytest.mark.parametrize("where", ["--known-hosts", "~/.ssh/known_hosts"])
+def test_a_new_key_is_never_recorded_through_a_symbolic_link(ssh_lab, tmp_path, isolated_home, where):
+    target = tmp_path / "elsewhere"
+    target.write_text("# not a known_hosts file\n")
+    if where == "--known-hosts":
+        link = tmp_path / "known_hosts"
+    else:
+        (isolated_home / ".ssh").mkdir(mode=0o700)
+        link = isolated_home / ".ssh" / "known_hosts"
+    link.symlink_to(target)
+    with pytest.raises(ConnectError, match="cannot connect: Too many levels of symbolic links"):
+        logs_in(ssh_lab, known_hosts=str(link) if where == "--known-hosts" else None, accept_new_host_keys=True)
+    assert target.read_text() == "# not a known_hosts file\n"
+    assert link.is_symlink()

@@ -251,3 +251,56 @@ def test_a_remote_tasks_stderr_reaches_its_log_byte_exact(ssh_lab, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert (tmp_path / "mgpu-runs" / run_id / "worker-0.log").read_bytes() == text
+
+
+def test_a_sigkilled_launcher_of_an_ssh_only_run_is_recorded_as_died(ssh_lab, tmp_path):
+    """kill -9 of mgpu: its watchdog marks run.json launcher-died, and the remote tasks end once
+    their sessions close."""
+    run_id = unique_run_id("launcher-died")
+    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", "--env", "MODE_0=hang",
+                                                "--env", "MODE_1=hang"))
+    record = tmp_path / "mgpu-runs" / run_id / "run.json"
+
+    def status():
+        try:
+            return json.loads(record.read_text())["status"]
+        except (OSError, ValueError):
+            return None
+
+    try:
+        hanging = 0
+        deadline = time.monotonic() + 60
+        while hanging < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read().decode()
+            hanging += b"hanging" in line
+        assert hanging == 2
+        assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
+        assert status() == "running"
+        proc.kill()
+        proc.wait(10)
+        assert wait_until(lambda: status() == "launcher-died", 30), status()
+        assert wait_until(lambda: not run_processes(run_id), 30) is True
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_ssh_user_port_and_identity_options_win_over_the_ssh_config(ssh_lab, tmp_path):
+    """The config names a port where nothing listens, a user who cannot log in and a key no server
+    accepts: the command line's values are the ones used."""
+    closed, task_port = pick_free_ports(2)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host over\n  HostName 127.0.0.1\n  Port {closed}\n  User nobody\n"
+                      f"  IdentityFile {ssh_lab.wrong_key}\n")
+    run_id = unique_run_id("options-win")
+    program = "import os; print('logged in on', os.environ['SSH_CONNECTION'].split()[3], 'as', os.environ['USER'])"
+    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"over:{task_port}", "--ssh-config", str(config),
+                "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "5", "--ssh-user", ssh_lab.user,
+                "--ssh-port", str(ssh_lab.a.port), "--identity", str(ssh_lab.client_key), "--run-id", run_id,
+                "--no-check", "--", PYTHON, "-c", program)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert f"logged in on {ssh_lab.a.port} as {ssh_lab.user}" in out.decode()

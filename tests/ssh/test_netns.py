@@ -123,16 +123,48 @@ TRAINER_ARGS = ["--model", "small", "--dataset", "synthetic", "--threads", "1", 
 STRATEGY_ONLY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy(); print('joined')"
 
 
-@pytest.mark.slow
-def test_hosts_known_only_as_ssh_config_aliases_train(netns, tmp_path):
+# Listens on its own TF_CONFIG address and dials every other one (retrying until that one
+# listens); ends once it has reached them all and been reached by them all.
+PEERS = r"""
+import json, os, socket, time
+tf = json.loads(os.environ["TF_CONFIG"])
+me = tf["cluster"][tf["task"]["type"]][tf["task"]["index"]]
+others = [address for addresses in tf["cluster"].values() for address in addresses if address != me]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(me.rsplit(":", 1)[1])))
+server.listen()
+server.settimeout(60)
+for address in others:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    print("reached", address, flush=True)
+for _ in others:
+    server.accept()[0].close()
+print("reached by all", flush=True)
+"""
+
+
+def test_hosts_known_only_as_ssh_config_aliases_reach_each_other(netns, tmp_path):
     lab, *_ = netns
     run_id = unique_run_id("alias")
-    done = mgpu(netns, tmp_path, "launch", "--workers", "gpu-h1:2222,gpu-h2:2222", "--python", PYTHON,
-                "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--", *TRAINER_ARGS)
+    done = mgpu(netns, tmp_path, "launch", "--workers", "gpu-h1:2222,gpu-h2:2222", "--no-check",
+                "--workdir", str(tmp_path), "--run-id", run_id, "--", PYTHON, "-c", PEERS)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     expected = [f"{lab.hosts['h1']}:2222", f"{lab.hosts['h2']}:2222"]
     assert [p["tf_config"]["cluster"]["worker"] for p in record["plans"]] == [expected, expected]
+    for index, other in ((0, "h2"), (1, "h1")):
+        log = (tmp_path / "mgpu-runs" / run_id / f"worker-{index}.log").read_text().splitlines()
+        assert log == [f"reached {lab.hosts[other]}:2222", "reached by all"], log
     assert done.stdout.splitlines()[-1].startswith("[mgpu] done: 2 tasks succeeded in ")
     assert not run_processes(run_id)
 
@@ -236,9 +268,12 @@ def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
 
 def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
     run_id = unique_run_id("silent")
+    # The start timeout counts from when both tasks run, and what they printed is read to its end
+    # before the report is written. Their line is the shell's first act: no interpreter's start
+    # up (seconds for Python on a loaded machine) comes before it.
+    program = "echo 'reading the data set'; exec sleep 60"
     done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check",
-                "--start-timeout", "3", "--grace-period", "1", "--",
-                PYTHON, "-c", "import time; print('reading the data set', flush=True); time.sleep(60)", timeout=120)
+                "--start-timeout", "3", "--grace-period", "1", "--", "sh", "-c", program, timeout=120)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert "mgpu: error: start timeout: worker:0, worker:1 not ready after 3 s" in lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -122,9 +123,11 @@ def wait_group_gone(pgid: int, timeout: float) -> list[psutil.Process]:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("program,grace", [(TREE, 5), (STUBBORN_TREE, 1)], ids=["terms", "ignores-term"])
-def test_end_of_session_kills_the_whole_tree(program, grace):
-    """When sshd closes the session's stdin (connection gone), the watcher kills the group."""
+@pytest.mark.parametrize("program,grace,ended_by", [(TREE, 2, signal.SIGTERM), (STUBBORN_TREE, 1, signal.SIGKILL)],
+                         ids=["terms", "ignores-term"])
+def test_end_of_session_kills_the_whole_tree(program, grace, ended_by):
+    """When sshd closes the session's stdin (connection gone), the watcher kills the group: TERM
+    first, KILL after the grace period."""
     proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], {}, None, grace))
     pgid = read_pgid(proc)
     child = int(proc.stdout.readline())
@@ -132,7 +135,7 @@ def test_end_of_session_kills_the_whole_tree(program, grace):
     started = time.monotonic()
     proc.stdin.close()  # what sshd does when the session ends
     assert wait_group_gone(pgid, grace + 10) == []
-    proc.wait(5)
+    assert proc.wait(5) == -ended_by
     assert time.monotonic() - started < grace + 10
 
 
@@ -312,11 +315,15 @@ def listening_server(host: str = "127.0.0.2") -> socket.socket:
     return server
 
 
-# Listens on argv[1] (0: not at all) and connects to argv[2] (0: nowhere), then says so and waits.
+# Listens on argv[1] (0: not at all) and connects to argv[2] (0: nowhere); beside that, always
+# listens on another port and connects to the server at argv[3]: sockets of the session that the
+# watcher must not take for joining. Then says so and waits.
 JOINER = (
     "import socket, sys, time\n"
-    "own, coordinator = int(sys.argv[1]), int(sys.argv[2])\n"
+    "own, coordinator, other = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])\n"
     "keep = []\n"
+    "s = socket.socket(); s.bind(('127.0.0.3', 0)); s.listen(); keep.append(s)\n"
+    "keep.append(socket.create_connection(('127.0.0.2', other)))\n"
     "if own:\n"
     "    s = socket.socket(); s.bind(('127.0.0.3', own)); s.listen(); keep.append(s)\n"
     "if coordinator:\n"
@@ -332,28 +339,64 @@ def free_port_on(host: str) -> int:
         return s.getsockname()[1]
 
 
+def wait_for_scans(watcher: subprocess.Popen, count: int, timeout: float = 30) -> None:
+    """Until the watcher has looked at the sockets `count` more times. Each round of its loop
+    reads /proc, reports, and only then sleeps: every new `sleep` child it starts ends a scan."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < count:
+        assert watcher.poll() is None, "the watcher ended: " + repr(watcher.communicate())
+        assert time.monotonic() < deadline, f"the watcher scanned {len(seen)} times in {timeout} s, not {count}"
+        try:
+            seen.update(p.pid for p in psutil.Process(watcher.pid).children() if p.name() == "sleep")
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+
+
+def unread(stream) -> bytes:
+    """What a pipe holds now, without waiting for more."""
+    chunks = []
+    while select.select([stream], [], [], 0)[0]:
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 @pytest.mark.parametrize("listens,connects,reports", [
     (True, False, [b"listening\n"]),
     (False, True, [b"connected\n"]),
+    (True, True, [b"listening\n", b"connected\n"]),
     (False, False, []),
-], ids=["listens", "connects", "neither"])
+], ids=["listens", "connects", "both", "neither"])
 def test_the_join_watcher_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
     coordinator = listening_server()  # "process 0", outside the task's session
+    other = listening_server()  # a server the task also talks to
     own = free_port_on("127.0.0.3")
     argv = [sys.executable, "-c", JOINER, str(own if listens else 0),
-            str(coordinator.getsockname()[1] if connects else 0)]
+            str(coordinator.getsockname()[1] if connects else 0), str(other.getsockname()[1])]
     proc = start_like_sshd(remote_command.task_command(argv, {}, None, 1))
     watcher = None
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
         watcher = start_join_watcher(pgid, own, coordinator.getsockname()[1])
-        got = [watcher.stdout.readline() for _ in reports]
-        assert got == reports
-        proc.kill()  # the task ends: so does its watcher, having nothing more to say
-        proc.wait(10)
-        out, err = watcher.communicate(timeout=10)
-        assert (out, err, watcher.returncode) == (b"", b"", 0)
+        if listens:  # reported, and nothing is left to report: the watcher ends by itself
+            out, err = watcher.communicate(timeout=30)
+            assert sorted(out.splitlines(keepends=True)) == sorted(reports) and err == b""
+            assert watcher.returncode == 0 and proc.poll() is None
+        else:
+            got = [watcher.stdout.readline() for _ in reports]
+            assert got == reports
+            # Two more rounds with the task's sockets unchanged: nothing more to say.
+            wait_for_scans(watcher, 2, timeout=60)
+            assert unread(watcher.stdout) == b""
+            proc.kill()  # the task ends: so does its watcher, having nothing more to say
+            proc.wait(10)
+            out, err = watcher.communicate(timeout=10)
+            assert (out, err, watcher.returncode) == (b"", b"", 0)
     finally:
         proc.stdin.close()
         proc.kill()
@@ -362,18 +405,23 @@ def test_the_join_watcher_reports_what_the_session_does_and_exits_with_it(listen
             watcher.kill()
             watcher.wait(10)
         coordinator.close()
+        other.close()
 
 
 def test_the_join_watcher_ignores_other_sessions_sockets():
     """The coordinator's own listening socket and a connection from outside the session are not the task's."""
     coordinator = listening_server()
     outsider = socket.create_connection(coordinator.getsockname())
-    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", JOINER, "0", "0"], {}, None, 1))
+    other = listening_server()
+    proc = start_like_sshd(remote_command.task_command(
+        [sys.executable, "-c", JOINER, "0", "0", str(other.getsockname()[1])], {}, None, 1))
     watcher = None
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
         watcher = start_join_watcher(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
+        wait_for_scans(watcher, 2)
+        assert unread(watcher.stdout) == b""
         proc.kill()
         proc.wait(10)
         assert watcher.communicate(timeout=10) == (b"", b"")
@@ -385,4 +433,5 @@ def test_the_join_watcher_ignores_other_sessions_sockets():
             watcher.kill()
             watcher.wait(10)
         outsider.close()
+        other.close()
         coordinator.close()
