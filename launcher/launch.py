@@ -14,12 +14,12 @@ from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
 from launcher.preflight.run_id import check_run_id_unused
-from launcher.runners.base import DEFAULT_GRACE_PERIOD, Routed
-from launcher.runners.local import LocalRunner
-from launcher.runners.slurm import SlurmRunner
-from launcher.runners.ssh import runner as ssh_runner_module, transport
-from launcher.runners.ssh.options import SshOptions
-from launcher.runners.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
+from launcher.backends.local import LocalBackend
+from launcher.backends.slurm import SlurmBackend
+from launcher.backends.ssh import backend as ssh_backend_module, transport
+from launcher.backends.ssh.options import SshOptions
+from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
 from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir
 from launcher.supervise.supervisor import supervise
@@ -42,28 +42,28 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
 
     _check_local_workdirs(plans)
     local = [plan for plan in plans if plan.local]
-    local_runner = LocalRunner() if local else None
-    runners = [local_runner] if local_runner is not None else []
+    local_backend = LocalBackend() if local else None
+    backends = [local_backend] if local_backend is not None else []
     remote = [plan for plan in plans if not plan.local]
-    ssh_runner = None
+    ssh_backend = None
     if remote:
         _check_remote_command_lengths(remote, options.supervise.grace_period)
-        ssh_runner = _start_ssh(plans, remote, options)
-        runners.append(ssh_runner)
+        ssh_backend = _start_ssh(plans, remote, options)
+        backends.append(ssh_backend)
     else:
         _warn_about_exposure(plans, None, options)
     _check_local_tf_keras(plans, options)
     if options.check_hosts:
         try:
-            interfaces = check_reachability(plans, ssh_runner)
+            interfaces = check_reachability(plans, ssh_backend)
         except BaseException:
-            if ssh_runner is not None:
-                ssh_runner.close()
+            if ssh_backend is not None:
+                ssh_backend.close()
             raise
         # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
         plans = with_interfaces(plans, interfaces, frozenset(os.environ))
 
-    backend = Routed(runners, lambda plan: local_runner if plan.local else ssh_runner)
+    backend = Routed(backends, lambda plan: local_backend if plan.local else ssh_backend)
     try:
         supervise(plans, backend, options.supervise)
     finally:
@@ -91,11 +91,11 @@ def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     """Every task in one srun step of the allocation this launcher runs in."""
 
     _warn_about_exposure(plans, None, options)
-    runner = SlurmRunner(plans)
+    backend = SlurmBackend(plans)
     try:
-        supervise(plans, runner, options.supervise)
+        supervise(plans, backend, options.supervise)
     finally:
-        runner.close()
+        backend.close()
 
 
 def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:
@@ -113,21 +113,21 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
 
 
 def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
-    """Warn about exposed workers, check the remote hosts, and return a connected SSH runner."""
-    runner = make_ssh_runner(options.ssh, options.supervise.grace_period)
+    """Warn about exposed workers, check the remote hosts, and return a connected SSH backend."""
+    backend = make_ssh_backend(options.ssh, options.supervise.grace_period)
     try:
         # Remote ssh-config aliases are judged by the address they really reach.
-        _warn_about_exposure(plans, runner.resolved_address, options)
+        _warn_about_exposure(plans, backend.resolved_address, options)
         if options.check_hosts:
-            run_checks(remote, runner)
+            run_checks(remote, backend)
     except BaseException:
-        runner.close()
+        backend.close()
         raise
-    return runner
+    return backend
 
 
-def make_ssh_runner(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):
-    """An SSH runner; with options.debug, the log of its connections is shown too."""
+def make_ssh_backend(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):
+    """An SSH backend; with options.debug, the log of its connections is shown too."""
     if options.debug:
         transport.enable_debug_logging()
-    return ssh_runner_module.SshRunner(options, grace_period)
+    return ssh_backend_module.SshBackend(options, grace_period)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.runners.ssh.options import SshOptions
+from launcher.backends.ssh.options import SshOptions
 from launcher.supervise.options import SuperviseOptions
 
 

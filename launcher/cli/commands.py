@@ -17,7 +17,7 @@ from launcher.config.load import SlurmScope, make_plans, new_run_id, read_spec, 
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
-from launcher.runners.base import DEFAULT_GRACE_PERIOD
+from launcher.backends.base import DEFAULT_GRACE_PERIOD
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
@@ -182,14 +182,14 @@ def tf_config_command(task_type: str, task_index: int | None, fmt: str, from_slu
     check_text(opts)
     if from_k8s:
         from launcher.config.k8s_env import read_pod
-        from launcher.runners.k8s_pod import pod_plan
+        from launcher.plan.planner import pod_plan
 
         given = [f"--{key.replace('_', '-')}" for key in ("workers", "slot_hosts", "hostfile", "spec_file", "chief",
                                                           "evaluator") if opts.get(key)]
         if given or from_slurm or task_index is not None:
             raise UsageError(f"--from-k8s takes the cluster from the pod's environment: drop "
                              f"{(given + ['--from-slurm'] * from_slurm + ['--task-index'] * (task_index is not None))[0]}")
-        click.echo(render_tf_config(pod_plan(read_pod(os.environ), ("true",)), fmt))
+        click.echo(render_tf_config(pod_plan(read_pod(os.environ), ("true",), sys.executable), fmt))
         return
     if from_slurm:
         from launcher.config.slurm_env import misplacement, step_rank
@@ -255,18 +255,18 @@ def check_command(**opts) -> None:
     check_text(opts, command)
     spec = with_task_settings(with_command_line(read_spec(hosts_request(opts)), command), task_settings(opts))
     plans = make_plans(spec, run_id="check", naming=host_naming(opts))
-    ssh_runner = None
+    ssh_backend = None
     if any(not plan.local for plan in plans):
-        from launcher.launch import make_ssh_runner
+        from launcher.launch import make_ssh_backend
 
-        ssh_runner = make_ssh_runner(ssh_options_from(opts))
+        ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:
-        reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+        reports = check_hosts(plans, ssh_backend, local_tensorflow_version())
         # Only hosts that passed can run the reachability probe (it needs their Python and ports).
-        reachability = probe_reachability(plans, ssh_runner) if all(r.ok for r in reports) else Reachability((), {})
+        reachability = probe_reachability(plans, ssh_backend) if all(r.ok for r in reports) else Reachability((), {})
     finally:
-        if ssh_runner is not None:
-            ssh_runner.close()
+        if ssh_backend is not None:
+            ssh_backend.close()
     click.echo(render_table(reports))
     raise_for_failures(reports)
     if reachability.problems:

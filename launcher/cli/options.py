@@ -17,7 +17,7 @@ from launcher.config.load import (
 from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
 from launcher.launch_options import LaunchOptions
-from launcher.runners.ssh.options import SshOptions
+from launcher.backends.ssh.options import SshOptions
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 

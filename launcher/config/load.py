@@ -161,7 +161,7 @@ def ssh_config_addresses(spec: ClusterSpec, local_hosts: frozenset[str], naming:
     path = os.path.expanduser(naming.ssh_config or "~/.ssh/config")
     if not remote or not os.path.exists(path):
         return {}  # nothing to look up: do not load paramiko
-    from launcher.runners.ssh.target import hostname_addresses
+    from launcher.backends.ssh.target import hostname_addresses
 
     return hostname_addresses(remote, naming.ssh_config)
 

@@ -1,5 +1,5 @@
 """Kubernetes manifests for a job: a headless Service and an Indexed Job whose pods run mgpu's
-pod bootstrap (launcher/runners/k8s_pod.py). Pure: a K8sJob in, YAML text out.
+pod bootstrap (launcher/bootstrap/k8s_pod.py). Pure: a K8sJob in, YAML text out.
 
 Why these objects: an Indexed Job numbers its pods (JOB_COMPLETION_INDEX) and names pod i's
 host `<job>-<i>`; with a headless Service as the pods' subdomain, every pod resolves every other
@@ -16,7 +16,7 @@ import yaml
 
 from launcher.config.k8s_env import pod_env
 
-POD_BOOTSTRAP = "launcher.runners.k8s_pod"
+POD_BOOTSTRAP = "launcher.bootstrap.k8s_pod"
 GPU_RESOURCE = "nvidia.com/gpu"
 JOB_LABEL = "mgpu/job"
 

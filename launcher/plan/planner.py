@@ -10,9 +10,10 @@ import functools
 import json
 from typing import Iterator, Mapping, Sequence
 
-from launcher.errors import SpecError
+from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
 from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
+from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.coordinator import Coordinator, find_coordinator
 from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
@@ -300,3 +301,13 @@ def select_task(plans: Sequence[TaskPlan], task_type: str, index: int) -> TaskPl
     if count == 0:
         raise SpecError(f"the cluster has no {task_type} task")
     raise SpecError(f"task index {index} is out of range: the cluster has {count} {task_type} task(s), 0-{count - 1}")
+
+
+def pod_plan(pod: PodJob, argv: Sequence[str], launcher_python: str) -> TaskPlan:
+    """A Kubernetes pod's task, planned from the whole job. The scheduler places the tasks, as in a
+    Slurm step: no task is this machine's, and the GPUs Kubernetes gave the pod stay as they are."""
+    if not argv:
+        raise UsageError("no program to run: give it after `--`")
+    plans = plan_tasks(pod.cluster_spec(tuple(argv)), run_id=pod.job, local_hosts=frozenset(),
+                       launcher_python=launcher_python, slurm=True)
+    return plans[pod.index]

@@ -52,7 +52,7 @@ def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: boo
 
 def slurm_step_document(plans: Sequence[TaskPlan]) -> dict:
     """The plans of one Slurm job step as the compact document its tasks' bootstrap
-    (runners/slurm_task.py) reads.
+    (bootstrap/slurm_task.py) reads.
 
     The TF cluster and whatever every task shares are written once, so the document stays small
     enough for the environment even with hundreds of tasks.

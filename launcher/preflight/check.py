@@ -10,7 +10,7 @@ is required by the built-in trainer and by --legacy-keras: another program may n
 Keras 3 program on the JAX backend, say), so there it is shown, not demanded.
 
 This module never imports paramiko or TensorFlow: remote hosts are probed
-through a runner, local ones with a subprocess.
+through a backend, local ones with a subprocess.
 """
 
 from __future__ import annotations
@@ -133,12 +133,12 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
             report.problems.append(f"tensorflow {report.tensorflow} differs from {reference} on {where}")
 
 
-def check_hosts(plans: Sequence[TaskPlan], ssh_runner=None, local_version: str | None = None) -> list[HostReport]:
+def check_hosts(plans: Sequence[TaskPlan], ssh_backend=None, local_version: str | None = None) -> list[HostReport]:
     """Check every host of `plans` in parallel; one report per host, in plan order.
 
-    `ssh_runner` (a runners.ssh.SshRunner) reaches remote hosts; local ones are probed directly.
+    `ssh_backend` (a backends.ssh.SshBackend) reaches remote hosts; local ones are probed directly.
     """
-    shell = HostShell(ssh_runner)
+    shell = HostShell(ssh_backend)
     reports = in_parallel([lambda group=group: _check_host(group, shell) for group in by_host(plans)], _PARALLEL_PROBES)
     _compare_tensorflow(reports, local_version)
     return reports
@@ -178,11 +178,11 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
     raise CheckFailed(f"check failed on {len(failed)} hosts: " + ", ".join(r.host for r in failed))
 
 
-def run_checks(plans: Sequence[TaskPlan], ssh_runner, console: TextIO | None = None) -> list[HostReport]:
+def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None) -> list[HostReport]:
     """The pre-launch check: print the table and raise if a host fails, else one summary line."""
     console = console or sys.stderr
     started = time.monotonic()
-    reports = check_hosts(plans, ssh_runner, local_tensorflow_version())
+    reports = check_hosts(plans, ssh_backend, local_tensorflow_version())
     failed = sum(not r.ok for r in reports)
     if not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")

@@ -1,5 +1,5 @@
 """Running a preflight command on the host of a task: this machine through /bin/sh, any other
-through the SSH runner's connection, always with a time limit, and over many hosts at once.
+through the SSH backend's connection, always with a time limit, and over many hosts at once.
 
 The checks (check.py) and the reachability test (reach.py) both run their probes this way, so
 what "run on a host" means, and how it fails, is written once.
@@ -32,21 +32,21 @@ class HostOutput:
 
 
 class HostShell:
-    """Runs a /bin/sh command line on the host of a plan; `ssh_runner` (a runners.ssh.SshRunner)
+    """Runs a /bin/sh command line on the host of a plan; `ssh_backend` (a backends.ssh.SshBackend)
     reaches remote hosts, and a run without one can only reach this machine."""
 
-    def __init__(self, ssh_runner=None):
-        self._ssh_runner = ssh_runner
+    def __init__(self, ssh_backend=None):
+        self._ssh_backend = ssh_backend
 
     def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check") -> HostOutput:
         """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host.
 
-        Raises CheckFailed when it outlives `timeout`, and the SSH runner's errors (ConnectError,
+        Raises CheckFailed when it outlives `timeout`, and the SSH backend's errors (ConnectError,
         HostKeyError) when the host cannot be reached."""
         if not plan.local:
-            if self._ssh_runner is None:
-                raise ConnectError(f"{plan.host}: no SSH runner to reach it")
-            return HostOutput(*self._ssh_runner.run(plan, command, timeout))
+            if self._ssh_backend is None:
+                raise ConnectError(f"{plan.host}: no SSH backend to reach it")
+            return HostOutput(*self._ssh_backend.run(plan, command, timeout))
         try:
             done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)

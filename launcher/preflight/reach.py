@@ -4,7 +4,7 @@ On every host of the cluster at the same time (so that the listeners exist while
 connections are made), host/probe.py in its `reach` mode listens on that host's task ports
 and connects to every cluster address. One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
-Local hosts are probed with a subprocess, remote ones through the SSH runner; the whole
+Local hosts are probed with a subprocess, remote ones through the SSH backend; the whole
 test is bounded by the connect timeout plus the probe's hold time and the SSH start-up.
 
 The same probe lists each host's addresses by interface and the address it dialed for each
@@ -75,7 +75,7 @@ def _probe(host: _Host, targets: Sequence[str], expected: int, shell: HostShell)
     return shell.json(host.first, command, _RUN_TIMEOUT, "reachability probe")
 
 
-def probe_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Reachability:
+def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachability:
     """Every host at once: which task pairs cannot connect (or ports cannot be listened on), and
     the interface each task is reached through."""
     hosts = _hosts(plans)
@@ -84,7 +84,7 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Reachabili
     members = [plan for host in hosts for plan in host.plans]
     targets = [_target(plan) for plan in members]
     owner = {_target(plan): plan for plan in members}
-    shell = HostShell(ssh_runner)
+    shell = HostShell(ssh_backend)
     jobs = [lambda host=host: _probe(host, targets, len(hosts), shell) for host in hosts]
     try:  # every host at once: its listeners must be up while the others connect
         results = in_parallel(jobs, len(jobs))
@@ -141,10 +141,10 @@ def describe_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str 
     return "; ".join(parts) or "NCCL and Gloo choose their interfaces (no task is in the cluster)"
 
 
-def check_reachability(plans: Sequence[TaskPlan], ssh_runner=None) -> Mapping[str, str | None]:
+def check_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Mapping[str, str | None]:
     """Raise CheckFailed listing every broken pair, with a hint, when a task cannot reach another;
     else return each task's interface (see Reachability.interfaces)."""
-    found = probe_reachability(plans, ssh_runner)
+    found = probe_reachability(plans, ssh_backend)
     if found.problems:
         raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(found.problems) + "\n" + HINT)
     return found.interfaces

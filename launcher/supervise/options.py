@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from launcher.runners.base import DEFAULT_GRACE_PERIOD
+from launcher.backends.base import DEFAULT_GRACE_PERIOD
 
 # Seconds without progress (output or CPU use from any training task) before a run counts as stalled.
 DEFAULT_STALL_TIMEOUT = 1800.0

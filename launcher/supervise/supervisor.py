@@ -61,7 +61,7 @@ from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
 )
-from launcher.runners.base import Attempt, Backend, TaskProcess
+from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
 
 POLL_INTERVAL = 0.05

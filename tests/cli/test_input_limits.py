@@ -112,7 +112,7 @@ def test_an_unparsable_ssh_config_names_the_problem(tmp_path):
 
 def test_the_known_hosts_reader_keeps_the_limits_itself(tmp_path, capsys):
     """~/.ssh/known_hosts is read without an option to check it: a FIFO there is skipped, not waited on."""
-    from launcher.runners.ssh import known_hosts
+    from launcher.backends.ssh import known_hosts
 
     path = tmp_path / "known_hosts"
     path.write_bytes(b"h1 ssh-ed25519 AAAA\n" * 10)

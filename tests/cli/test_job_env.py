@@ -148,8 +148,8 @@ def test_tf_config_from_slurm_exports_the_keras_variables(mgpu):
 def test_a_thousand_slurm_tasks_with_an_evaluator_still_fit_in_the_environment(mgpu):
     """The job addresses are shared by every task but the evaluator: written once, not per task."""
     from launcher.plan.planner import TaskPlan
-    from launcher.runners.slurm import step_environment
-    from launcher.runners.slurm_task import read_plan_environment, task_start
+    from launcher.backends.slurm import step_environment
+    from launcher.bootstrap.slurm_task import read_plan_environment, task_start
 
     env = {**{name: "" for name in SLURM_VARIABLES}, "SLURM_JOB_ID": "7",
            "SLURM_JOB_NODELIST": "gpu-node-[0001-0128]", "SLURM_TASKS_PER_NODE": "8(x128)"}
@@ -243,8 +243,8 @@ def test_tf_config_torch_env_format_exports_them(mgpu):
 def test_slurm_step_tasks_get_them_from_the_plan(mgpu):
     """Inside the srun step each task takes its own RANK and LOCAL_RANK from the plan's document."""
     from launcher.plan.planner import TaskPlan
-    from launcher.runners.slurm import step_environment
-    from launcher.runners.slurm_task import read_plan_environment, task_start
+    from launcher.backends.slurm import step_environment
+    from launcher.bootstrap.slurm_task import read_plan_environment, task_start
 
     env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
     tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--evaluator", "--gpus-per-task", "0", env=env)

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from launcher.runners.slurm import srun_argv, step_environment, task_status
+from launcher.backends.slurm import srun_argv, step_environment, task_status
 from launcher.plan.render import slurm_step_document
-from launcher.runners.slurm_task import read_plan_environment, task_start
+from launcher.bootstrap.slurm_task import read_plan_environment, task_start
 
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[9-10],gpu01", "SLURM_TASKS_PER_NODE": "2(x2),1"}
 NO_SLURM = {name: "" for name in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",

@@ -64,7 +64,7 @@ def test_the_job_names_pods_in_the_services_subdomain(mgpu):
     assert pod["spec"]["subdomain"] == service["metadata"]["name"] == "resnet-run7"
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 4, 4)
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["python3", "-m", "launcher.runners.k8s_pod", "--", "python3", "train.py",
+    assert container["command"] == ["python3", "-m", "launcher.bootstrap.k8s_pod", "--", "python3", "train.py",
                                     "--epochs", "3"]
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["MGPU_K8S_TASKS"] == "4" and env["MGPU_K8S_CHIEF"] == "1" and env["NCCL_DEBUG"] == "INFO"

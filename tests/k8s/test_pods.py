@@ -1,4 +1,4 @@
-"""The pod bootstrap (`python -m launcher.runners.k8s_pod`): what it derives from a pod's
+"""The pod bootstrap (`python -m launcher.bootstrap.k8s_pod`): what it derives from a pod's
 environment, and two "pods" in network namespaces of their own, each resolving the other's name
 only as a headless Service would make it, training the built-in trainer to equal weights."""
 
@@ -15,7 +15,8 @@ import pytest
 
 from launcher.config.k8s_env import pod_env, read_pod
 from launcher.errors import UsageError
-from launcher.runners.k8s_pod import pod_plan, wait_for_names
+from launcher.bootstrap.k8s_pod import wait_for_names
+from launcher.plan.planner import pod_plan
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ssh"))  # the namespace lab
 
@@ -29,7 +30,7 @@ def environ(index, tasks=3, chief=True, **extra):
 
 
 def test_each_pod_plans_its_own_task_from_its_index():
-    plans = [pod_plan(read_pod(environ(i)), ("python3", "train.py")) for i in range(3)]
+    plans = [pod_plan(read_pod(environ(i)), ("python3", "train.py"), sys.executable) for i in range(3)]
     assert [(p.type, p.index) for p in plans] == [("chief", 0), ("worker", 0), ("worker", 1)]
     cluster = {"chief": ["job-0.svc:2222"], "worker": ["job-1.svc:2222", "job-2.svc:2222"]}
     assert [json.loads(p.env["TF_CONFIG"]) for p in plans] == [
@@ -81,7 +82,7 @@ def test_the_wait_for_names_is_bounded_and_says_once_what_it_waits_for():
 
 def test_outside_a_pod_the_bootstrap_says_so_and_exits_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JOB_COMPLETION_INDEX"}
-    done = subprocess.run([sys.executable, "-m", "launcher.runners.k8s_pod", "--", "true"], env=env,
+    done = subprocess.run([sys.executable, "-m", "launcher.bootstrap.k8s_pod", "--", "true"], env=env,
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("mgpu: error: not in a pod")
 
@@ -114,7 +115,7 @@ def _start_pod(lab, index: int, workdir: pathlib.Path, *trainer_args: str) -> su
            "HOSTNAME": f"job-{index}", **pod_env("job", "svc", 2, False, 2222, threads_per_task=1, dns_timeout=120)}
     workdir.mkdir()
     return subprocess.Popen(
-        ["ip", "netns", "exec", lab.namespaces[f"p{index}"], sys.executable, "-m", "launcher.runners.k8s_pod", "--",
+        ["ip", "netns", "exec", lab.namespaces[f"p{index}"], sys.executable, "-m", "launcher.bootstrap.k8s_pod", "--",
          sys.executable, "-m", "launcher.trainer", *trainer_args],
         env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -162,7 +163,7 @@ def test_each_pod_gives_nccl_and_gloo_the_interface_that_joins_the_pods(pods, tm
         _hosts_file(lab, f"p{index}").write_text("127.0.0.1 localhost\n" + records)
     env = {**os.environ, "PYTHONPATH": str(REPO), "JOB_COMPLETION_INDEX": "1",
            **pod_env("job", "svc", 2, False, 2222, dns_timeout=10)}
-    done = subprocess.run(["ip", "netns", "exec", lab.namespaces["p1"], sys.executable, "-m", "launcher.runners.k8s_pod",
+    done = subprocess.run(["ip", "netns", "exec", lab.namespaces["p1"], sys.executable, "-m", "launcher.bootstrap.k8s_pod",
                            "--", "sh", "-c", 'echo "$NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME $RANK"'],
                           env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -175,7 +176,7 @@ def test_a_pod_whose_peers_never_resolve_gives_up_in_time_and_names_them(pods, t
     _hosts_file(lab, "p1").write_text("127.0.0.1 localhost\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "JOB_COMPLETION_INDEX": "1",
            **pod_env("job", "svc", 2, False, 2222, dns_timeout=2)}
-    done = subprocess.run(["ip", "netns", "exec", lab.namespaces["p1"], sys.executable, "-m", "launcher.runners.k8s_pod",
+    done = subprocess.run(["ip", "netns", "exec", lab.namespaces["p1"], sys.executable, "-m", "launcher.bootstrap.k8s_pod",
                            "--", "true"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     assert "these pods' names did not resolve within 2 s: job-0.svc, job-1.svc" in done.stderr

@@ -169,7 +169,7 @@ class SshLab:
     ssh_config: pathlib.Path  # Host sshd-a, sshd-b
 
     def options(self, **overrides):
-        from launcher.runners.ssh.options import SshOptions
+        from launcher.backends.ssh.options import SshOptions
 
         settings = dict(known_hosts=str(self.known_hosts), ssh_config=str(self.ssh_config), connect_timeout=5.0)
         settings.update(overrides)

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from launcher.runners.ssh import hostkeys
+from launcher.backends.ssh import hostkeys
 from launcher.preflight.exposure import exposure_warnings, is_public
 from launcher.plan.planner import TaskPlan
 from ssh_helpers import require_tools

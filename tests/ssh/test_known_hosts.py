@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
-from launcher.runners.ssh import known_hosts
-from launcher.runners.ssh.runner import SshRunner
+from launcher.backends.ssh import known_hosts
+from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 from launcher.plan.planner import TaskPlan
 
@@ -24,7 +24,7 @@ def task(host: str) -> TaskPlan:
 
 
 def logs_in(ssh_lab, host: str = "sshd-a", **options) -> bool:
-    runner = SshRunner(ssh_lab.options(**options), grace_period=2)
+    runner = SshBackend(ssh_lab.options(**options), grace_period=2)
     try:
         return runner.run(task(host), "exit 0", 10)[0] == 0
     finally:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from launcher.plan.planner import TaskPlan
-from launcher.runners.ssh.runner import SshRunner
+from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 from ssh_helpers import (NETNS_PREFIX, PYTHON, REPO, REQUIRE, Netns, SshLab, ip, remove_namespace,
                          remove_stale_namespaces, require_tools, run_processes, start_sshd, unique_run_id)
@@ -66,9 +66,9 @@ def netns(ssh_lab: SshLab, tmp_path_factory):
 
 def test_proxy_jump_reaches_a_host_only_the_jump_host_sees(netns):
     lab, known, config, _ = netns
-    from launcher.runners.ssh.options import SshOptions
+    from launcher.backends.ssh.options import SshOptions
 
-    runner = SshRunner(SshOptions(known_hosts=str(known), ssh_config=str(config), connect_timeout=5))
+    runner = SshBackend(SshOptions(known_hosts=str(known), ssh_config=str(config), connect_timeout=5))
     plan = TaskPlan("worker", 0, "inner", 2222, False, SshSettings(), ("true",), {"TF_CONFIG": "{}"}, None, False)
     try:
         code, out, _ = runner.run(plan, "readlink /proc/self/ns/net", 10)

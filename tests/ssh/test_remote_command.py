@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from launcher.runners.ssh import remote_command
+from launcher.backends.ssh import remote_command
 from ssh_helpers import ECHO_PROGRAM, TRICKY
 
 def start_like_sshd(remote: remote_command.RemoteTask) -> subprocess.Popen:
@@ -287,7 +287,7 @@ def test_workdir_like_an_option_and_program_paths_with_equals_run_what_they_say(
 
 
 def test_a_channel_stream_hands_out_every_byte_it_receives():
-    from launcher.runners.ssh.stream import ChannelStream
+    from launcher.backends.ssh.stream import ChannelStream
 
     # What looks like a marker of the wrapper's, split over reads behind a partial line, is the task's own text.
     chunks = [b"MGPU_REMOTE_PGID 7\nloading", b" data MGPU_REMOTE_LIS", b"TENING\ndone\n", b""]

@@ -1,4 +1,4 @@
-"""SshRunner against real OpenSSH servers on loopback ports."""
+"""SshBackend against real OpenSSH servers on loopback ports."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from launcher.errors import ConnectError, HostKeyError
 from launcher.plan.coordinator import Coordinator
 from launcher.plan.planner import TaskPlan
-from launcher.runners.ssh.runner import SshRunner
+from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 
 from ssh_helpers import (ECHO_PROGRAM, PYTHON, TRICKY, free_port, require_tools, run_processes, start_sshd,
@@ -63,7 +63,7 @@ def wait_exit(proc, timeout: float = 30) -> int:
 
 @pytest.fixture
 def runner(ssh_lab):
-    r = SshRunner(ssh_lab.options(), grace_period=2)
+    r = SshBackend(ssh_lab.options(), grace_period=2)
     yield r
     r.close()
 
@@ -170,10 +170,10 @@ def test_lost_connection_kills_the_remote_tree(runner):
 LAUNCHER_SCRIPT = """
 import sys, time
 from launcher.plan.planner import TaskPlan
-from launcher.runners.ssh.runner import SshRunner
-from launcher.runners.ssh.options import SshOptions
+from launcher.backends.ssh.backend import SshBackend
+from launcher.backends.ssh.options import SshOptions
 from launcher.config.spec import SshSettings
-runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2]), grace_period=2)
+runner = SshBackend(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2]), grace_period=2)
 program = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); print('up', flush=True); time.sleep(300)"
 plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", program),
                 {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3]}, None, False)
@@ -222,7 +222,7 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(ssh_lab, tmp_path):
     unknown_key_id = unique_run_id("unknown-key")
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    runner = SshRunner(ssh_lab.options(known_hosts=str(empty)), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(empty)), grace_period=2)
     with pytest.raises(HostKeyError) as info:
         runner.start(plan("sshd-a", [PYTHON, "-c", "print(1)"], run_id=unknown_key_id), attempt=0)
     runner.close()
@@ -236,19 +236,19 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(ssh_lab, tmp_path):
 
 def test_accept_new_records_the_key_then_trusts_it(ssh_lab, tmp_path, isolated_home):
     known = tmp_path / "known_hosts"
-    runner = SshRunner(ssh_lab.options(known_hosts=str(known), accept_new_host_keys=True), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(known), accept_new_host_keys=True), grace_period=2)
     assert runner.run(plan("sshd-a", ["true"]), "exit 0", 10)[0] == 0
     runner.close()
     assert known.read_text() == ssh_lab.a.known_hosts_line()
     # Recorded keys are trusted without the flag; OpenSSH's own ssh-keygen can find the entry.
-    runner = SshRunner(ssh_lab.options(known_hosts=str(known)), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(known)), grace_period=2)
     assert runner.run(plan("sshd-a", ["true"]), "exit 0", 10)[0] == 0
     runner.close()
     found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_lab.a.port}", "-f", str(known)],
                            capture_output=True, text=True)
     assert found.returncode == 0
     # Without --known-hosts, the key goes to ~/.ssh/known_hosts.
-    runner = SshRunner(ssh_lab.options(known_hosts=None, accept_new_host_keys=True), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=None, accept_new_host_keys=True), grace_period=2)
     assert runner.run(plan("sshd-b", ["true"]), "exit 0", 10)[0] == 0
     runner.close()
     assert (isolated_home / ".ssh" / "known_hosts").read_text() == ssh_lab.b.known_hosts_line()
@@ -258,7 +258,7 @@ def test_changed_host_key_is_always_refused(ssh_lab, tmp_path):
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"[127.0.0.1]:{ssh_lab.a.port} ssh-ed25519 {ssh_lab.b.public_key}\n")
     for accept_new in (False, True):
-        runner = SshRunner(ssh_lab.options(known_hosts=str(wrong), accept_new_host_keys=accept_new), grace_period=2)
+        runner = SshBackend(ssh_lab.options(known_hosts=str(wrong), accept_new_host_keys=accept_new), grace_period=2)
         with pytest.raises(HostKeyError, match="CHANGED") as info:
             runner.run(plan("sshd-a", ["true"]), "exit 0", 10)
         runner.close()
@@ -271,7 +271,7 @@ def test_changed_host_key_is_always_refused(ssh_lab, tmp_path):
 
 def test_wrong_client_key_is_refused(ssh_lab):
     wrong_key_id = unique_run_id("wrong-key")
-    runner = SshRunner(ssh_lab.options(), grace_period=2)
+    runner = SshBackend(ssh_lab.options(), grace_period=2)
     # The spec's identity wins over the ssh config's IdentityFile.
     wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)), run_id=wrong_key_id)
     with pytest.raises(ConnectError, match="authentication failed") as info:
@@ -299,7 +299,7 @@ def test_ssh_log_is_silenced_for_mgpus_connections_only(ssh_lab):
     root.addHandler(collect)
     old_level, root.level = root.level, logging.DEBUG
     try:
-        runner = SshRunner(ssh_lab.options(), grace_period=2)
+        runner = SshBackend(ssh_lab.options(), grace_period=2)
         wrong = plan("sshd-a", ["true"], ssh=SshSettings(identity_file=str(ssh_lab.wrong_key)))
         with pytest.raises(ConnectError, match="authentication failed"):
             runner.start(wrong, attempt=0)
@@ -315,7 +315,7 @@ def test_ssh_log_is_silenced_for_mgpus_connections_only(ssh_lab):
 
 def test_unreachable_host_is_one_clear_error(ssh_lab):
     port = free_port()
-    runner = SshRunner(ssh_lab.options(connect_timeout=3), grace_period=2)
+    runner = SshBackend(ssh_lab.options(connect_timeout=3), grace_period=2)
     with pytest.raises(ConnectError, match="refused") as info:
         runner.run(plan("127.0.0.1", ["true"], ssh=SshSettings(port=port)), "exit 0", 5)
     runner.close()
@@ -327,7 +327,7 @@ def test_default_ssh_config_and_precedence(ssh_lab, isolated_home):
     ssh_dir.mkdir()
     (ssh_dir / "config").write_text(ssh_lab.ssh_config.read_text())
     (ssh_dir / "known_hosts").write_text(ssh_lab.known_hosts.read_text())
-    runner = SshRunner(ssh_lab.options(known_hosts=None, ssh_config=None), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=None, ssh_config=None), grace_period=2)
     program = "import os; print(os.environ['SSH_CONNECTION'].split()[3])"
     try:
         # HostName, Port, User and IdentityFile come from ~/.ssh/config ...
@@ -344,7 +344,7 @@ def test_default_ssh_config_and_precedence(ssh_lab, isolated_home):
 
 def test_missing_ssh_config_file_is_an_error(ssh_lab, tmp_path):
     with pytest.raises(ConnectError, match="ssh config file not found"):
-        SshRunner(ssh_lab.options(ssh_config=str(tmp_path / "nope")), grace_period=2)
+        SshBackend(ssh_lab.options(ssh_config=str(tmp_path / "nope")), grace_period=2)
 
 
 def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
@@ -359,7 +359,7 @@ def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
             + f"Host behind\n  HostName 127.0.0.1\n  Port {ssh_lab.b.port}\n  IdentityFile {ssh_lab.client_key}\n"
             + "  ProxyJump jumphost\n"
         )
-        runner = SshRunner(ssh_lab.options(known_hosts=str(known), ssh_config=str(config)), grace_period=2)
+        runner = SshBackend(ssh_lab.options(known_hosts=str(known), ssh_config=str(config)), grace_period=2)
         try:
             proc = runner.start(plan("behind", [PYTHON, "-c", "print('through')"]), attempt=0)
             assert drain(proc)[0] == b"through\n"
@@ -383,7 +383,7 @@ def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
     server = start_sshd(tmp_path, "frozen", ssh_lab.authorized_keys)
     known = tmp_path / "known_hosts"
     known.write_text(server.known_hosts_line())
-    runner = SshRunner(ssh_lab.options(known_hosts=str(known), keepalive=1.0), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(known), keepalive=1.0), grace_period=2)
     try:
         settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
         task = plan("127.0.0.1", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(300)"],
@@ -411,7 +411,7 @@ def test_proxy_jump_values_are_parsed_like_host_entries():
 
     from launcher.errors import UsageError
     from launcher.config.addresses import Endpoint
-    from launcher.runners.ssh.target import resolve_target
+    from launcher.backends.ssh.target import resolve_target
 
     target = resolve_target("gpu", SshSettings(proxy_jump="alice@[::1]:2200, bastion"), paramiko.SSHConfig())
     assert target.proxy_jump == (Endpoint("::1", 2200, "alice"), Endpoint("bastion"))
@@ -433,7 +433,7 @@ def test_login_through_ssh_agent(ssh_lab, tmp_path, monkeypatch):
         monkeypatch.setenv("SSH_AUTH_SOCK", sock)
         # Reached by address, so the ssh config's IdentityFile for sshd-a does not apply.
         task = plan("127.0.0.1", ["true"], ssh=SshSettings(port=ssh_lab.a.port))
-        runner = SshRunner(ssh_lab.options(), grace_period=2)
+        runner = SshBackend(ssh_lab.options(), grace_period=2)
         try:
             with pytest.raises(ConnectError, match="authentication failed"):
                 runner.run(task, "exit 0", 10)  # the agent holds no key yet
@@ -441,7 +441,7 @@ def test_login_through_ssh_agent(ssh_lab, tmp_path, monkeypatch):
             runner.close()
         subprocess.run(["ssh-add", "-q", str(ssh_lab.client_key)], check=True, env={**os.environ, "SSH_AUTH_SOCK": sock},
                        stdin=subprocess.DEVNULL, capture_output=True)
-        runner = SshRunner(ssh_lab.options(), grace_period=2)
+        runner = SshBackend(ssh_lab.options(), grace_period=2)
         try:
             code, out, _ = runner.run(task, "echo $SSH_CONNECTION", 10)
         finally:
@@ -459,7 +459,7 @@ def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
     server = start_sshd(tmp_path, "slow", ssh_lab.authorized_keys)
     known = tmp_path / "known_hosts"
     known.write_text(server.known_hosts_line())
-    runner = SshRunner(ssh_lab.options(known_hosts=str(known), keepalive=0, connect_timeout=30), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(known), keepalive=0, connect_timeout=30), grace_period=2)
     run_id = unique_run_id("slow-stop")
     try:
         settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
@@ -518,10 +518,10 @@ def test_stopped_task_leaves_no_escapee_that_ignores_term(runner):
 ESCAPEE_LAUNCHER_SCRIPT = """
 import sys, time
 from launcher.plan.planner import TaskPlan
-from launcher.runners.ssh.runner import SshRunner
-from launcher.runners.ssh.options import SshOptions
+from launcher.backends.ssh.backend import SshBackend
+from launcher.backends.ssh.options import SshOptions
 from launcher.config.spec import SshSettings
-runner = SshRunner(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2]), grace_period=2)
+runner = SshBackend(SshOptions(known_hosts=sys.argv[1], ssh_config=sys.argv[2]), grace_period=2)
 env = {"TF_CONFIG": "{}", "MGPU_RUN_ID": sys.argv[3], "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
 plan = TaskPlan("worker", 0, "sshd-a", 2222, False, SshSettings(), (sys.executable, "-c", sys.argv[4]), env, None, False)
 proc = runner.start(plan, 0)
@@ -631,7 +631,7 @@ def test_a_login_shells_unfinished_line_before_the_wrapper_stays_and_the_task_st
                         extra='ForceCommand printf "motd, no newline" >&2; eval "$SSH_ORIGINAL_COMMAND"\n')
     known = tmp_path / "known_hosts"
     known.write_text(server.known_hosts_line())
-    runner = SshRunner(ssh_lab.options(known_hosts=str(known)), grace_period=2)
+    runner = SshBackend(ssh_lab.options(known_hosts=str(known)), grace_period=2)
     try:
         settings = SshSettings(port=server.port, identity_file=str(ssh_lab.client_key))
         program = "import sys; sys.stderr.write('task line\\n')"

@@ -112,7 +112,7 @@ class Supervised:
 def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Supervised:
     """Run supervise() with the local runner, the console going to a file."""
     from launcher.errors import MgpuError
-    from launcher.runners.local import LocalRunner
+    from launcher.backends.local import LocalBackend
     from launcher.supervise.supervisor import SuperviseOptions, supervise
 
     clock = options.pop("clock", time.monotonic)
@@ -120,7 +120,7 @@ def supervise_plans(plans, run_id: str, tmp_path: pathlib.Path, **options) -> Su
     options.setdefault("start_timeout", 30.0)
     log_dir = tmp_path / "runs"
     console_path = tmp_path / f"console-{run_id}.txt"
-    runner = LocalRunner()
+    runner = LocalBackend()
     error = None
     with open(console_path, "w") as console:
         try:

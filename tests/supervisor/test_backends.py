@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import TaskFailed
-from launcher.runners.base import Attempt, Backend, Routed, Strays, TaskByTask
-from launcher.runners.local import LocalRunner
+from launcher.backends.base import Attempt, Backend, Routed, Strays, TaskByTask
+from launcher.backends.local import LocalBackend
 from launcher.supervise.supervisor import SuperviseOptions, supervise
 from supervisor_helpers import assert_run_gone, make_plans
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class _Recording(LocalRunner):
+class _Recording(LocalBackend):
     """The local backend, noting what the supervisor asks of it."""
 
     def __init__(self):
@@ -117,7 +117,7 @@ def test_routed_ends_and_closes_every_backend_though_one_raises():
 
 @pytest.mark.fast
 def test_routed_answers_writes_here_for_the_backend_of_each_task():
-    local = LocalRunner()
+    local = LocalBackend()
     remote = _Failing([], "remote", fails=False)
     plans = make_plans("routed-unit", [], workers=2)
     routed = Routed([local, remote], lambda plan: local if plan.index == 0 else remote)

@@ -192,7 +192,7 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
 
 def test_the_error_file_path_holds_in_the_tasks_own_workdir(run_id, tmp_path, monkeypatch):
     # A relative --log-dir, and a task that runs in another folder.
-    from launcher.runners.local import LocalRunner
+    from launcher.backends.local import LocalBackend
     from launcher.supervise.supervisor import SuperviseOptions, supervise
 
     elsewhere = tmp_path / "elsewhere"
@@ -206,7 +206,7 @@ def test_the_error_file_path_holds_in_the_tasks_own_workdir(run_id, tmp_path, mo
         main()
     """
     plans = [p.__class__(**{**p.__dict__, "workdir": str(elsewhere)}) for p in python_plans(run_id, program)]
-    runner = LocalRunner()
+    runner = LocalBackend()
     with open(tmp_path / "console.txt", "w") as console:
         try:
             supervise(plans, runner, SuperviseOptions(run_id=run_id, log_dir="runs", grace_period=2.0),

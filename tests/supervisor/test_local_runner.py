@@ -10,7 +10,7 @@ import pytest
 from needs import missing
 from supervisor_helpers import make_plans, pid_alive, read_pids, records, wait_for
 from launcher.errors import TaskFailed
-from launcher.runners.local import LocalRunner
+from launcher.backends.local import LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +27,7 @@ def test_env_workdir_attempt_and_own_session(run_id, record_dir, tmp_path, monke
     monkeypatch.setenv("MGPU_TEST_BASE", "from-launcher")
     plan = make_plans(run_id, ["--record", str(record_dir)], workers=1, workdir=str(tmp_path),
                       env={"EXTRA": "x"})[0]
-    proc = LocalRunner().start(plan, attempt=3)
+    proc = LocalBackend().start(plan, attempt=3)
     assert os.getsid(proc.pid) == proc.pid  # its own session: a terminal's Ctrl-C does not reach it
     assert finish(proc) == 0
     rec = records(record_dir)["worker-0.attempt3"]
@@ -43,7 +43,7 @@ def test_env_workdir_attempt_and_own_session(run_id, record_dir, tmp_path, monke
 def test_signal_tree_reaches_grandchildren_that_left_the_session(run_id, record_dir):
     plan = make_plans(run_id, ["--record", str(record_dir), "--forever",
                                "--grandchild", "all", "--setsid-grandchild", "all"], workers=1)[0]
-    proc = LocalRunner().start(plan, attempt=0)
+    proc = LocalBackend().start(plan, attempt=0)
     assert wait_for(lambda: len(read_pids(record_dir)) == 2, 10)
     grandchildren = read_pids(record_dir)
     assert all(pid_alive(p) for p in grandchildren)
@@ -54,7 +54,7 @@ def test_signal_tree_reaches_grandchildren_that_left_the_session(run_id, record_
 
 def test_signal_tree_after_exit_is_harmless(run_id):
     plan = make_plans(run_id, [], workers=1)[0]
-    proc = LocalRunner().start(plan, attempt=0)
+    proc = LocalBackend().start(plan, attempt=0)
     assert finish(proc) == 0
     proc.signal_tree(signal.SIGTERM)
 
@@ -85,7 +85,7 @@ def start_with_pid(pid):
 
 def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
     plan = make_plans(run_id, [], workers=1)[0]
-    proc = LocalRunner().start(plan, attempt=0)
+    proc = LocalBackend().start(plan, attempt=0)
     assert finish(proc) == 0  # reaped, and its process group is empty
     bystander = start_with_pid(proc.pid)
     try:
@@ -101,7 +101,7 @@ def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
 
 def test_signal_tree_after_reaping_still_reaches_the_group_left_behind(run_id, record_dir):
     plan = make_plans(run_id, ["--record", str(record_dir), "--grandchild", "all"], workers=1)[0]
-    proc = LocalRunner().start(plan, attempt=0)
+    proc = LocalBackend().start(plan, attempt=0)
     assert wait_for(lambda: proc.poll() is not None, 10)  # the leader is reaped; its child stays in the group
     [grandchild] = read_pids(record_dir)
     assert os.getpgid(grandchild) == proc.pid
@@ -112,7 +112,7 @@ def test_signal_tree_after_reaping_still_reaches_the_group_left_behind(run_id, r
 
 def test_close_ends_a_read_that_waits_on_a_pipe_held_by_another_process(run_id, record_dir):
     plan = make_plans(run_id, ["--record", str(record_dir), "--escaped-holder", "all"], workers=1)[0]
-    proc = LocalRunner().start(plan, attempt=0)
+    proc = LocalBackend().start(plan, attempt=0)
     try:
         assert wait_for(lambda: proc.poll() is not None, 10)
         [holder] = read_pids(record_dir, "*.escaped.pid")
@@ -135,4 +135,4 @@ def test_missing_program_is_a_task_failure(run_id):
     plan = make_plans(run_id, [], workers=1)[0]
     plan = type(plan)(**{**plan.__dict__, "argv": ("/nonexistent/mgpu-test-program",)})
     with pytest.raises(TaskFailed, match="worker:0: cannot start '/nonexistent/mgpu-test-program'"):
-        LocalRunner().start(plan, attempt=0)
+        LocalBackend().start(plan, attempt=0)

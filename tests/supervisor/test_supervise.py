@@ -288,13 +288,13 @@ def test_an_existing_run_dir_is_never_reused(run_id, tmp_path):
 
 
 def test_a_log_dir_that_cannot_be_made_is_a_usage_error(run_id, tmp_path):
-    from launcher.runners.local import LocalRunner
+    from launcher.backends.local import LocalBackend
     from launcher.supervise.supervisor import SuperviseOptions, supervise
 
     (tmp_path / "file").write_text("")
     options = SuperviseOptions(run_id=run_id, log_dir=tmp_path / "file" / "runs")
     with pytest.raises(UsageError, match=f"^--log-dir {tmp_path / 'file' / 'runs'}: Not a directory$"):
-        supervise(make_plans(run_id, [], workers=1), LocalRunner(), options)
+        supervise(make_plans(run_id, [], workers=1), LocalBackend(), options)
 
 
 def test_output_held_open_by_a_process_outside_the_run_is_closed_after_one_deadline(run_id, record_dir, tmp_path):

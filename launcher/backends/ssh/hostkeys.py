@@ -11,7 +11,7 @@ import threading
 import paramiko
 
 from launcher.errors import HostKeyError
-from launcher.runners.ssh import known_hosts
+from launcher.backends.ssh import known_hosts
 
 _known_hosts_lock = threading.Lock()
 

@@ -12,10 +12,10 @@ import paramiko
 from launcher.config.addresses import Endpoint
 from launcher.config.spec import SshSettings
 from launcher.errors import ConnectError, HostKeyError, MgpuError
-from launcher.runners.ssh import hostkeys, known_hosts, remote_command
-from launcher.runners.ssh.options import SshOptions
-from launcher.runners.ssh.target import SshTarget, resolve_target
-from launcher.runners.ssh.transport import LOG_CHANNEL, SignalStatusTransport
+from launcher.backends.ssh import hostkeys, known_hosts, remote_command
+from launcher.backends.ssh.options import SshOptions
+from launcher.backends.ssh.target import SshTarget, resolve_target
+from launcher.backends.ssh.transport import LOG_CHANNEL, SignalStatusTransport
 
 # Exit code reported when the connection died before the task's status arrived (as ssh(1) does).
 EXIT_CONNECTION_LOST = 255
@@ -54,7 +54,7 @@ class Connection:
             threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
     def release(self, sessions: int = 1) -> None:
-        """Give back the session slots SshRunner.connect took."""
+        """Give back the session slots SshBackend.connect took."""
         with self.lock:
             self.sessions -= sessions
 

@@ -47,7 +47,7 @@ class TaskProcess(abc.ABC):
         """Send a signal to every process of the task. A no-op once it is gone."""
 
     def listens_on(self, port: int) -> bool | None:
-        """Whether a process of the task listens on `port`; None when this runner cannot tell.
+        """Whether a process of the task listens on `port`; None when this backend cannot tell.
 
         How the supervisor knows that a program which does not print the ready line has
         started its server (TensorFlow's gRPC server listens once the strategy is built).
@@ -58,7 +58,7 @@ class TaskProcess(abc.ABC):
         """Whether the task has joined its cluster in a way any framework shows: a process of the
         task listens on `own_port` (TensorFlow's server, process 0 of JAX or PyTorch), or holds an
         established TCP connection to `coordinator_port` (the other JAX and PyTorch processes).
-        None when this runner cannot tell."""
+        None when this backend cannot tell."""
         return self.listens_on(own_port) if own_port is not None else None
 
     def dump_stacks(self) -> None:
@@ -69,7 +69,7 @@ class TaskProcess(abc.ABC):
         self.signal_tree(signal.SIGABRT)
 
     def cpu_seconds(self) -> float | None:
-        """CPU time the task's live processes have used (user and system); None when this runner
+        """CPU time the task's live processes have used (user and system); None when this backend
         cannot tell. The stall watchdog counts CPU use as progress."""
         return None
 

@@ -20,12 +20,12 @@ import paramiko
 from launcher.errors import ConnectError, MgpuError
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_ATTEMPT
-from launcher.runners.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, TaskByTask, TaskProcess
-from launcher.runners.ssh import remote_command
-from launcher.runners.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
-from launcher.runners.ssh.options import SshOptions
-from launcher.runners.ssh.stream import ChannelStream
-from launcher.runners.ssh.target import SshTarget, load_ssh_config, resolve_target
+from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, TaskByTask, TaskProcess
+from launcher.backends.ssh import remote_command
+from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
+from launcher.backends.ssh.options import SshOptions
+from launcher.backends.ssh.stream import ChannelStream
+from launcher.backends.ssh.target import SshTarget, load_ssh_config, resolve_target
 
 # Sessions opened on one connection before another is opened; sshd's MaxSessions defaults to 10.
 _SESSIONS_PER_CONNECTION = 8
@@ -139,7 +139,7 @@ class SshTaskProcess(TaskProcess):
         self._conn.release(self.sessions)
 
 
-class SshRunner(Backend):
+class SshBackend(Backend):
     """Starts tasks on remote hosts; one connection per host, shared by its tasks. Owns the
     connections; what runs on a remote host ends with its session (remote_command.py)."""
 

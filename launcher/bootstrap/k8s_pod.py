@@ -1,4 +1,4 @@
-"""The task side of an `mgpu k8s` job: `python -m launcher.runners.k8s_pod -- PROGRAM...`, the
+"""The task side of an `mgpu k8s` job: `python -m launcher.bootstrap.k8s_pod -- PROGRAM...`, the
 command of every pod.
 
 It reads which pod it is (JOB_COMPLETION_INDEX) and the job's layout (MGPU_K8S_*) from the
@@ -19,26 +19,16 @@ import sys
 import time
 from typing import Callable, Mapping, Sequence
 
-from launcher.config.k8s_env import ENV_DNS_TIMEOUT, PodJob, read_pod
+from launcher.config.k8s_env import ENV_DNS_TIMEOUT, read_pod
 from launcher.errors import EXIT_USAGE, UsageError
 from launcher.host.probe import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
-from launcher.plan.planner import TaskPlan, plan_tasks
+from launcher.plan.planner import pod_plan
 
 DNS_TIMEOUT = 600.0  # seconds: pods of a big job may wait minutes for a node or an image pull
 DNS_RETRY = 1.0
 EXIT_PEERS_UNRESOLVED = 3
 EXIT_CANNOT_START = 127
-
-
-def pod_plan(pod: PodJob, argv: Sequence[str]) -> TaskPlan:
-    """This pod's task, planned from the whole job (pure). The scheduler places the tasks, as in a
-    Slurm step: no task is this machine's, and the GPUs Kubernetes gave the pod stay as they are."""
-    if not argv:
-        raise UsageError("no program to run: give it after `--`")
-    plans = plan_tasks(pod.cluster_spec(tuple(argv)), run_id=pod.job, local_hosts=frozenset(),
-                       launcher_python=sys.executable, slurm=True)
-    return plans[pod.index]
 
 
 def resolves(host: str) -> bool:
@@ -81,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
     try:
         pod = read_pod(os.environ)
-        plan = pod_plan(pod, args)
+        plan = pod_plan(pod, args, sys.executable)
         timeout = _dns_timeout(os.environ)
     except UsageError as exc:
         print(f"mgpu: error: {exc}", file=sys.stderr, flush=True)

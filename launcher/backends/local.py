@@ -14,8 +14,8 @@ from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from launcher.host.probe import port_in_use
-from launcher.runners.base import Attempt, Backend, Strays, TaskByTask, TaskProcess
-from launcher.runners.pipes import close_pipe_readers, pipe_reader
+from launcher.backends.base import Attempt, Backend, Strays, TaskByTask, TaskProcess
+from launcher.backends.pipes import close_pipe_readers, pipe_reader
 
 
 class LocalTaskProcess(TaskProcess):
@@ -94,7 +94,7 @@ class _TaggedStrays(Strays):
         return bool(self._procs)
 
 
-class LocalRunner(Backend):
+class LocalBackend(Backend):
     """Starts tasks with subprocess: argv in the plan's workdir, env = os.environ + plan.env.
     Owns the process trees of the run on this machine: its ports, its strays, its sweeps."""
 

@@ -35,11 +35,11 @@ from launcher.config.hostlist import expand_entry
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import slurm_step_document
-from launcher.runners.base import Attempt, Backend, TaskProcess
-from launcher.runners.pipes import close_pipe_readers, pipe_reader
-from launcher.runners.slurm_task import plan_environment
+from launcher.backends.base import Attempt, Backend, TaskProcess
+from launcher.backends.pipes import close_pipe_readers, pipe_reader
+from launcher.bootstrap.slurm_task import plan_environment
 
-BOOTSTRAP_MODULE = "launcher.runners.slurm_task"
+BOOTSTRAP_MODULE = "launcher.bootstrap.slurm_task"
 # Linux gives a program's arguments and environment together 2 MiB or more; the plans take at most half.
 MAX_PLAN_BYTES = 1_000_000
 SCANCEL_TIMEOUT = 15.0
@@ -287,7 +287,7 @@ class SlurmAttempt(Attempt):
         self._step.close()
 
 
-class SlurmRunner(Backend):
+class SlurmBackend(Backend):
     """Starts every task of an attempt as one step (SlurmAttempt); owns the step."""
 
     def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):

@@ -1,4 +1,4 @@
-"""The task side of a Slurm job step: `python -m launcher.runners.slurm_task`, once per task.
+"""The task side of a Slurm job step: `python -m launcher.bootstrap.slurm_task`, once per task.
 
 srun starts this program on every node of the step. It picks its task from the plan the
 launcher made (passed in MGPU_SLURM_PLAN) by SLURM_PROCID, checks that Slurm placed it on the

@@ -12,7 +12,7 @@ from launcher.config.addresses import Endpoint, parse_endpoint, parse_host, pars
 from launcher.config.spec import SshSettings
 from launcher.errors import ConnectError, UsageError
 from launcher.host.files import read_input_file
-from launcher.runners.ssh import hostkeys
+from launcher.backends.ssh import hostkeys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,7 @@ def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
     option = "--ssh-config" if path else "ssh config"
     path = os.path.expanduser(path or "~/.ssh/config")
     if not os.path.lexists(path):
-        if option != "ssh config":  # the CLI refuses it first; a runner made from Python gets this
+        if option != "ssh config":  # the CLI refuses it first; a backend made from Python gets this
             raise ConnectError(f"ssh config file not found: {path}")
         return paramiko.SSHConfig()
     data = read_input_file(path, option)
