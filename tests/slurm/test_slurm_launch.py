@@ -379,29 +379,61 @@ def test_each_task_of_a_step_gets_the_keras_torch_and_jax_variables(slurm, tmp_p
     assert evaluator["CUDA_VISIBLE_DEVICES"] == ""
 
 
-# Rank 1 fails at once; rank 0 ignores SIGTERM and runs until it is killed.
+# Rank 0 ignores SIGTERM, writes its pid to DIR/stubborn, and runs until it is killed; rank 1
+# fails once DIR/go is there.
 FAILS_BESIDE_A_STUBBORN_TASK = r"""
 import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print("started", flush=True)
 if os.environ["SLURM_PROCID"] == "1":
+    while not os.path.exists(os.path.join(sys.argv[1], "go")):
+        time.sleep(0.05)
     sys.exit(1)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.path.join(sys.argv[1], "stubborn.part"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(sys.argv[1], "stubborn.part"), os.path.join(sys.argv[1], "stubborn"))
 while True:
     time.sleep(1)
 """
 
 
 def test_slurm_itself_ends_the_step_when_a_task_fails(slurm, tmp_path):
-    """srun runs with --kill-on-bad-exit: a task that ignores mgpu's SIGTERM, with a grace period
-    of ten minutes, still ends with the step as soon as its peer has failed."""
+    """srun runs with --kill-on-bad-exit: while mgpu is stopped (SIGSTOP), so that only Slurm can
+    act, a task that ignores SIGTERM still ends as soon as its peer has failed."""
     rid = run_id("kill-on-bad-exit")
-    script = tmp_path / "stubborn.py"
+    script, signs, pid_file = tmp_path / "stubborn.py", tmp_path / "signs", tmp_path / "mgpu.pid"
     script.write_text(FAILS_BESIDE_A_STUBBORN_TASK)
-    argv = launch_argv(tmp_path, rid, "--", sys.executable, str(script))
+    signs.mkdir()
+    argv = launch_argv(tmp_path, rid, "--", sys.executable, str(script), str(signs))
     argv[argv.index("--grace-period") + 1] = "600"
-    done = in_allocation(slurm, tmp_path, argv, timeout=120)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "mgpu: error: worker:1 on" in done.stderr and "exited with code 1" in done.stderr
+    proc = subprocess.Popen(["salloc", "--quiet", "--ntasks=2", "--time=10", "sh", "-c",
+                             f"{shlex.join(argv)} & echo $! > {pid_file}; wait $!"],
+                            env=slurm.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = None
+    try:
+        deadline = time.monotonic() + 60
+        while not ((signs / "stubborn").exists() and pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the tasks did not start"
+            time.sleep(0.1)
+        launcher = int(pid_file.read_text())
+        stubborn = psutil.Process(int((signs / "stubborn").read_text()))
+        os.kill(launcher, signal.SIGSTOP)
+        (signs / "go").touch()
+        stubborn.wait(60)  # raises TimeoutExpired if Slurm left it running
+        os.kill(launcher, signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the test failed: end mgpu (its grace period is long), the job, salloc
+            if launcher is not None:
+                for signum in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(launcher, signum)
+                    except ProcessLookupError:
+                        pass
+            slurm.run("scancel", "--full", "--user", "root")
+            proc.kill()
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, out + err
+    assert "mgpu: error: worker:1 on" in err and "exited with code 1" in err
     tasks = run_record(tmp_path, rid)["attempts"][0]["tasks"]
     assert tasks["worker:1"]["exit_code"] == 1
     assert tasks["worker:0"]["exit_code"] != 0
