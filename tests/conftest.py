@@ -6,13 +6,17 @@ import json
 import pathlib
 import re
 import sys
+import uuid
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `from needs import require`
+# For the helpers every folder shares: `from needs import require`, `import supervisor_helpers`.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from launcher.host import proctree  # noqa: E402
 
 
 @pytest.fixture
@@ -24,6 +28,23 @@ def poisoned_tensorflow(tmp_path):
         package.mkdir()
         (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
     return str(tmp_path)
+
+
+@pytest.fixture
+def run_id():
+    """A fresh run id; whatever still carries it at the end is killed (and the test fails)."""
+    rid = f"test-{uuid.uuid4().hex[:12]}"
+    yield rid
+    leftovers = proctree.tagged_processes(rid)
+    proctree.send(leftovers, 9)
+    assert not leftovers, f"processes of {rid} left behind: {[p.pid for p in leftovers]}"
+
+
+@pytest.fixture
+def record_dir(tmp_path):
+    path = tmp_path / "records"
+    path.mkdir()
+    return path
 
 
 class Result:
@@ -50,9 +71,9 @@ def mgpu():
 # (`pytest -m fast`) runs them in seconds, beside the real-process tests. A test in these places is
 # fast unless it is marked slow, ssh or netns, or it or its module imports a framework (or require()s
 # one, see needs.py).
-FAST = ("tests/cli/", "tests/docs/", "tests/k8s/test_manifests.py", "tests/trainer/test_schedule.py",
-        "tests/trainer/test_exchange_cost.py", "tests/supervisor/test_diagnosis.py", "tests/supervisor/test_stacks.py",
-        "tests/supervisor/test_output_reader.py", "tests/supervisor/test_policy.py")
+FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
+        "tests/trainer/test_exchange_cost.py", "tests/supervise/test_diagnosis.py", "tests/supervise/test_stacks.py",
+        "tests/supervise/test_output_reader.py", "tests/supervise/test_policy.py", "tests/supervise/test_summary.py")
 NOT_FAST_MARKS = ("slow", "ssh", "netns")
 FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
 USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"
@@ -76,7 +97,8 @@ def _needs_a_framework(item) -> bool:
 # `make test` spreads the suite over pytest-xdist workers a file at a time (a file's fixtures are
 # made once), and the files that share a machine-wide lab (one Slurm cluster; network namespaces
 # with their sshds) in one worker, in order.
-SHARED_LABS = {"tests/slurm/": "slurm-lab", "tests/ssh/test_netns.py": "netns-lab", "tests/k8s/test_pods.py": "netns-lab"}
+SHARED_LABS = {"tests/backends/slurm/": "slurm-lab", "tests/backends/ssh/test_netns.py": "netns-lab",
+               "tests/bootstrap/test_k8s_pod.py": "netns-lab"}
 
 
 def pytest_collection_modifyitems(config, items):

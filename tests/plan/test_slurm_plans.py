@@ -1,6 +1,6 @@
 """Plans from a Slurm allocation's variables, and the task side's choices, without a cluster.
 
-(The same code runs against a real Slurm in tests/slurm/.)
+(The same code runs against a real Slurm in tests/backends/slurm/.)
 """
 
 import json

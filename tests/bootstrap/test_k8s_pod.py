@@ -17,7 +17,7 @@ from launcher.errors import UsageError
 from launcher.bootstrap.k8s_pod import wait_for_names
 from launcher.plan.planner import pod_plan
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ssh"))  # the namespace lab
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "backends" / "ssh"))  # the namespace lab
 
 from ssh_helpers import REQUIRE, Netns, require_tools  # noqa: E402
 

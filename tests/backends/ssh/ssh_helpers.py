@@ -23,7 +23,7 @@ import pytest
 
 SSHD = "/usr/sbin/sshd"
 REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 PYTHON = sys.executable  # the remote hosts share this machine's filesystem
 
 

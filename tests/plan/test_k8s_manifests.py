@@ -11,7 +11,7 @@ import yaml
 from needs import require
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden_k8s"
 IMAGE = "registry.example.com/train:1"
 KUBERNETES = "1.33"  # Indexed Jobs with pod hostnames, podFailurePolicy and backoff per index are GA there
 

@@ -15,7 +15,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.host.ports import pick_free_ports
 
 HERE = pathlib.Path(__file__).resolve().parent
-FAKE_WORKER = (sys.executable, str(HERE / "fake_worker.py"))
+FAKE_WORKER = (sys.executable, str(HERE / "programs" / "fake_worker.py"))
 
 
 def make_plans(
