@@ -47,28 +47,28 @@ class SshTaskProcess(TaskProcess):
         self._coordinator_port = coordinator_port
         self._listening = False
         self._connected = False
-        self._watch_chan: paramiko.Channel | None = None
-        self._watch_failed = False
-        self._watch_done = threading.Event()  # the watcher has said all it will
-        self._watching = own_port is not None or coordinator_port is not None
-        if self._watching:
-            threading.Thread(target=self._watch_join, daemon=True, name=f"ssh-join-watch {pgid}").start()
+        self._join_chan: paramiko.Channel | None = None
+        self._join_failed = False
+        self._join_done = threading.Event()  # the reporter has said all it will
+        self._reporting = own_port is not None or coordinator_port is not None
+        if self._reporting:
+            threading.Thread(target=self._read_join_reports, daemon=True, name=f"ssh-join-report {pgid}").start()
 
     @property
     def sessions(self) -> int:
-        """SSH sessions this task holds on its connection: the task's, and its join watcher's."""
-        return 2 if self._watching else 1
+        """SSH sessions this task holds on its connection: the task's, and its join reporter's."""
+        return 2 if self._reporting else 1
 
-    def _watch_join(self) -> None:
-        """Open the join watcher's session and take its reports (see remote_command.py)."""
-        command = remote_command.join_watch_command(self.pid, self._own_port, self._coordinator_port)
+    def _read_join_reports(self) -> None:
+        """Open the join reporter's session and take its reports (see remote_command.py)."""
+        command = remote_command.join_report_command(self.pid, self._own_port, self._coordinator_port)
         try:
             chan = self._conn.open_session(self._options.connect_timeout)
             with self._lock:
                 if self._closed:
                     chan.close()
                     return
-                self._watch_chan = chan
+                self._join_chan = chan
             chan.exec_command(command)
             reports = ChannelStream(chan.recv)
             while line := reports.readline():
@@ -78,22 +78,22 @@ class SshTaskProcess(TaskProcess):
                 elif report == remote_command.CONNECTED:
                     self._connected = True
         except (MgpuError, paramiko.SSHException, EOFError, OSError):
-            self._watch_failed = True
+            self._join_failed = True
         finally:
-            self._watch_done.set()
+            self._join_done.set()
 
     def listens_on(self, port: int) -> bool | None:
-        """Reported by the remote join watcher (see remote_command.py)."""
-        if port != self._own_port or self._watch_failed:
+        """Reported by the remote join reporter (see remote_command.py)."""
+        if port != self._own_port or self._join_failed:
             return None
         return self._listening
 
     def joined(self, own_port: int | None, coordinator_port: int | None) -> bool | None:
-        """Reported by the remote join watcher, which watches the ports this task was started with."""
-        if self._watch_failed or (own_port, coordinator_port) == (None, None):
+        """Reported by the remote join reporter, which looks at the ports this task was started with."""
+        if self._join_failed or (own_port, coordinator_port) == (None, None):
             return None
         if own_port not in (None, self._own_port) or coordinator_port not in (None, self._coordinator_port):
-            return None  # not the ports being watched
+            return None  # not the ports being reported on
         return (own_port is not None and self._listening) or (coordinator_port is not None and self._connected)
 
     def _eof_note(self) -> bytes:
@@ -122,7 +122,7 @@ class SshTaskProcess(TaskProcess):
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""
         if self.poll() is not None or not self._conn.active:
-            # Gone, or unreachable: then sshd closes the session and the remote watcher kills the group.
+            # Gone, or unreachable: then sshd closes the session and the remote hang-up guard kills the group.
             return
         self._conn.signal_group(self.pid, signum, self._options.connect_timeout)
 
@@ -131,11 +131,11 @@ class SshTaskProcess(TaskProcess):
             if self._closed:
                 return
             self._closed = True
-            watch_chan = self._watch_chan
-        # Closing the channel ends the session; the remote watcher then kills anything left in the group.
+            join_chan = self._join_chan
+        # Closing the channel ends the session; the remote hang-up guard then kills anything left in the group.
         self._chan.close()
-        if watch_chan is not None:
-            watch_chan.close()  # the join watcher ends on its own once the task has
+        if join_chan is not None:
+            join_chan.close()  # the join reporter ends on its own once the task has
         self._conn.release(self.sessions)
 
 
@@ -198,7 +198,7 @@ class SshBackend(Backend):
         return TaskByTask(self.start, attempt)
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        """Start the task; its join watcher watches its own port and the coordinator's."""
+        """Start the task; its join reporter looks at its own port and the coordinator's."""
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period)
         own_port, coordinator = task.port, task.coordinator_port

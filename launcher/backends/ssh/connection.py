@@ -37,7 +37,7 @@ def _describe_os_error(e: BaseException) -> str:
 
 
 class Connection:
-    """One authenticated SSH connection, with a keepalive watch that closes it when the peer is gone."""
+    """One authenticated SSH connection, with a keepalive thread that closes it when the peer is gone."""
 
     def __init__(self, target: SshTarget, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient], keepalive: float):
         self.target = target
@@ -51,7 +51,7 @@ class Connection:
         self._signalling = False
         self.keepalives_answered = 0
         if keepalive > 0:
-            threading.Thread(target=self._watch, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
+            threading.Thread(target=self._keep_alive, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
     def release(self, sessions: int = 1) -> None:
         """Give back the session slots SshBackend.connect took."""
@@ -82,9 +82,9 @@ class Connection:
                 try:
                     self.run(remote_command.signal_command(groups, signum), timeout)
                 except MgpuError:
-                    pass  # unreachable: when sshd ends the session, the remote watcher kills the group
+                    pass  # unreachable: when sshd ends the session, the remote hang-up guard kills the group
 
-    def _watch(self, interval: float) -> None:
+    def _keep_alive(self, interval: float) -> None:
         while not self._closed.wait(interval):
             if not self.transport.is_active():
                 return

@@ -9,10 +9,10 @@ POSIX sh running a small wrapper, which:
 - reads the task's environment from the channel's stdin (RemoteTask.stdin, one
   shell-quoted value per line, up to ENV_END). Values never appear on a command
   line, where every user of the host could read them with ps; only the names do;
-- starts a detached watcher that reads the rest of the channel's stdin until
+- starts a detached hang-up guard that reads the rest of the channel's stdin until
   EOF. sshd closes that pipe when the session ends for any reason: the task
   finished, the launcher closed the channel, or the connection dropped
-  (launcher killed, network gone). The watcher then sends SIGTERM to the group
+  (launcher killed, network gone). The guard then sends SIGTERM to the group
   and to every process of the same user whose environment carries the task's
   tags (MGPU_RUN_ID, MGPU_ATTEMPT, MGPU_TASK_TYPE, MGPU_TASK_INDEX: this catches
   processes that left the group with setsid or setpgid), waits up to the grace
@@ -25,8 +25,8 @@ Every argv element and env value goes through shlex.quote, so quotes, $(),
 backticks, newlines and unicode arrive byte-exact. After the PGID line, which comes
 before the task runs, stdout and stderr carry only the task's own bytes.
 
-Whether the task has joined its cluster is watched out of band, by a second session
-on the same connection (join_watch_command): a loop that reports on its own stdout,
+Whether the task has joined its cluster is reported out of band, by a second session
+on the same connection (join_report_command): a loop that reports on its own stdout,
 once each, when a process of the task's session listens on the task's own port
 (LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
 established connection to the coordinator's port (CONNECTED: the other JAX and
@@ -56,11 +56,11 @@ TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
 # $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or all
 # four NAME=value tags (TAG_NAMES).
-# The watcher is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
+# The guard is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
 # for its stacks when a run stalls), and its final KILL goes to the tagged processes first: kill
-# signals its operands in order, and signalling the group ends the watcher itself. Its own
+# signals its operands in order, and signalling the group ends the guard itself. Its own
 # environment has no tags: it starts before the task's env is exported.
-_WATCHER = r"""trap '' INT TERM HUP ABRT
+_HANGUP_GUARD = r"""trap '' INT TERM HUP ABRT
 cat >/dev/null
 g=$1; t=$2; shift 2
 tagged() {
@@ -85,14 +85,14 @@ class RemoteTask:
     stdin: bytes  # to send on the session's stdin at once: the env values
 
 
-# Reports of the join watcher, one per line on its stdout.
+# Reports of the join reporter, one per line on its stdout.
 LISTENING = "listening"
 CONNECTED = "connected"
 
 # $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none).
 # Field 4 after the command name in /proc/PID/stat is the session; in /proc/net/tcp* field 4 is
 # the state (0A listening, 01 established), fields 2 and 3 the local and remote address:port.
-_JOIN_WATCHER = r"""trap '' INT TERM HUP
+_JOIN_REPORTER = r"""trap '' INT TERM HUP
 sid=$1
 hex() { [ "$1" = - ] || printf ':%04X' "$1"; }
 own=$(hex "$2"); coord=$(hex "$3")
@@ -125,10 +125,10 @@ done
 """
 
 
-def join_watch_command(session_id: int, own_port: int | None, coordinator_port: int | None) -> str:
-    """The command line of the join watcher for one remote task (see the module docstring)."""
+def join_report_command(session_id: int, own_port: int | None, coordinator_port: int | None) -> str:
+    """The command line of the join reporter for one remote task (see the module docstring)."""
     ports = " ".join("-" if port is None else str(int(port)) for port in (own_port, coordinator_port))
-    return sh(_JOIN_WATCHER) + f" mgpu-join {int(session_id)} {ports}"
+    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports}"
 
 
 def env_block(env: Mapping[str, str]) -> bytes:
@@ -159,8 +159,8 @@ def task_command(
         'eval "$mgpu_line"; done',
         '[ -n "$mgpu_end" ] || exit 255',  # the launcher went away before sending the environment
         "( ( exec /bin/sh -c "
-        + shlex.quote(_WATCHER)
-        + f' mgpu-watch "$$" {math.ceil(grace_period)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
+        + shlex.quote(_HANGUP_GUARD)
+        + f' mgpu-guard "$$" {math.ceil(grace_period)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
         "exec 3<&-",
     ]
     if names:

@@ -254,7 +254,7 @@ def test_a_remote_tasks_stderr_reaches_its_log_byte_exact(ssh_lab, tmp_path):
 
 
 def test_a_sigkilled_launcher_of_an_ssh_only_run_is_recorded_as_died(ssh_lab, tmp_path):
-    """kill -9 of mgpu: its watchdog marks run.json launcher-died, and the remote tasks end once
+    """kill -9 of mgpu: its reaper marks run.json launcher-died, and the remote tasks end once
     their sessions close."""
     run_id = unique_run_id("launcher-died")
     proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", "--env", "MODE_0=hang",

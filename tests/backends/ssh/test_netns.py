@@ -234,7 +234,7 @@ def test_without_the_check_a_firewalled_trainer_is_named_by_the_watchdog_or_its_
 
 
 def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
-    # No ready line: the join watcher on each host reports the listening port. The programs listen
+    # No ready line: the join reporter on each host reports the listening port. The programs listen
     # until the test has seen mgpu count them ready (they share this machine's filesystem).
     _, known, config, _ = netns
     release = tmp_path / "release"

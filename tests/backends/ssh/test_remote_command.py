@@ -126,7 +126,7 @@ def wait_group_gone(pgid: int, timeout: float) -> list[psutil.Process]:
 @pytest.mark.parametrize("program,grace,ended_by", [(TREE, 2, signal.SIGTERM), (STUBBORN_TREE, 1, signal.SIGKILL)],
                          ids=["terms", "ignores-term"])
 def test_end_of_session_kills_the_whole_tree(program, grace, ended_by):
-    """When sshd closes the session's stdin (connection gone), the watcher kills the group: TERM
+    """When sshd closes the session's stdin (connection gone), the guard kills the group: TERM
     first, KILL after the grace period."""
     proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", program], {}, None, grace))
     pgid = read_pgid(proc)
@@ -145,7 +145,7 @@ def test_signal_command_reaches_the_group():
     int(proc.stdout.readline())
     subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGTERM)], check=True)
     assert proc.wait(10) == -signal.SIGTERM
-    # The watcher ignores TERM and leaves once its stdin closes.
+    # The guard ignores TERM and leaves once its stdin closes.
     proc.stdin.close()
     assert wait_group_gone(pgid, 10) == []
     # Signalling a group that is gone is quiet and succeeds.
@@ -243,7 +243,7 @@ ESCAPEE = (
 )
 
 
-# The same, with a child that ignores SIGTERM (only the watcher's final SIGKILL ends it); the child
+# The same, with a child that ignores SIGTERM (only the guard's final SIGKILL ends it); the child
 # prints its pid once it does.
 STUBBORN_ESCAPEE = (
     "import subprocess, sys, time\n"
@@ -262,7 +262,7 @@ def test_end_of_session_also_kills_tagged_processes_that_left_the_group(program)
     try:
         assert os.getpgid(child.pid) != pgid  # setsid: out of the group's reach
         proc.stdin.close()
-        child.wait(15)  # raises TimeoutExpired if the watcher missed it
+        child.wait(15)  # raises TimeoutExpired if the guard missed it
     finally:
         if child.is_running():
             child.kill()
@@ -299,11 +299,11 @@ def test_a_channel_stream_hands_out_every_byte_it_receives():
     assert data == b"loading data MGPU_REMOTE_LISTENING\ndone\n"
 
 
-# -- the join watcher -------------------------------------------------------------------------
+# -- the join reporter -------------------------------------------------------------------------
 
 
-def start_join_watcher(session_id: int, own_port, coordinator_port) -> subprocess.Popen:
-    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_watch_command(session_id, own_port, coordinator_port)],
+def start_join_reporter(session_id: int, own_port, coordinator_port) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(session_id, own_port, coordinator_port)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 
@@ -317,7 +317,7 @@ def listening_server(host: str = "127.0.0.2") -> socket.socket:
 
 # Listens on argv[1] (0: not at all) and connects to argv[2] (0: nowhere); beside that, always
 # listens on another port and connects to the server at argv[3]: sockets of the session that the
-# watcher must not take for joining. Then says so and waits.
+# reporter must not take for joining. Then says so and waits.
 JOINER = (
     "import socket, sys, time\n"
     "own, coordinator, other = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])\n"
@@ -339,16 +339,16 @@ def free_port_on(host: str) -> int:
         return s.getsockname()[1]
 
 
-def wait_for_scans(watcher: subprocess.Popen, count: int, timeout: float = 30) -> None:
-    """Until the watcher has looked at the sockets `count` more times. Each round of its loop
+def wait_for_scans(reporter: subprocess.Popen, count: int, timeout: float = 30) -> None:
+    """Until the reporter has looked at the sockets `count` more times. Each round of its loop
     reads /proc, reports, and only then sleeps: every new `sleep` child it starts ends a scan."""
     seen: set[int] = set()
     deadline = time.monotonic() + timeout
     while len(seen) < count:
-        assert watcher.poll() is None, "the watcher ended: " + repr(watcher.communicate())
-        assert time.monotonic() < deadline, f"the watcher scanned {len(seen)} times in {timeout} s, not {count}"
+        assert reporter.poll() is None, "the reporter ended: " + repr(reporter.communicate())
+        assert time.monotonic() < deadline, f"the reporter scanned {len(seen)} times in {timeout} s, not {count}"
         try:
-            seen.update(p.pid for p in psutil.Process(watcher.pid).children() if p.name() == "sleep")
+            seen.update(p.pid for p in psutil.Process(reporter.pid).children() if p.name() == "sleep")
         except psutil.Error:
             pass
         time.sleep(0.01)
@@ -371,67 +371,67 @@ def unread(stream) -> bytes:
     (True, True, [b"listening\n", b"connected\n"]),
     (False, False, []),
 ], ids=["listens", "connects", "both", "neither"])
-def test_the_join_watcher_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
+def test_the_join_reporter_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
     coordinator = listening_server()  # "process 0", outside the task's session
     other = listening_server()  # a server the task also talks to
     own = free_port_on("127.0.0.3")
     argv = [sys.executable, "-c", JOINER, str(own if listens else 0),
             str(coordinator.getsockname()[1] if connects else 0), str(other.getsockname()[1])]
     proc = start_like_sshd(remote_command.task_command(argv, {}, None, 1))
-    watcher = None
+    reporter = None
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
-        watcher = start_join_watcher(pgid, own, coordinator.getsockname()[1])
-        if listens:  # reported, and nothing is left to report: the watcher ends by itself
-            out, err = watcher.communicate(timeout=30)
+        reporter = start_join_reporter(pgid, own, coordinator.getsockname()[1])
+        if listens:  # reported, and nothing is left to report: the reporter ends by itself
+            out, err = reporter.communicate(timeout=30)
             assert sorted(out.splitlines(keepends=True)) == sorted(reports) and err == b""
-            assert watcher.returncode == 0 and proc.poll() is None
+            assert reporter.returncode == 0 and proc.poll() is None
         else:
-            got = [watcher.stdout.readline() for _ in reports]
+            got = [reporter.stdout.readline() for _ in reports]
             assert got == reports
             # Two more rounds with the task's sockets unchanged: nothing more to say.
-            wait_for_scans(watcher, 2, timeout=60)
-            assert unread(watcher.stdout) == b""
-            proc.kill()  # the task ends: so does its watcher, having nothing more to say
+            wait_for_scans(reporter, 2, timeout=60)
+            assert unread(reporter.stdout) == b""
+            proc.kill()  # the task ends: so does its reporter, having nothing more to say
             proc.wait(10)
-            out, err = watcher.communicate(timeout=10)
-            assert (out, err, watcher.returncode) == (b"", b"", 0)
+            out, err = reporter.communicate(timeout=10)
+            assert (out, err, reporter.returncode) == (b"", b"", 0)
     finally:
         proc.stdin.close()
         proc.kill()
         proc.wait(10)
-        if watcher is not None:
-            watcher.kill()
-            watcher.wait(10)
+        if reporter is not None:
+            reporter.kill()
+            reporter.wait(10)
         coordinator.close()
         other.close()
 
 
-def test_the_join_watcher_ignores_other_sessions_sockets():
+def test_the_join_reporter_ignores_other_sessions_sockets():
     """The coordinator's own listening socket and a connection from outside the session are not the task's."""
     coordinator = listening_server()
     outsider = socket.create_connection(coordinator.getsockname())
     other = listening_server()
     proc = start_like_sshd(remote_command.task_command(
         [sys.executable, "-c", JOINER, "0", "0", str(other.getsockname()[1])], {}, None, 1))
-    watcher = None
+    reporter = None
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
-        watcher = start_join_watcher(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
-        wait_for_scans(watcher, 2)
-        assert unread(watcher.stdout) == b""
+        reporter = start_join_reporter(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
+        wait_for_scans(reporter, 2)
+        assert unread(reporter.stdout) == b""
         proc.kill()
         proc.wait(10)
-        assert watcher.communicate(timeout=10) == (b"", b"")
+        assert reporter.communicate(timeout=10) == (b"", b"")
     finally:
         proc.stdin.close()
         proc.kill()
         proc.wait(10)
-        if watcher is not None:
-            watcher.kill()
-            watcher.wait(10)
+        if reporter is not None:
+            reporter.kill()
+            reporter.wait(10)
         outsider.close()
         other.close()
         coordinator.close()

@@ -375,7 +375,7 @@ def test_proxy_jump_through_a_second_sshd(ssh_lab, tmp_path):
 
 def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
     """A server that stops answering (a network partition) is given up after 3 keepalives;
-    once it can see the connection is gone, its sshd ends the session and the watcher kills the task.
+    once it can see the connection is gone, its sshd ends the session and the hang-up guard kills the task.
 
     A keepalive counts as unanswered after 3 intervals: at 1 s, a loopback sshd gets 3 s to answer
     each (a busy machine's sshd answers in milliseconds; a frozen one never does)."""
@@ -484,7 +484,7 @@ def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
 
 
 # A task whose child leaves the session (setsid) and ignores SIGTERM: only SIGKILL ends it, and only
-# the remote watcher can find it, by its tags. The child prints its pid once it ignores TERM.
+# the remote hang-up guard can find it, by its tags. The child prints its pid once it ignores TERM.
 STUBBORN_ESCAPEE = (
     "import subprocess, sys, time\n"
     "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -508,7 +508,7 @@ def test_stopped_task_leaves_no_escapee_that_ignores_term(runner):
         proc.signal_tree(signal.SIGTERM)
         assert wait_exit(proc) == -signal.SIGTERM
         proc.signal_tree(signal.SIGKILL)
-        proc.close()  # the session ends: the watcher TERMs, waits the grace period (2 s), then KILLs
+        proc.close()  # the session ends: the hang-up guard TERMs, waits the grace period (2 s), then KILLs
         assert wait_until(lambda: gone(child), 20) is True
     finally:
         if not gone(child):
@@ -554,7 +554,7 @@ def test_stderr_arrives_byte_exact_even_with_the_wrappers_marker_texts(runner):
     """The wrapper's reports travel on a session of their own: nothing of the task's output is cut."""
     text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\nno newline"
     program = f"import sys; sys.stderr.buffer.write({text!r})"
-    with socket.socket() as server:  # so that a join watcher runs, with something to report
+    with socket.socket() as server:  # so that a join reporter runs, with something to report
         server.bind(("127.0.0.2", 0))
         server.listen()
         proc = runner.start(cluster_plan("sshd-a", [PYTHON, "-c", program], server.getsockname()[1]), attempt=0)
@@ -596,10 +596,10 @@ def test_a_task_that_connects_to_the_coordinator_has_joined(runner, connects):
                 assert wait_until(lambda: proc.joined(task.port, port), 15) is True
                 assert proc.listens_on(task.port) is False  # it never listens: joined, but not by its port
             else:
-                # The task runs and does neither: the watcher, which exits when the task does, says nothing.
+                # The task runs and does neither: the join reporter, which exits when the task does, says nothing.
                 proc.signal_tree(signal.SIGTERM)
                 assert wait_exit(proc) == -signal.SIGTERM
-                assert proc._watch_done.wait(15)
+                assert proc._join_done.wait(15)
                 assert proc.joined(task.port, port) is False and proc.listens_on(task.port) is False
             assert proc.joined(task.port + 1, port) is None  # ports it was not started with: cannot tell
         finally:
