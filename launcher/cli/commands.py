@@ -13,7 +13,7 @@ from launcher.cli.options import (
     check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from, ssh_options,
     ssh_options_from, task_settings,
 )
-from launcher.config.load import SlurmScope, make_plans, new_run_id, read_spec, with_command_line, with_task_settings
+from launcher.intake.load import SlurmScope, make_plans, new_run_id, read_spec, with_command_line, with_task_settings
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS

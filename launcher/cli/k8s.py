@@ -11,7 +11,7 @@ from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import check_text, task_settings
 from launcher.config.k8s_env import PodJob
-from launcher.config.load import HostsRequest, read_spec, with_command_line, with_task_settings
+from launcher.intake.load import HostsRequest, read_spec, with_command_line, with_task_settings
 from launcher.config.spec import EVALUATOR, MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ClusterSpec
 from launcher.errors import UsageError
 from launcher.plan.k8s_manifest import K8sJob, render_manifest

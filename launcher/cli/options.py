@@ -1,5 +1,5 @@
 """Options shared by the commands, and the translation of click's keyword arguments, once per
-command, into the typed objects the rest of mgpu takes: the requests that config/load.py reads
+command, into the typed objects the rest of mgpu takes: the requests that intake/load.py reads
 (HostsRequest, TaskSettings, HostNaming), LaunchOptions and SshOptions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import click
 from launcher.cli import params
 from launcher.host.files import MAX_KNOWN_HOSTS_BYTES as KNOWN_HOSTS_LIMIT
 from launcher.cli.main import debug_flag
-from launcher.config.load import (
+from launcher.intake.load import (
     THIS_MACHINE, HostNaming, HostsRequest, SlurmScope, TaskSettings, check_text_value,
 )
 from launcher.config.spec import ClusterSpec, SshSettings

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from launcher.cli.options import hosts_request
-from launcher.config.load import HostNaming, HostsRequest, SlurmScope, TaskSettings, read_spec, with_task_settings
+from launcher.intake.load import HostNaming, HostsRequest, SlurmScope, TaskSettings, read_spec, with_task_settings
 from launcher.config.addresses import parse_worker_list
 from launcher.errors import UsageError
 

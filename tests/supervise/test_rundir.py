@@ -121,7 +121,7 @@ def test_two_launches_with_one_run_id_cannot_both_claim_it(tmp_path):
 
 
 def test_default_run_ids_carry_128_random_bits():
-    from launcher.config.load import new_run_id
+    from launcher.intake.load import new_run_id
 
     ids = {new_run_id() for _ in range(100)}
     assert len(ids) == 100
