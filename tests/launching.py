@@ -2,14 +2,16 @@
 
 `MGPU` is the command line that runs this checkout's CLI; `mgpu_env()` is the environment that makes
 it (and any task or remote host sharing this filesystem) import this checkout. `start_mgpu` starts
-`mgpu ARGS...` and returns the process; `run_mgpu` runs it to the end. `wait_for` polls for an event
-with a bounded deadline. Importable as `import launching` (tests/conftest.py puts tests/ on sys.path).
+`mgpu ARGS...` and returns the process, `finish` waits for its end and output; `run_mgpu` runs it to
+the end. `wait_for` polls for an event with a bounded deadline. Importable as `import launching`
+(tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +41,22 @@ def run_mgpu(*args: str, cwd=None, env: dict | None = None, timeout: float = 60,
         run["capture_output"] = True
     return subprocess.run([*MGPU, *args], cwd=cwd, env=mgpu_env() if env is None else env, timeout=timeout,
                           text=run.pop("text", True), **run)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """(exit code, stdout) of a process started with start_mgpu's stdout pipe. Not done within
+    `timeout` seconds: SIGINT, what it printed by 60 s later (then SIGKILL), and the test fails."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        raise AssertionError(f"mgpu did not finish in {timeout:g} s:\n{(out or '')[-3000:]}") from None
+    return proc.returncode, out
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callable[[], str] = "the condition",
