@@ -103,7 +103,8 @@ def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
 def test_signal_tree_after_reaping_still_reaches_the_group_left_behind(run_id, record_dir):
     plan = make_plans(run_id, ["--record", str(record_dir), "--grandchild", "all"], workers=1)[0]
     proc = LocalRunner().start(plan, attempt=0)
-    wait_for(lambda: proc.poll() is not None, 10, what="the leader to exit")  # the leader is reaped; its child stays in the group
+    # The leader is reaped; its child stays in the group.
+    wait_for(lambda: proc.poll() is not None, 10, what="the leader to exit")
     [grandchild] = read_pids(record_dir)
     assert os.getpgid(grandchild) == proc.pid
     proc.signal_tree(signal.SIGKILL)

@@ -49,7 +49,8 @@ def test_launch_refuses_to_start_when_a_name_does_not_resolve(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"cluster:\n  worker: [127.0.0.1:{first}, 127.0.0.1:{second}]\n"
                     "hosts:\n  127.0.0.1: {address: no-such-host.invalid}\n")
-    done = run_mgpu("launch", "--spec", str(spec), "--log-dir", str(tmp_path / "runs"), "--", *FAKE_WORKER, "--lines", "1")
+    done = run_mgpu("launch", "--spec", str(spec), "--log-dir", str(tmp_path / "runs"), "--", *FAKE_WORKER,
+                    "--lines", "1")
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     assert lines[0] == "mgpu: error: tasks cannot reach each other:"

@@ -42,7 +42,8 @@ def test_a_run_id_in_use_under_another_log_dir_is_refused(tmp_path):
     first = start_launch(run_id, tmp_path / "one", ["env", "-u", "MGPU_RUN_ID", *HOLD])
     try:
         wait_for_line(first, "task up")
-        second = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "two"), "--", "true")
+        second = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "two"),
+                          "--", "true")
         assert second.returncode == 2, second.stderr
         assert second.stderr == (f"mgpu: error: run id {run_id} is in use by running processes (pid {first.pid}: "
                                  f"a launch on this machine, in any log dir); choose another run id\n")

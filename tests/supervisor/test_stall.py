@@ -111,7 +111,8 @@ def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_de
 
     def recorded(*args):
         run_id = f"stall-option-{os.getpid()}-{next(runs)}"
-        done = run_mgpu("launch", "--spec", str(spec), *args, "--log-dir", str(tmp_path), "--run-id", run_id, "--", "true")
+        done = run_mgpu("launch", "--spec", str(spec), *args, "--log-dir", str(tmp_path), "--run-id", run_id,
+                        "--", "true")
         assert done.returncode == 0, done.stderr
         return json.loads((tmp_path / run_id / "run.json").read_text())["options"]["stall_timeout"]
 
