@@ -1,18 +1,16 @@
 """`mgpu check --legacy-keras` and the launch preflight: every host needs tf_keras of its TensorFlow's series."""
 
 import os
-import pathlib
-import subprocess
 import sys
 
 import pytest
 from needs import installed_version
 
 from launcher.host.ports import pick_free_ports
+from launching import REPO, mgpu_env, run_mgpu
 
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 TF_VERSION = installed_version("tensorflow", "the train extra")
 SERIES = ".".join(TF_VERSION.split(".")[:2])
 
@@ -25,9 +23,8 @@ def mgpu(args, tmp_path, shadow=None):
         package.mkdir(parents=True)
         (package / "__init__.py").write_text(shadow)
         path.insert(0, str(package.parent))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path))
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return run_mgpu(*args, cwd=tmp_path, env=mgpu_env(PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path)),
+                    timeout=240)
 
 
 def workers():
@@ -66,9 +63,9 @@ def test_check_names_a_tensorflow_other_than_this_machines(tmp_path):
     shadow = tmp_path / "shadow" / "tensorflow"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("__version__ = '2.15.1'\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)]), HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "launcher", "check", "--workers", workers(), "--", sys.executable,
-                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    env = mgpu_env(PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)]), HOME=str(tmp_path))
+    done = run_mgpu("check", "--workers", workers(), "--", sys.executable, "train.py", cwd=tmp_path, env=env,
+                    timeout=240)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[1].split()[4] == "2.15.1"
     assert done.stderr.strip() == (f"mgpu: error: check failed on 127.0.0.1: tensorflow 2.15.1 differs from "
