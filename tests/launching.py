@@ -34,7 +34,8 @@ def start_mgpu(*args: str, cwd=None, env: dict | None = None, stdout=subprocess.
                             stderr=stderr, text=popen.pop("text", True), **popen)
 
 
-def run_mgpu(*args: str, cwd=None, env: dict | None = None, timeout: float = 60, **run) -> subprocess.CompletedProcess:
+def run_mgpu(*args: str, cwd=None, env: dict | None = None, timeout: float = 60,
+             **run) -> subprocess.CompletedProcess:
     """`mgpu ARGS...` run to the end within `timeout` seconds, stdout and stderr captured apart as
     text unless given; `env` defaults to mgpu_env(). Other keywords go to subprocess.run."""
     if "stdout" not in run and "stderr" not in run:
