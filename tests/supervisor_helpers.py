@@ -62,15 +62,6 @@ def make_plans(
     return plans
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def pid_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not); any error but "no such process" propagates."""
     try:

@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from needs import missing
-from supervisor_helpers import make_plans, pid_alive, read_pids, records, wait_for
+from launching import wait_for
+from supervisor_helpers import make_plans, pid_alive, read_pids, records
 from launcher.errors import TaskFailed
 from launcher.backends.local import LocalBackend
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def finish(proc, timeout=10.0):
-    assert wait_for(lambda: proc.poll() is not None, timeout)
+    wait_for(lambda: proc.poll() is not None, timeout, what="the task to exit")
     proc.stdout.read()
     proc.stderr.read()
     proc.close()
@@ -44,11 +45,11 @@ def test_signal_tree_reaches_grandchildren_that_left_the_session(run_id, record_
     plan = make_plans(run_id, ["--record", str(record_dir), "--forever",
                                "--grandchild", "all", "--setsid-grandchild", "all"], workers=1)[0]
     proc = LocalBackend().start(plan, attempt=0)
-    assert wait_for(lambda: len(read_pids(record_dir)) == 2, 10)
+    wait_for(lambda: len(read_pids(record_dir)) == 2, 10, what="2 sleeper pids")
     grandchildren = read_pids(record_dir)
     assert all(pid_alive(p) for p in grandchildren)
     proc.signal_tree(signal.SIGKILL)
-    assert wait_for(lambda: not any(pid_alive(p) for p in grandchildren), 5)
+    wait_for(lambda: not any(pid_alive(p) for p in grandchildren), 5, what="the grandchildren to be gone")
     assert finish(proc) == -signal.SIGKILL
 
 
@@ -102,11 +103,12 @@ def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
 def test_signal_tree_after_reaping_still_reaches_the_group_left_behind(run_id, record_dir):
     plan = make_plans(run_id, ["--record", str(record_dir), "--grandchild", "all"], workers=1)[0]
     proc = LocalBackend().start(plan, attempt=0)
-    assert wait_for(lambda: proc.poll() is not None, 10)  # the leader is reaped; its child stays in the group
+    # The leader is reaped; its child stays in the group.
+    wait_for(lambda: proc.poll() is not None, 10, what="the leader to exit")
     [grandchild] = read_pids(record_dir)
     assert os.getpgid(grandchild) == proc.pid
     proc.signal_tree(signal.SIGKILL)
-    assert wait_for(lambda: not pid_alive(grandchild), 5)
+    wait_for(lambda: not pid_alive(grandchild), 5, what="the grandchild to be gone")
     assert finish(proc) == 0
 
 
@@ -114,7 +116,7 @@ def test_close_ends_a_read_that_waits_on_a_pipe_held_by_another_process(run_id, 
     plan = make_plans(run_id, ["--record", str(record_dir), "--escaped-holder", "all"], workers=1)[0]
     proc = LocalBackend().start(plan, attempt=0)
     try:
-        assert wait_for(lambda: proc.poll() is not None, 10)
+        wait_for(lambda: proc.poll() is not None, 10, what="the leader to exit")
         [holder] = read_pids(record_dir, "*.escaped.pid")
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)

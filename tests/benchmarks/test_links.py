@@ -3,10 +3,11 @@
 The measurement itself shapes links and trains for minutes; it is a benchmark, run by hand. These
 check the parts that decide what it reports."""
 
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+from launching import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_hosts  # noqa: E402
 import links  # noqa: E402
 import render_docs  # noqa: E402

@@ -5,12 +5,13 @@ it computes and writes from the benchmarks' summaries.
 """
 
 import json
-import pathlib
 import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+from launching import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
 import worker_sweep  # noqa: E402
 
 

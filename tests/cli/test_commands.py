@@ -10,8 +10,7 @@ import sys
 import pytest
 
 import launcher
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from launching import REPO, run_mgpu
 
 
 def test_tf_config_json(mgpu):
@@ -82,7 +81,7 @@ def installed_mgpu():
     ["launch", "--help"],
     ["launch", "--local", "2", "--chief", "--evaluator", "--dry-run"],
     ["launch", "--workers", "h1:2222,h2:2222", "--dry-run", "--json"],
-    ["launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run"],
+    ["launch", "--spec", str(REPO / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run"],
     ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1"],
     ["tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "keras-env"],
     ["train", "--help"],
@@ -103,8 +102,7 @@ def test_installed_cli_bad_input_exit_2_no_traceback():
 
 
 def test_python_dash_m_launcher():
-    done = subprocess.run([sys.executable, "-m", "launcher", "tf-config", "--workers", "h1:2222", "--task-index", "0"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = run_mgpu("tf-config", "--workers", "h1:2222", "--task-index", "0", cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["task"] == {"type": "worker", "index": 0}
 
@@ -130,7 +128,7 @@ def test_check_shows_but_does_not_demand_tensorflow_for_another_program(poisoned
     takes seconds on every host), so the poisoned one passes."""
     from launcher.preflight.check import local_tensorflow_version
 
-    done = check_this_machine(poisoned_tensorflow, sys.executable, str(ROOT / "examples" / "keras_jax_fit.py"))
+    done = check_this_machine(poisoned_tensorflow, sys.executable, str(REPO / "examples" / "keras_jax_fit.py"))
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.strip().splitlines()
     assert row.split()[4] == (local_tensorflow_version() or "missing") and row.endswith("ok")

@@ -3,14 +3,13 @@ anything is expanded or read. Each case runs in a real mgpu process whose addres
 capped, so that expanding first (and failing with MemoryError) cannot pass for a refusal."""
 
 import os
-import pathlib
 import resource
 import subprocess
-import sys
 
 import pytest
 
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
+import launching
+
 ADDRESS_SPACE = 1 << 30  # far more than mgpu needs for any accepted input; far less than expanding takes
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
 
@@ -20,9 +19,8 @@ def _cap_memory():
 
 
 def run_mgpu(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MGPU_"))}
-    return subprocess.run([str(MGPU), *args], capture_output=True, text=True, timeout=60,
-                          env={**environ, **(env or {})}, preexec_fn=_cap_memory)
+    environ = {k: v for k, v in launching.mgpu_env().items() if not k.startswith(("SLURM_", "MGPU_"))}
+    return launching.run_mgpu(*args, env={**environ, **(env or {})}, preexec_fn=_cap_memory)
 
 
 def assert_refused(result: subprocess.CompletedProcess, expected: str) -> None:

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from launching import REPO
+
 GOLDEN = pathlib.Path(__file__).parent / "golden"
-EXAMPLES = sorted((ROOT / "cluster_specs").glob("*.yaml")) + sorted((ROOT / "cluster_specs").glob("*.json"))
+EXAMPLES = sorted((REPO / "cluster_specs").glob("*.yaml")) + sorted((REPO / "cluster_specs").glob("*.json"))
 
 
 def normalized(plan_json: dict) -> dict:
@@ -36,7 +37,7 @@ def test_golden_plan(mgpu, example):
 
 
 def test_golden_hostfile(mgpu):
-    result = mgpu("launch", "--hostfile", str(ROOT / "cluster_specs" / "hostfile.txt"), "--run-id", "golden",
+    result = mgpu("launch", "--hostfile", str(REPO / "cluster_specs" / "hostfile.txt"), "--run-id", "golden",
                   "--dry-run", "--json")
     assert result.exit_code == 0, result.stderr
     tasks = result.json()["tasks"]
@@ -46,7 +47,7 @@ def test_golden_hostfile(mgpu):
 
 
 def test_per_host_ssh_settings_in_text_dry_run(mgpu):
-    result = mgpu("launch", "--spec", str(ROOT / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run")
+    result = mgpu("launch", "--spec", str(REPO / "cluster_specs" / "per_host_ssh.yaml"), "--dry-run")
     assert result.exit_code == 0, result.stderr
     assert "worker:0  gpu-a.internal:2222  (ssh mlops@gpu-a.internal)" in result.stdout
     assert "worker:1  gpu-b.internal:2222  (ssh alice@gpu-b.internal)" in result.stdout
@@ -55,7 +56,7 @@ def test_per_host_ssh_settings_in_text_dry_run(mgpu):
 
 
 def test_command_line_overrides_spec(mgpu):
-    spec = str(ROOT / "cluster_specs" / "chief_workers_evaluator.yaml")
+    spec = str(REPO / "cluster_specs" / "chief_workers_evaluator.yaml")
     result = mgpu("launch", "--spec", spec, "--env", "TF_CPP_MIN_LOG_LEVEL=3", "--dry-run", "--json",
                   "--show-secrets", "--", "python3", "other.py")
     assert result.exit_code == 0, result.stderr

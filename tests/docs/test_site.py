@@ -11,9 +11,8 @@ import subprocess
 import sys
 
 import yaml
+from launching import REPO
 from needs import missing
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def mkdocs() -> list[str]:
@@ -24,7 +23,7 @@ def mkdocs() -> list[str]:
 
 
 def test_the_site_builds_strictly(tmp_path):
-    done = subprocess.run([*mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+    done = subprocess.run([*mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "kubernetes" / "index.html").exists()
@@ -33,9 +32,9 @@ def test_the_site_builds_strictly(tmp_path):
 def test_a_broken_link_fails_the_strict_build(tmp_path):
     """So that the build above can fail: the same site with one link to a missing page does."""
     docs = tmp_path / "docs"
-    shutil.copytree(ROOT / "docs", docs)
+    shutil.copytree(REPO / "docs", docs)
     (docs / "index.md").write_text((docs / "index.md").read_text() + "\nSee [nowhere](no-such-page.md).\n")
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
     config["docs_dir"] = str(docs)
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     done = subprocess.run([*mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=tmp_path,
@@ -52,18 +51,18 @@ def nav_pages(nav) -> list[str]:
 
 
 def test_every_page_is_in_the_nav():
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-    assert sorted(nav_pages(config["nav"])) == sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert sorted(nav_pages(config["nav"])) == sorted(p.name for p in (REPO / "docs").glob("*.md"))
 
 
 def test_the_performance_page_is_what_the_results_render():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render_docs.py"), "--check"],
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "render_docs.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
 
 def test_the_readme_quickstart_is_two_commands_for_a_fresh_clone():
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     quickstart = readme.split("## Quickstart", 1)[1].split("##", 1)[0]
     block = re.search(r"```sh\n(.*?)```", quickstart, re.S).group(1)
     assert [line.split("#")[0].strip() for line in block.strip().splitlines()] == ["make demo", "make test"]

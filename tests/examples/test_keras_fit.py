@@ -2,22 +2,19 @@
 trains on 2 workers, and BackupAndRestore resumes after a worker is killed."""
 
 import json
-import os
-import pathlib
 import signal
-import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 from needs import installed_version
 
+from launching import REPO, finish, mgpu_env, start_mgpu, wait_for_line
+
 pytestmark = pytest.mark.slow
 installed_version("tensorflow", "the train extra")
 installed_version("tf-keras", "the legacy-keras extra")
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "keras_fit_legacy.py")
 
 
@@ -25,21 +22,10 @@ def launch(args, tmp_path):
     """`mgpu launch` with HOME in tmp_path: tf_keras keeps its settings in ~/.keras."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(home))
+    env = mgpu_env(HOME=str(home))
     env.pop("TF_USE_LEGACY_KERAS", None)
-    return subprocess.Popen([sys.executable, "-m", "launcher", "launch", "--threads-per-task", "1",
-                             "--log-dir", str(tmp_path / "runs"), *args],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc, timeout=300):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        pytest.fail(f"mgpu launch did not finish in {timeout} s:\n{out[-3000:]}")
-    return proc.returncode, out
+    return start_mgpu("launch", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"), *args, cwd=tmp_path,
+                      env=env)
 
 
 def fit_command(model_dir, *args):
@@ -49,7 +35,7 @@ def fit_command(model_dir, *args):
 def test_legacy_keras_fit_trains_on_two_workers(tmp_path):
     model_dir = tmp_path / "model"
     code, out = finish(launch(["--local", "2", "--legacy-keras", "--run-id", "fit",
-                               *fit_command(model_dir, "--epochs", "2", "--steps-per-epoch", "3")], tmp_path))
+                               *fit_command(model_dir, "--epochs", "2", "--steps-per-epoch", "3")], tmp_path), 300)
     assert code == 0, out[-3000:]
     for task in ("worker:0", "worker:1"):
         assert f"[{task}] fit: tf_keras 2." in out
@@ -64,22 +50,13 @@ def test_legacy_keras_fit_with_a_chief_and_keras_progress_bar(tmp_path):
     model_dir = tmp_path / "model"
     code, out = finish(launch(["--local", "1", "--chief", "--legacy-keras", "--run-id", "chief",
                                *fit_command(model_dir, "--epochs", "1", "--steps-per-epoch", "4", "--verbose", "1")],
-                              tmp_path))
+                              tmp_path), 300)
     assert code == 0, out[-3000:]
     assert "[chief:0] fit: model saved to" in out and "[worker:0] fit: epoch 1 done" in out
     # Keras redraws its bar with \r and backspaces: the console gets its final state as one clean line.
     assert "\r" not in out and "\b" not in out
     assert [line for line in out.splitlines() if line.startswith("[chief:0] 4/4 [====")]
     assert "\r" in (tmp_path / "runs" / "chief" / "chief-0.log").read_bytes().decode()
-
-
-def wait_for_line(path, text, proc, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{text!r} never appeared in {path.name}")
 
 
 def test_backup_and_restore_resumes_after_kill_9_of_a_worker(tmp_path):
@@ -89,11 +66,11 @@ def test_backup_and_restore_resumes_after_kill_9_of_a_worker(tmp_path):
                    "--grace-period", "2", *fit_command(model_dir, "--epochs", str(epochs), "--steps-per-epoch", "5")],
                   tmp_path)
     try:
-        wait_for_line(run_dir / "worker-0.log", "fit: epoch 2 done", proc)
+        wait_for_line(run_dir / "worker-0.log", "fit: epoch 2 done", 180, proc)
         record = json.loads((run_dir / "run.json").read_text())
         psutil.Process(record["attempts"][0]["tasks"]["worker:1"]["pid"]).send_signal(signal.SIGKILL)
     finally:
-        code, out = finish(proc)
+        code, out = finish(proc, 300)
     assert code == 0, out[-3000:]
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert len(attempts) == 2
@@ -111,7 +88,7 @@ def test_backup_and_restore_resumes_after_kill_9_of_a_worker(tmp_path):
 def test_keras_3_fit_fails_with_a_hint(tmp_path):
     """Keras 3's model.fit under MultiWorkerMirroredStrategy (keras-team/keras#20585): the summary names the fix."""
     code, out = finish(launch(["--local", "2", *fit_command(tmp_path / "model", "--epochs", "1",
-                                                            "--steps-per-epoch", "2")], tmp_path))
+                                                            "--steps-per-epoch", "2")], tmp_path), 300)
     assert code == 1, out[-3000:]
     assert "fit: keras 3." in out
     hints = [line.strip() for line in out.splitlines() if line.strip().startswith("hint: ")]

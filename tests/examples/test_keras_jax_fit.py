@@ -3,25 +3,21 @@ one job across the tasks with equal weights at the end, fail-fast and restarts."
 
 import json
 import os
-import pathlib
 import secrets
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 from needs import installed_version
 
 from launcher.host import proctree
+from launching import REPO, finish, start_mgpu, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 installed_version("keras")
 installed_version("jax")
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = [sys.executable, str(REPO / "examples" / "keras_jax_fit.py")]
-MGPU = [sys.executable, "-m", "launcher"]
 
 
 class Launch:
@@ -31,19 +27,11 @@ class Launch:
         run_id = f"{name}-{secrets.token_hex(4)}"  # unique on this machine: processes are found by it
         self.run_dir = tmp_path / "runs" / run_id
         self.run_id = run_id
-        argv = [*MGPU, "launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
-                "--run-id", run_id, "--", *EXAMPLE, *example_args]
-        self.proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, PYTHONPATH=str(REPO)))
+        self.proc = start_mgpu("launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+                               "--run-id", run_id, "--", *EXAMPLE, *example_args, cwd=tmp_path)
 
     def finish(self, timeout=240):
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-            pytest.fail(f"mgpu launch did not finish in {timeout} s:\n{out[-3000:]}")
-        return self.proc.returncode, out
+        return finish(self.proc, timeout)
 
     def record(self):
         return json.loads((self.run_dir / "run.json").read_text())
@@ -62,12 +50,13 @@ class Launch:
         return found
 
     def wait_for_log(self, task, text, timeout=180):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
+        def logged():
             if text in self.log(task):
-                return
-            time.sleep(0.1)
-        pytest.fail(f"{task} never logged {text!r} (run ended: {self.proc.poll() is not None})")
+                return True
+            assert self.proc.poll() is None, f"{task} never logged {text!r}: the run ended"
+            return False
+
+        wait_for(logged, timeout, what=f"{task} to log {text!r}", interval=0.1)
 
     def task_pid(self, task, attempt=0):
         return self.record()["attempts"][attempt]["tasks"][task]["pid"]

@@ -1,18 +1,16 @@
 """`mgpu check --legacy-keras` and the launch preflight: every host needs tf_keras of its TensorFlow's series."""
 
 import os
-import pathlib
-import subprocess
 import sys
 
 import pytest
 from needs import installed_version
 
 from launcher.host.ports import pick_free_ports
+from launching import REPO, mgpu_env, run_mgpu
 
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 TF_VERSION = installed_version("tensorflow", "the train extra")
 SERIES = ".".join(TF_VERSION.split(".")[:2])
 
@@ -25,9 +23,8 @@ def mgpu(args, tmp_path, shadow=None):
         package.mkdir(parents=True)
         (package / "__init__.py").write_text(shadow)
         path.insert(0, str(package.parent))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path))
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return run_mgpu(*args, cwd=tmp_path, env=mgpu_env(PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path)),
+                    timeout=240)
 
 
 def workers():
@@ -62,13 +59,22 @@ def test_launch_refuses_a_tf_keras_of_another_series_before_starting(tmp_path):
 
 
 def test_check_names_a_tensorflow_other_than_this_machines(tmp_path):
-    """A host whose Python imports another TensorFlow than the launcher's machine has: named in one line."""
+    """A host whose Python has another TensorFlow installed than the launcher's machine: named in one line.
+    The check reads the version from the package's metadata (it imports TensorFlow only for tasks
+    that need it), so the shadow installation has both."""
     shadow = tmp_path / "shadow" / "tensorflow"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("__version__ = '2.15.1'\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)]), HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "launcher", "check", "--workers", workers(), "--", sys.executable,
-                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    metadata = shadow.parent / "tensorflow-2.15.1.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.15.1\n")
+    # The tasks' Python (the host's) sees the shadow installation; the launcher's does not.
+    python = tmp_path / "python3-with-shadow"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shadow.parent}{os.pathsep}$PYTHONPATH exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    env = mgpu_env(HOME=str(tmp_path))
+    done = run_mgpu("check", "--workers", workers(), "--", str(python), "train.py", cwd=tmp_path, env=env,
+                    timeout=240)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[1].split()[4] == "2.15.1"
     assert done.stderr.strip() == (f"mgpu: error: check failed on 127.0.0.1: tensorflow 2.15.1 differs from "

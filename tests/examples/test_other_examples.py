@@ -1,21 +1,16 @@
 """examples/keras_custom_loop.py and examples/tf_config_reader.py under `mgpu launch --local`."""
 
-import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from launching import REPO, mgpu_env, run_mgpu
 
 
 def launch(args, tmp_path, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "launcher", "launch", "--threads-per-task", "1",
-                           "--log-dir", str(tmp_path / "runs"), *args],
-                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    done = run_mgpu("launch", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"), *args, cwd=tmp_path,
+                    env=mgpu_env(HOME=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
     return done.returncode, done.stdout
 
 

@@ -2,7 +2,6 @@
 `mgpu launch`: the variables mgpu sets are all they need, and a killed worker resumes from the snapshot."""
 
 import os
-import pathlib
 import re
 import secrets
 import signal
@@ -15,19 +14,15 @@ from needs import installed_version
 from launcher.supervise.fixes import FIXES
 from launcher.host import proctree
 from launcher.supervise import diagnosis
+from launching import REPO, start_mgpu
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def mgpu_launch(tmp_path, launch_args, program):
     run_id = f"fw-{secrets.token_hex(4)}"
-    argv = [sys.executable, "-m", "launcher", "launch", *launch_args, "--threads-per-task", "1",
-            "--log-dir", str(tmp_path / "runs"), "--run-id", run_id,
-            "--", sys.executable, *program]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = start_mgpu("launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+                      "--run-id", run_id, "--", sys.executable, *program, cwd=tmp_path)
     return proc, run_id
 
 

@@ -3,20 +3,17 @@ jobs (only process 0 listens) are seen ready while they run, and a TensorFlow jo
 in Python is stopped by the stall watchdog, which names that worker and shows its stack."""
 
 import json
-import os
-import pathlib
 import secrets
-import subprocess
 import sys
 
 import pytest
 from needs import installed_version
 
 from launcher.host import proctree
+from launching import REPO, start_mgpu
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 PROGRAMS = REPO / "tests" / "programs"
 
 
@@ -29,13 +26,11 @@ def launch(tmp_path, launch_args, program, *program_args, timeout=240, until_rea
     hold_over = tmp_path / "hold-over"
     if until_ready:
         program_args = (*program_args, str(hold_over))
-    argv = [sys.executable, "-m", "launcher", "launch", "--local", "2", "--threads-per-task", "1",
-            "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, *launch_args,
-            "--", sys.executable, str(PROGRAMS / program), *program_args]
+    argv = ["launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+            "--run-id", run_id, *launch_args, "--", sys.executable, str(PROGRAMS / program), *program_args]
     err_path = tmp_path / "mgpu.err"  # a file: a full stderr pipe cannot stall mgpu while stdout is read
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=err_file, text=True,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+        proc = start_mgpu(*argv, cwd=tmp_path, stderr=err_file)
     try:
         seen = []
         if until_ready:

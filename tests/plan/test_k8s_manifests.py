@@ -8,9 +8,9 @@ import pathlib
 
 import pytest
 import yaml
+from launching import REPO
 from needs import require
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden_k8s"
 IMAGE = "registry.example.com/train:1"
 KUBERNETES = "1.33"  # Indexed Jobs with pod hostnames, podFailurePolicy and backoff per index are GA there
@@ -20,7 +20,7 @@ CASES = {
     "chief_gpus_env": ["--workers", "3", "--chief", "--image", IMAGE, "--name", "resnet-run7", "--namespace", "ml",
                        "--gpus-per-task", "1", "--threads-per-task", "4", "--env", "NCCL_DEBUG=INFO",
                        "--backoff-limit", "2", "--", "python3", "train.py", "--epochs", "3"],
-    **{f"spec_{name}": ["--spec", str(ROOT / "cluster_specs" / f"{name}.yaml"), "--image", IMAGE,
+    **{f"spec_{name}": ["--spec", str(REPO / "cluster_specs" / f"{name}.yaml"), "--image", IMAGE,
                         "--name", name.replace("_", "-")]
        for name in ("two_workers", "local_simulation", "per_host_ssh")},
 }
@@ -86,9 +86,9 @@ def test_trainer_arguments_go_to_the_built_in_trainer(mgpu):
     (["--workers", "2", "--image", IMAGE, "--env", "TF_CONFIG={}"], "TF_CONFIG is set by mgpu"),
     (["--workers", "2", "--image", IMAGE, "--env", "RANK=3"], "RANK is set by mgpu"),
     (["--workers", "0", "--image", IMAGE], "--workers"),
-    (["--spec", str(ROOT / "cluster_specs" / "chief_workers_evaluator.yaml"), "--image", IMAGE],
+    (["--spec", str(REPO / "cluster_specs" / "chief_workers_evaluator.yaml"), "--image", IMAGE],
      "an evaluator is not supported on Kubernetes"),
-    (["--spec", str(ROOT / "cluster_specs" / "two_workers.yaml"), "--workers", "2", "--image", IMAGE],
+    (["--spec", str(REPO / "cluster_specs" / "two_workers.yaml"), "--workers", "2", "--image", IMAGE],
      "either --spec or --workers"),
 ])
 def test_bad_input_is_one_line_and_exit_2(mgpu, args, message):

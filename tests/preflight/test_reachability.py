@@ -2,8 +2,6 @@
 `mgpu launch` refusing to start when a task cannot reach another."""
 
 import dataclasses
-import subprocess
-import sys
 
 import psutil
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from launcher.errors import CheckFailed
 from launcher.preflight import reach
 from launcher.preflight.reach import check_reachability, probe_reachability
+from launching import run_mgpu
 from supervisor_helpers import FAKE_WORKER, make_plans
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,10 +49,8 @@ def test_launch_refuses_to_start_when_a_name_does_not_resolve(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"cluster:\n  worker: [127.0.0.1:{first}, 127.0.0.1:{second}]\n"
                     "hosts:\n  127.0.0.1: {address: no-such-host.invalid}\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "launch", "--spec", str(spec), "--log-dir", str(tmp_path / "runs"),
-         "--", *FAKE_WORKER, "--lines", "1"],
-        capture_output=True, text=True, timeout=60)
+    done = run_mgpu("launch", "--spec", str(spec), "--log-dir", str(tmp_path / "runs"), "--", *FAKE_WORKER,
+                    "--lines", "1")
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     assert lines[0] == "mgpu: error: tasks cannot reach each other:"

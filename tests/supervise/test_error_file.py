@@ -2,17 +2,14 @@
 
 import json
 import os
-import pathlib
-import subprocess
 import sys
 import textwrap
 
 from launcher import error_file
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
+from launching import run_mgpu
 from supervisor_helpers import assert_run_gone, make_plans, supervise_plans
-
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 
 
 def python_plans(run_id: str, program: str, workers: int = 1) -> list[TaskPlan]:
@@ -245,8 +242,8 @@ def test_what_an_error_file_says_reaches_the_console_escaped(tmp_path):
     program = ("import json, os, sys\n"
                f"open(os.environ['MGPU_ERROR_FILE'], 'w').write({json.dumps(document)!r})\n"
                "sys.exit(3)\n")
-    done = subprocess.run([str(MGPU), "launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--",
-                           sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    done = run_mgpu("launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", program,
+                    timeout=120)
     assert done.returncode == 1, done.stderr
     shown = done.stdout + done.stderr
     assert not any(c in shown for c in "\x1b\x07\r\u202e"), shown

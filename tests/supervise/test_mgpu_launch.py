@@ -3,20 +3,17 @@ exit codes, signals to the launcher (including SIGKILL), and nothing left behind
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records, wait_for
+from launching import run_mgpu, start_mgpu, wait_for
+from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records
 from launcher.host import proctree
 from launcher.host.ports import pick_free_ports
 
 pytestmark = pytest.mark.timeout(90)
-
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 
 
 class Launch:
@@ -25,11 +22,11 @@ class Launch:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "mgpu.out"
         self.err_path = tmp_path / "mgpu.err"
-        argv = [str(MGPU), "launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+        argv = ["launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
                 "--grace-period", str(grace), *launch_args, "--", *FAKE_WORKER, *worker_args]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         start_new_session=new_session)
+            self.proc = start_mgpu(*argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                   start_new_session=new_session)
 
     def wait(self, timeout=60):
         return self.proc.wait(timeout)
@@ -88,7 +85,8 @@ STUBBORN = ["--forever", "--ignore-term", "worker:0", "--grandchild", "all", "--
 def start_stubborn(run_id, record_dir, tmp_path, launches, **kw):
     launch = launches(run_id, tmp_path, ["--record", str(record_dir), *STUBBORN], **kw)
     # Both workers and their four grandchildren running.
-    assert wait_for(lambda: len(read_pids(record_dir)) == 4 and len(records(record_dir)) == 2, 30), launch.stderr
+    wait_for(lambda: len(read_pids(record_dir)) == 4 and len(records(record_dir)) == 2, 30,
+             what=lambda: f"4 sleepers and 2 records:\n{launch.stderr}")
     assert len(proctree.tagged_processes(run_id)) == 6
     return launch
 
@@ -118,10 +116,10 @@ def test_sigkilled_launcher_leaves_nothing_behind(run_id, record_dir, tmp_path, 
     launch.proc.kill()
     assert launch.wait() == -signal.SIGKILL
     # The reaper: TERM, 1 s grace (worker:0 ignores TERM), KILL.
-    assert wait_for(lambda: not proctree.tagged_processes(run_id), 20)
+    wait_for(lambda: not proctree.tagged_processes(run_id), 20, what="no process of the run left")
     assert not any(pid_alive(pid) for pid in read_pids(record_dir))
     reaper_log = launch.run_dir / "reaper.log"
-    assert wait_for(lambda: "processes of run" in reaper_log.read_text(), 10)
+    wait_for(lambda: "processes of run" in reaper_log.read_text(), 10, what="the reaper's log line")
     assert "launcher gone" in reaper_log.read_text()
     run = launch.run
     assert run["status"] == "launcher-died" and run["attempts"][-1]["outcome"] == "launcher-died"
@@ -131,7 +129,7 @@ def test_sigkilled_launcher_leaves_nothing_behind(run_id, record_dir, tmp_path, 
 def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, launches):
     launch = start_stubborn(run_id, record_dir, tmp_path, launches, new_session=True, grace=60)
     launch.proc.send_signal(signal.SIGINT)
-    assert wait_for(lambda: "[mgpu] received SIGINT" in launch.stdout, 20)
+    wait_for(lambda: "[mgpu] received SIGINT" in launch.stdout, 20, what="[mgpu] received SIGINT")
     launch.proc.send_signal(signal.SIGINT)
     assert launch.wait() == 130
     assert "[mgpu] received SIGINT; stopping all tasks: waiting up to 60 s for them to exit (Ctrl-C again to kill now)" \
@@ -143,7 +141,7 @@ def test_second_signal_skips_the_grace_period(run_id, record_dir, tmp_path, laun
 
 def test_a_run_id_in_use_elsewhere_is_refused_and_its_tasks_are_left_alone(run_id, record_dir, tmp_path, launches):
     first = launches(run_id, tmp_path, ["--record", str(record_dir), "--forever"])
-    assert wait_for(lambda: len(records(record_dir)) == 2, 30), first.stderr
+    wait_for(lambda: len(records(record_dir)) == 2, 30, what=lambda: f"2 records:\n{first.stderr}")
     task_pids = sorted(rec["pid"] for rec in records(record_dir).values())
     (tmp_path / "second").mkdir()
     second = launches(run_id, tmp_path / "second", [], workers=1)  # same run id, another log dir
@@ -159,8 +157,7 @@ def test_a_run_id_in_use_elsewhere_is_refused_and_its_tasks_are_left_alone(run_i
 
 
 def test_a_log_dir_that_cannot_be_created_is_a_usage_error(tmp_path):
-    result = subprocess.run([str(MGPU), "launch", "--local", "1", "--log-dir", "/proc/mgpu-no-such-dir", "--",
-                             "true"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    result = run_mgpu("launch", "--local", "1", "--log-dir", "/proc/mgpu-no-such-dir", "--", "true", cwd=tmp_path)
     assert result.returncode == 2
     assert "--log-dir /proc/mgpu-no-such-dir: No such file or directory" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "internal error" not in result.stderr
@@ -172,8 +169,7 @@ def test_an_existing_run_is_refused_before_connecting_to_any_host(tmp_path):
     [closed_port] = pick_free_ports(1)  # nothing listens there: connecting would fail
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(f"Host unreachable-host\n  HostName 127.0.0.1\n  Port {closed_port}\n")
-    result = subprocess.run([str(MGPU), "launch", "--workers", "unreachable-host:2222", "--ssh-config", str(ssh_config),
-                             "--run-id", "taken", "--log-dir", str(tmp_path / "runs"), "--", "true"],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    result = run_mgpu("launch", "--workers", "unreachable-host:2222", "--ssh-config", str(ssh_config),
+                      "--run-id", "taken", "--log-dir", str(tmp_path / "runs"), "--", "true", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"run taken already exists in {tmp_path / 'runs' / 'taken'}" in result.stderr

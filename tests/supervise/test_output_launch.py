@@ -3,25 +3,24 @@ lines, and a console read late."""
 
 import dataclasses
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from supervisor_helpers import make_plans, supervise_plans, wait_for
+from launching import start_mgpu, wait_for
+from supervisor_helpers import make_plans, supervise_plans
 
 pytestmark = pytest.mark.timeout(180)
 
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 LATE_READER_WAIT = 12.0  # longer than any console wait a launcher could give up after
 
 
 def launch(run_id, tmp_path, *program, stdout=None):
-    argv = [str(MGPU), "launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
-            "--grace-period", "1", "--", *program]
     out = stdout if stdout is not None else open(tmp_path / "mgpu.out", "w")
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=open(tmp_path / "mgpu.err", "w"))
+    return start_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+                      "--grace-period", "1", "--", *program,
+                      stdin=subprocess.DEVNULL, stdout=out, stderr=open(tmp_path / "mgpu.err", "w"))
 
 
 def finish(proc, timeout=120):
@@ -78,11 +77,11 @@ def test_mgpus_own_lines_reach_a_console_read_late(run_id, tmp_path):
             return False
 
     try:
-        assert wait_for(ended, 120), "the run did not end"
+        wait_for(ended, 120, what="the run to end")
         # Nothing read yet: the launcher must wait for its console, however late the reader comes.
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(LATE_READER_WAIT)
-        console = proc.stdout.read().decode()
+        console = proc.stdout.read()
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from launching import start_mgpu
 from supervisor_helpers import make_plans, supervise_plans
 from launcher import protocol
 from launcher.supervise.live import LiveLines, ProgressMeter, latest_redraw
@@ -19,7 +20,6 @@ from launcher.supervise.live import LiveLines, ProgressMeter, latest_redraw
 pytestmark = pytest.mark.timeout(120)
 
 REDRAW_TASK = str(pathlib.Path(__file__).resolve().parent / "redraw_task.py")
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 REDRAWS = 2000
 
 
@@ -61,9 +61,9 @@ def test_redrawn_line_on_a_terminal_is_repainted_in_place_at_most_once_a_second(
     reader = threading.Thread(target=read_all, args=(master, received), daemon=True)
     reader.start()
     started = time.monotonic()
-    proc = subprocess.Popen([str(MGPU), "launch", "--local", "1", "--run-id", run_id, "--log-dir",
-                             str(tmp_path / "runs"), "--", sys.executable, REDRAW_TASK, str(REDRAWS)],
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.DEVNULL)
+    proc = start_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--",
+                      sys.executable, REDRAW_TASK, str(REDRAWS),
+                      stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.DEVNULL)
     os.close(slave)
     try:
         assert proc.wait(90) == 0

@@ -11,7 +11,7 @@ from launcher.host import proctree
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import make_run_dir
-from supervisor_helpers import wait_for
+from launching import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,11 +40,11 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
         reaper_pid = int(launcher.stdout.readline())
         launcher.kill()
         launcher.wait()
-        assert wait_for(lambda: all(p.poll() is not None for p in tagged), 15)
+        wait_for(lambda: all(p.poll() is not None for p in tagged), 15, what="the tagged processes to exit")
         assert [p.returncode for p in tagged] == [-signal.SIGTERM, -signal.SIGKILL]
         assert bystander.poll() is None
-        assert wait_for(lambda: not os.path.exists(f"/proc/{reaper_pid}") or
-                        open(f"/proc/{reaper_pid}/stat").read().split()[2] == "Z", 10)
+        wait_for(lambda: not os.path.exists(f"/proc/{reaper_pid}") or
+                 open(f"/proc/{reaper_pid}/stat").read().split()[2] == "Z", 10, what="the reaper to exit")
         assert f"stopped 2 processes of run {run_id}" in (tmp_path / "run-dir" / "reaper.log").read_text()
     finally:
         for proc in (*tagged, bystander):

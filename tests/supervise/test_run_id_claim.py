@@ -6,17 +6,16 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
+from launching import run_mgpu, start_mgpu, wait_for
+
 HOLD = [sys.executable, "-c", "import time; print('task up', flush=True); time.sleep(120)"]
 
 
 def start_launch(run_id: str, log_dir: pathlib.Path, command: list[str]) -> subprocess.Popen:
     # With the pre-launch reachability probe: between the check of the run id and the tasks' start.
-    return subprocess.Popen([str(MGPU), "launch", "--local", "1", "--run-id", run_id, "--log-dir", str(log_dir),
-                             "--", *command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(log_dir), "--", *command,
+                      stderr=subprocess.PIPE)
 
 
 def wait_for_line(proc: subprocess.Popen, text: str) -> None:
@@ -43,9 +42,8 @@ def test_a_run_id_in_use_under_another_log_dir_is_refused(tmp_path):
     first = start_launch(run_id, tmp_path / "one", ["env", "-u", "MGPU_RUN_ID", *HOLD])
     try:
         wait_for_line(first, "task up")
-        second = subprocess.run([str(MGPU), "launch", "--local", "1", "--run-id", run_id,
-                                 "--log-dir", str(tmp_path / "two"), "--", "true"],
-                                capture_output=True, text=True, timeout=60)
+        second = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "two"),
+                          "--", "true")
         assert second.returncode == 2, second.stderr
         assert second.stderr == (f"mgpu: error: run id {run_id} is in use by running processes (pid {first.pid}: "
                                  f"a launch on this machine, in any log dir); choose another run id\n")
@@ -54,8 +52,7 @@ def test_a_run_id_in_use_under_another_log_dir_is_refused(tmp_path):
     finally:
         stop(first)
     # Once the first run is over, the id is free again (its lock file is gone with it).
-    again = subprocess.run([str(MGPU), "launch", "--local", "1", "--run-id", run_id, "--log-dir",
-                            str(tmp_path / "two"), "--", "true"], capture_output=True, text=True, timeout=60)
+    again = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "two"), "--", "true")
     assert again.returncode == 0, again.stderr
 
 
@@ -65,9 +62,7 @@ def test_two_launches_started_together_with_one_run_id_in_two_log_dirs(tmp_path)
         run_id = f"race-{attempt}-{secrets.token_hex(4)}"
         launches = [start_launch(run_id, tmp_path / f"{attempt}-{side}", HOLD) for side in ("a", "b")]
         try:
-            deadline = time.monotonic() + 60
-            while all(proc.poll() is None for proc in launches) and time.monotonic() < deadline:
-                time.sleep(0.05)  # polls for an event (a launcher's exit), bounded by the deadline
+            wait_for(lambda: any(proc.poll() is not None for proc in launches), 60, what="a launcher to exit")
             refused = [proc for proc in launches if proc.poll() is not None]
             assert len(refused) == 1, [proc.poll() for proc in launches]
             assert refused[0].returncode == 2, refused[0].stderr.read()

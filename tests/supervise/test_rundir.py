@@ -16,9 +16,8 @@ from launcher.supervise.options import SuperviseOptions
 from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir, make_run_dir
 from launcher.supervise.run_lock import run_id_lock_dir
-from supervisor_helpers import wait_for
+from launching import run_mgpu, start_mgpu, wait_for
 
-MGPU = pathlib.Path(sys.executable).parent / "mgpu"
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
@@ -39,8 +38,7 @@ def as_nobody(script: str) -> None:
 
 
 def launch(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(MGPU), "launch", "--local", "1", *args, "--", "true"],
-                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    return run_mgpu("launch", "--local", "1", *args, "--", "true", cwd=cwd)
 
 
 @needs_root
@@ -150,11 +148,10 @@ def test_renaming_the_run_dir_during_a_run_redirects_nothing(tmp_path):
             "    if time.monotonic() > deadline: sys.exit('never told to go on')\n"
             "    time.sleep(0.05)\n"
             "print('late')\n")
-    proc = subprocess.Popen([str(MGPU), "launch", "--local", "1", "--log-dir", str(runs), "--run-id", "swap", "--",
-                             sys.executable, "-c", task],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    proc = start_mgpu("launch", "--local", "1", "--log-dir", str(runs), "--run-id", "swap", "--",
+                      sys.executable, "-c", task, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
-        assert wait_for(lambda: (runs / "swap" / "run.json").exists(), 60), "the run did not start"
+        wait_for(lambda: (runs / "swap" / "run.json").exists(), 60, what="the run to start")
         (runs / "swap").rename(runs / "moved")
         (runs / "swap").mkdir()
         assert proc.poll() is None  # the task waits for `go`: the run is still going

@@ -100,10 +100,9 @@ def test_no_stall_watchdog_with_zero(run_id, tmp_path):
 
 def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_default(tmp_path):
     import os
-    import subprocess
-    import sys
 
-    from supervisor_helpers import pick_free_ports
+    from launcher.host.ports import pick_free_ports
+    from launching import run_mgpu
 
     spec = tmp_path / "cluster.yaml"
     spec.write_text(f"cluster: {{worker: ['127.0.0.1:{pick_free_ports(1)[0]}']}}\nstall_timeout: 7\n")
@@ -112,9 +111,8 @@ def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_de
 
     def recorded(*args):
         run_id = f"stall-option-{os.getpid()}-{next(runs)}"
-        done = subprocess.run([sys.executable, "-m", "launcher", "launch", "--spec", str(spec), *args,
-                               "--log-dir", str(tmp_path), "--run-id", run_id, "--", "true"],
-                              capture_output=True, text=True, timeout=60)
+        done = run_mgpu("launch", "--spec", str(spec), *args, "--log-dir", str(tmp_path), "--run-id", run_id,
+                        "--", "true")
         assert done.returncode == 0, done.stderr
         return json.loads((tmp_path / run_id / "run.json").read_text())["options"]["stall_timeout"]
 

@@ -19,8 +19,9 @@ from launcher.errors import TaskFailed, UsageError
 from launcher.launch import launch
 from launcher.launch_options import LaunchOptions
 from launcher.supervise.options import SuperviseOptions
+from launching import wait_for
 from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, pid_alive, read_pids, records,
-                                recorded_ready, released_once, supervise_plans, wait_for)
+                                recorded_ready, released_once, supervise_plans)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -248,7 +249,8 @@ def test_a_run_id_carried_by_live_processes_is_refused_before_anything_starts(ru
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              env={**os.environ, "MGPU_RUN_ID": run_id}, start_new_session=True)
     try:
-        assert wait_for(lambda: [p.pid for p in proctree.tagged_processes(run_id)] == [other.pid], 10)
+        wait_for(lambda: [p.pid for p in proctree.tagged_processes(run_id)] == [other.pid], 10,
+                 what="only the other process tagged")
         plans = make_plans(run_id, ["--record", str(record_dir)], workers=1)
         options = LaunchOptions(SuperviseOptions(run_id=run_id, log_dir=tmp_path / "runs"), check_hosts=False)
         with pytest.raises(UsageError) as refused:
@@ -310,7 +312,8 @@ def test_output_held_open_by_a_process_outside_the_run_is_closed_after_one_deadl
         held = {os.readlink(f"/proc/{pid}/fd/{fd}") for pid in holders for fd in (1, 2)}
         assert len(held) == 4 and all(link.startswith("pipe:") for link in held)
         assert not held & open_files_of_this_process()
-        assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("mgpu-read-worker:")], 5)
+        wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("mgpu-read-worker:")], 5,
+                 what="the output readers to end")
     finally:
         for pid in read_pids(record_dir, "*.escaped.pid"):
             try:

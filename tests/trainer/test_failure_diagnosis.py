@@ -11,7 +11,7 @@ import time
 import pytest
 from needs import installed_version
 
-from trainer_helpers import REPO
+from launching import run_mgpu, start_mgpu
 from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -24,11 +24,8 @@ def launch(tmp_path, program: str, *args: str, workers: int = 2) -> tuple[int, s
     """Run `program` in every task of a local cluster; (exit code, stdout, stderr) of mgpu."""
     path = tmp_path / "prog.py"
     path.write_text(PROLOGUE + textwrap.dedent(program))
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "launch", "--local", str(workers), "--log-dir", str(tmp_path / "runs"),
-         "--grace-period", "2", *args, "--", sys.executable, str(path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=150, env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    done = run_mgpu("launch", "--local", str(workers), "--log-dir", str(tmp_path / "runs"), "--grace-period", "2",
+                    *args, "--", sys.executable, str(path), cwd=tmp_path, timeout=150)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -121,11 +118,8 @@ def launch_trainer(tmp_path, run_id: str, *trainer_args: str, workers: int = 2) 
     """`mgpu launch --local N` of the built-in trainer, its stderr going to tmp_path/stderr.txt;
     the caller reads its stdout and waits for it."""
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "launcher", "launch", "--local", str(workers), "--run-id", run_id,
-             "--log-dir", str(tmp_path / "runs"), "--grace-period", "2", "--", *trainer_args],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
-        )
+        return start_mgpu("launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+                          "--grace-period", "2", "--", *trainer_args, cwd=tmp_path, stderr=stderr)
 
 
 def test_the_trainers_error_file_is_what_the_summary_shows(tmp_path):

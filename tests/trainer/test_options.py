@@ -18,7 +18,7 @@ np = require("numpy", "the train extra")  # noqa: E402 (datasets needs it too)
 from launcher.errors import MgpuError, UsageError
 from launcher.trainer import cluster, datasets, options
 from launcher.host.ports import pick_free_ports
-from trainer_helpers import REPO
+from launching import REPO
 
 
 def run_module(args, env_extra=None):

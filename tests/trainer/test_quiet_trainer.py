@@ -1,14 +1,11 @@
 """The built-in trainer under `mgpu launch`: TensorFlow's C++ INFO and WARNING records hidden unless
 --tf-log-level asks for them, no coordination-service errors on success, and mgpu's closing line."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 from needs import installed_version
 
-from trainer_helpers import REPO
+from launching import run_mgpu
 from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -22,10 +19,8 @@ TRAINER = ["--model", "small", "--dataset", "synthetic", "--threads", "1", "--tr
 
 
 def launch(tmp_path, run_id, *trainer_args, launcher_args=()):
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "launch", "--local", "2", "--threads-per-task", "1",
-         "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, *launcher_args, "--", *TRAINER, *trainer_args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=200, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    done = run_mgpu("launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+                    "--run-id", run_id, *launcher_args, "--", *TRAINER, *trainer_args, cwd=tmp_path, timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     logs = [(tmp_path / "runs" / run_id / f"worker-{i}.log").read_text() for i in (0, 1)]
     return done, logs

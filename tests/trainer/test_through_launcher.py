@@ -1,38 +1,20 @@
 """The trainer under the real `mgpu launch`: identical replicas, an evaluator, preemption and resume."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import psutil
 import pytest
 from needs import installed_version
 
-from trainer_helpers import FAST, REPO
+from launching import finish, start_mgpu
+from trainer_helpers import FAST
 
 pytestmark = pytest.mark.slow
 installed_version("tensorflow", "the train extra")
 
-MGPU = [sys.executable, "-m", "launcher"]
 # What a worker logs when the coordination service it talks to has gone away first.
 UNCLEAN_EXIT = ("CoordinationService", "have crashed", "Heartbeat")
-
-
-def launch(args, cwd, timeout=240):
-    return subprocess.Popen([*MGPU, "launch", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-
-
-def finish(proc, timeout=240):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-        pytest.fail(f"mgpu launch did not finish in {timeout} s:\n{out[-3000:]}")
-    return proc.returncode, out
 
 
 def run_record(log_dir, run_id):
@@ -41,10 +23,10 @@ def run_record(log_dir, run_id):
 
 def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
-    code, out = finish(launch([
-        "--local", "2", "--evaluator", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "with-evaluator",
+    code, out = finish(start_mgpu(
+        "launch", "--local", "2", "--evaluator", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "with-evaluator",
         "--", *FAST, "--train-steps", "60", "--eval-every", "30", "--batch-size-per-replica", "32",
-        "--model-dir", str(model_dir), "--evaluator-timeout", "120"], tmp_path))
+        "--model-dir", str(model_dir), "--evaluator-timeout", "120", cwd=tmp_path), 240)
     assert code == 0, out[-3000:]
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2 and metrics["global_step"] == 60
@@ -65,10 +47,10 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
 
 def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
-    proc = launch([
-        "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "preempted", "--grace-period", "30",
+    proc = start_mgpu(
+        "launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "preempted", "--grace-period", "30",
         "--", *FAST, "--train-steps", "400", "--log-every", "20", "--steps-per-loop", "5",
-        "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir)], tmp_path)
+        "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir), cwd=tmp_path)
     seen = []
     try:
         # Preempt worker:1 once training is under way: when the first training line is out.
@@ -83,7 +65,7 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
         worker.send_signal(signal.SIGTERM)
         worker.resume()
     finally:
-        code, out = finish(proc)
+        code, out = finish(proc, 240)
         out = "".join(seen) + out
     assert code == 0, out[-3000:]
     attempts = run_record(log_dir, "preempted")["attempts"]

@@ -17,7 +17,8 @@ np = require("numpy", "the train extra")
 installed_version("tensorflow", "the train extra")
 
 from launcher import protocol  # noqa: E402
-from trainer_helpers import FAST, REPO, Trainer, cluster_configs, read_json, wait_all, wait_for
+from launching import REPO, wait_for
+from trainer_helpers import FAST, Trainer, cluster_configs, read_json, wait_all
 
 pytestmark = pytest.mark.slow
 

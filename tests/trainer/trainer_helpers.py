@@ -11,9 +11,9 @@ import sys
 import time
 
 from launcher.host.ports import pick_free_ports
+from launching import REPO
 
 _TF_LOG = re.compile(r"^[IWEF]\d{4} |^To enable the following instructions")
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Tiny and exactly reproducible: small model (no dropout), synthetic data, one thread.
 FAST = ["--model", "small", "--dataset", "synthetic", "--threads", "1"]
@@ -76,14 +76,6 @@ def wait_all(trainers: list[Trainer], timeout: float) -> list[int]:
     finally:
         for t in trainers:
             t.close()
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def read_json(path: pathlib.Path) -> dict:
