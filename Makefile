@@ -15,7 +15,10 @@ PY := $(VENV)/bin/python
 MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
 DATA_DIR ?= ../shared/data/fashion-mnist
-FAST_PYTHONS ?= python3.10 python3.13
+PYENV_ROOT ?= $(HOME)/.pyenv
+# pyenv's builds where there are some, else whatever python3.10 and python3.13 are on PATH.
+FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3.10) python3.10) \
+	$(firstword $(wildcard $(PYENV_ROOT)/versions/3.13.*/bin/python3.13) python3.13)
 # mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
 FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 

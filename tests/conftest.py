@@ -108,5 +108,6 @@ def pytest_collection_modifyitems(config, items):
         if (relative.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST_MARKS)
                 and not _needs_a_framework(item)):
             item.add_marker(pytest.mark.fast)
-        group = next((lab for prefix, lab in SHARED_LABS.items() if relative.startswith(prefix)), relative)
-        item.add_marker(pytest.mark.xdist_group(group))
+        if config.pluginmanager.hasplugin("xdist"):
+            group = next((lab for prefix, lab in SHARED_LABS.items() if relative.startswith(prefix)), relative)
+            item.add_marker(pytest.mark.xdist_group(group))
