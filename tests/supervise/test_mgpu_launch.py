@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from launching import run_mgpu, start_mgpu, wait_for
+from launching import REPO, run_mgpu, start_mgpu, wait_for
 from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records
 from launcher.host import proctree
 from launcher.host.ports import pick_free_ports
@@ -68,6 +68,17 @@ def test_success_through_the_cli(run_id, record_dir, tmp_path, launches):
     assert "[worker:1] out worker:1 1\n" in launch.stdout
     assert launch.run["status"] == "succeeded"
     assert_run_gone(run_id)
+
+
+def test_the_documented_defaults_are_the_ones_a_run_gets(run_id, tmp_path):
+    """docs/failures.md: `--grace-period` (10 s), `--start-timeout` (120 s); the stall timeout 1800 s."""
+    done = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--",
+                    *FAKE_WORKER, timeout=120)
+    assert done.returncode == 0, done.stderr
+    options = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())["options"]
+    assert (options["grace_period"], options["start_timeout"], options["stall_timeout"]) == (10.0, 120.0, 1800.0)
+    docs = (REPO / "docs" / "failures.md").read_text()
+    assert "`--grace-period` (10 s)" in docs and "`--start-timeout` (120 s)" in docs
 
 
 def test_failure_through_the_cli(run_id, tmp_path, launches):
