@@ -68,7 +68,9 @@ POLL_INTERVAL = 0.05
 LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
-STACKS_TIMEOUT = 10.0  # after SIGABRT, how long tasks may take to write their stacks and end
+# After SIGABRT, how long tasks may take to write their stacks and end: ample, since a stalled job's
+# tasks may share a loaded machine, and waiting ends as soon as they have.
+STACKS_TIMEOUT = 30.0
 
 
 def supervise(

@@ -33,7 +33,7 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
         launcher_code = (f"import pathlib, sys, time; from launcher.supervise.reaper import Reaper\n"
                          f"from launcher.supervise.rundir import make_run_dir\n"
                          f"from launcher.supervise.options import SuperviseOptions\n"
-                         f"run_dir = make_run_dir(SuperviseOptions('run-dir', pathlib.Path({str(tmp_path)!r})))\n"
+                         f"run_dir = make_run_dir(SuperviseOptions({run_id + '-dir'!r}, pathlib.Path({str(tmp_path)!r})))\n"
                          f"r = Reaper.start({run_id!r}, 0.5, run_dir)\n"
                          f"print(r.pid, flush=True); time.sleep(600)\n")
         launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE)
@@ -45,7 +45,7 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
         assert bystander.poll() is None
         wait_for(lambda: not os.path.exists(f"/proc/{reaper_pid}") or
                  open(f"/proc/{reaper_pid}/stat").read().split()[2] == "Z", 10, what="the reaper to exit")
-        assert f"stopped 2 processes of run {run_id}" in (tmp_path / "run-dir" / "reaper.log").read_text()
+        assert f"stopped 2 processes of run {run_id}" in (tmp_path / f"{run_id}-dir" / "reaper.log").read_text()
     finally:
         for proc in (*tagged, bystander):
             proc.kill()
@@ -55,7 +55,7 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
 def test_dismissed_reaper_leaves_processes_alone(run_id, tmp_path):
     proc = start_tagged(run_id)
     try:
-        reaper = Reaper.start(run_id, 0.5, make_run_dir(SuperviseOptions("run-dir", tmp_path)))
+        reaper = Reaper.start(run_id, 0.5, make_run_dir(SuperviseOptions(f"{run_id}-dir", tmp_path)))
         reaper.dismiss()
         assert proc.poll() is None
         assert proctree.tagged_processes(run_id)

@@ -155,12 +155,17 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, re
     proc = launch_trainer(tmp_path, "frozen", "--model", "small", "--dataset", "synthetic", "--threads", "1",
                           "--train-steps", "1000000", "--log-every", "5")
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [*(lines.put(line) for line in proc.stdout), lines.put(None)], daemon=True).start()
     frozen = None
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:  # until worker:0 trains, so worker:1 does too (the steps are in step)
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                continue  # the deadline: the loop ends
+            if line is None:
+                pytest.fail("mgpu ended before worker:0 trained: " + (tmp_path / "stderr.txt").read_text()[-3000:])
             if line.startswith("[worker:0] train step="):
                 break
         else:
