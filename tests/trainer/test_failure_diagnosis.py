@@ -152,7 +152,8 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, re
     import signal
     import threading
 
-    proc = launch_trainer(tmp_path, "frozen", "--model", "small", "--dataset", "synthetic", "--threads", "1",
+    run_id = f"frozen-{frozen_task.replace(':', '-')}"  # each case its own: nothing of one holds the other's id
+    proc = launch_trainer(tmp_path, run_id, "--model", "small", "--dataset", "synthetic", "--threads", "1",
                           "--train-steps", "1000000", "--log-every", "5")
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [*(lines.put(line) for line in proc.stdout), lines.put(None)], daemon=True).start()
@@ -170,7 +171,7 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, re
                 break
         else:
             pytest.fail("worker:0 never reported a training step")
-        run = json.loads((tmp_path / "runs" / "frozen" / "run.json").read_text())
+        run = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
         frozen = run["attempts"][0]["tasks"][frozen_task]["pid"]
         os.kill(frozen, signal.SIGSTOP)
         proc.wait(timeout=180)

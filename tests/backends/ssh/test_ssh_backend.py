@@ -55,7 +55,7 @@ def drain(proc) -> tuple[bytes, bytes]:
     return b"".join(chunks["out"]), b"".join(chunks["err"])
 
 
-def wait_exit(proc, timeout: float = 30) -> int:
+def wait_exit(proc, timeout: float = 120) -> int:
     code = wait_until(lambda: proc.poll() is not None, timeout, 0.02)
     assert code, "task did not end"
     return proc.poll()
@@ -616,7 +616,7 @@ def test_a_task_that_listens_on_its_own_port_has_joined(runner):
     proc = runner.start(task, attempt=0)
     try:
         assert proc.stdout.readline() == b"up\n"
-        assert wait_until(lambda: proc.joined(task.port, None), 15) is True
+        assert wait_until(lambda: proc.joined(task.port, None), 60) is True
         assert proc.listens_on(task.port) is True
     finally:
         proc.signal_tree(signal.SIGKILL)
