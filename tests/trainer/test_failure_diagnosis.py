@@ -193,7 +193,7 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, re
     assert summary[2].startswith(f"  {reporter}: TensorFlow ") and "Graph execution error" not in summary[2]
     [hint] = hint_lines(err)
     assert hint.startswith("hint: a task stopped sending or answering heartbeats") and "firewall" not in hint
-    logs = tmp_path / "runs" / "frozen"
+    logs = tmp_path / "runs" / run_id
     assert summary[-2:] == [f"log: {logs / (frozen_task.replace(':', '-') + '.log')}",
                             f"log: {logs / (reporter.replace(':', '-') + '.log')}"]
     if frozen_task == "worker:1":  # the error file keeps TensorFlow's whole message, which names it too
