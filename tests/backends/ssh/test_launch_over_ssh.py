@@ -47,6 +47,18 @@ def ssh_args(ssh_lab) -> list[str]:
             "--connect-timeout", "5"]
 
 
+def wait_for_both_tasks_hanging(proc, run_id: str) -> None:
+    """Until both remote tasks print "hanging" (at most 60 s) and each has its child running."""
+    hanging = 0
+    deadline = time.monotonic() + 60
+    while hanging < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read().decode()
+        hanging += b"hanging" in line
+    assert hanging == 2
+    assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
+
+
 def launch_args(ssh_lab, run_id: str, *extra: str) -> list[str]:
     port_a, port_b = pick_free_ports(2)
     return ["launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab), "--run-id", run_id,
@@ -85,14 +97,7 @@ def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
     run_id = unique_run_id("sigint")
     proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
     try:
-        hanging = 0
-        deadline = time.monotonic() + 60
-        while hanging < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read().decode()
-            hanging += b"hanging" in line
-        assert hanging == 2
-        assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
+        wait_for_both_tasks_hanging(proc, run_id)
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode == 130
@@ -268,14 +273,7 @@ def test_a_sigkilled_launcher_of_an_ssh_only_run_is_recorded_as_died(ssh_lab, tm
             return None
 
     try:
-        hanging = 0
-        deadline = time.monotonic() + 60
-        while hanging < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read().decode()
-            hanging += b"hanging" in line
-        assert hanging == 2
-        assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
+        wait_for_both_tasks_hanging(proc, run_id)
         assert status() == "running"
         proc.kill()
         proc.wait(10)
