@@ -132,3 +132,19 @@ def test_counting_absurd_entries_takes_no_memory():
     from launcher.config.hostlist import count_entry
 
     assert count_entry("n" + "[0-65535]" * 1000) >= 10**18  # counted, never built
+
+
+@pytest.mark.parametrize("option", ["--hostfile", "--spec", "--env-file", "--ssh-config"])
+def test_an_input_file_over_16_mib_is_refused_unread(tmp_path, option):
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(16 * 1024 * 1024 + 1)  # sparse: one byte over the limit
+    assert_refused(run_mgpu(*_with_file(option, big)), f"{option} {big}: larger than 16 MiB")
+
+
+def test_an_env_file_of_16_mib_is_read(tmp_path):
+    env_file = tmp_path / "env"
+    line = "A=" + "x" * 1000 + "\n"
+    env_file.write_text(line * (16 * 1024 * 1024 // len(line)))  # at the limit: read, not refused
+    result = run_mgpu(*_with_file("--env-file", env_file))
+    assert result.returncode == 0, result.stderr
