@@ -60,6 +60,12 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` a moment ago, picked as mgpu picks its local tasks' ports."""
+    from launcher.host.ports import pick_free_ports
+    return pick_free_ports(1, host)[0]
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callable[[], str] = "the condition",
              interval: float = 0.05):
     """Poll `predicate` until it returns something true, and return that; after `timeout` seconds,

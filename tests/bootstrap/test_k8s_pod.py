@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "backends" 
 
 from ssh_helpers import REQUIRE, Netns, require_tools  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from launching import REPO
 
 
 def environ(index, tasks=3, chief=True, **extra):

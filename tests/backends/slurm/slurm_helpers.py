@@ -10,13 +10,13 @@ import dataclasses
 import os
 import pathlib
 import shutil
-import socket
 import stat
 import subprocess
 import time
 
 import psutil
 import pytest
+from launching import free_port
 
 REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
@@ -34,12 +34,6 @@ def require_slurm() -> None:
         if REQUIRE:
             pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
         pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,6 @@ import pytest
 from launcher.host.probe import interface_holding, local_addresses, source_address_toward
 from slurm_helpers import SlurmLab, free_ports_in_a_row
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 MGPU = [sys.executable, "-m", "launcher"]
 NODE = socket.gethostname()
 NODE_INTERFACE = interface_holding([source_address_toward(NODE)], local_addresses())

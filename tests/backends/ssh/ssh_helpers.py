@@ -20,10 +20,10 @@ from typing import Iterator
 
 import psutil
 import pytest
+from launching import free_port
 
 SSHD = "/usr/sbin/sshd"
 REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
-REPO = pathlib.Path(__file__).resolve().parents[3]
 PYTHON = sys.executable  # the remote hosts share this machine's filesystem
 
 
@@ -41,12 +41,6 @@ def keygen(path: pathlib.Path, comment: str = "mgpu-test") -> str:
     """Generate an ed25519 key pair without passphrase; returns the public key line."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
     return pathlib.Path(str(path) + ".pub").read_text().strip()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -230,15 +224,6 @@ def run_processes(run_id: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 # Arguments and values that a careless shell command line would mangle.

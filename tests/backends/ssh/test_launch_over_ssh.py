@@ -14,7 +14,8 @@ import time
 import pytest
 
 from launcher.host.ports import pick_free_ports
-from ssh_helpers import PYTHON, REPO, run_processes, silent_listener, unique_run_id, wait_until
+from launching import REPO, wait_for
+from ssh_helpers import PYTHON, run_processes, silent_listener, unique_run_id
 
 pytestmark = pytest.mark.ssh
 
@@ -56,7 +57,7 @@ def wait_for_both_tasks_hanging(proc, run_id: str) -> None:
         assert line, proc.stderr.read().decode()
         hanging += b"hanging" in line
     assert hanging == 2
-    assert wait_until(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
+    wait_for(lambda: len(run_processes(run_id)) >= 4, 10)  # two tasks, each with a child
 
 
 def launch_args(ssh_lab, run_id: str, *extra: str) -> list[str]:
@@ -89,7 +90,7 @@ def test_a_failing_task_stops_the_remote_cluster(ssh_lab, tmp_path):
     assert proc.returncode == 1, err.decode()
     assert "mgpu: error: worker:0 on sshd-a" in err.decode()
     assert time.monotonic() - started < 60
-    assert wait_until(lambda: not run_processes(run_id), 10) is True
+    wait_for(lambda: not run_processes(run_id), 10)
 
 
 def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
@@ -101,7 +102,7 @@ def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode == 130
-        assert wait_until(lambda: not run_processes(run_id), 10) is True
+        wait_for(lambda: not run_processes(run_id), 10)
     finally:
         proc.kill()
         proc.wait(10)
@@ -120,7 +121,7 @@ def test_unknown_host_key_refuses_the_launch(ssh_lab, tmp_path):
         last = err.decode().strip().splitlines()[-1]
         assert last.startswith("mgpu: error: ") and ssh_lab.b.fingerprint() in last
         assert f"[127.0.0.1]:{ssh_lab.b.port}" in last and "Traceback" not in err.decode()
-        assert wait_until(lambda: not run_processes(run_id), 10) is True
+        wait_for(lambda: not run_processes(run_id), 10)
     assert known.read_text() == ssh_lab.a.known_hosts_line()
 
 
@@ -213,7 +214,7 @@ def test_sigint_during_the_checks_returns_at_once(ssh_lab, tmp_path, command):
         proc = mgpu(ssh_lab, tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
                     "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "30", "--python", PYTHON)
         try:
-            assert wait_until(lambda: listener.accepted, 20)  # the check is waiting for the banner
+            wait_for(lambda: listener.accepted, 20)  # the check is waiting for the banner
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=10)  # well before the 30 s connect timeout
         finally:
@@ -277,8 +278,8 @@ def test_a_sigkilled_launcher_of_an_ssh_only_run_is_recorded_as_died(ssh_lab, tm
         assert status() == "running"
         proc.kill()
         proc.wait(10)
-        assert wait_until(lambda: status() == "launcher-died", 30), status()
-        assert wait_until(lambda: not run_processes(run_id), 30) is True
+        wait_for(lambda: status() == "launcher-died", 30, lambda: status())
+        wait_for(lambda: not run_processes(run_id), 30)
     finally:
         proc.kill()
         proc.wait(10)

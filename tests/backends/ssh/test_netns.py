@@ -15,7 +15,8 @@ import pytest
 from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
-from ssh_helpers import (NETNS_PREFIX, PYTHON, REPO, REQUIRE, Netns, SshLab, ip, remove_namespace,
+from launching import REPO
+from ssh_helpers import (NETNS_PREFIX, PYTHON, REQUIRE, Netns, SshLab, ip, remove_namespace,
                          remove_stale_namespaces, require_tools, run_processes, start_sshd, unique_run_id)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]

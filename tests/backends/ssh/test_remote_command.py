@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from launcher.backends.ssh import remote_command
+from launching import free_port
 from ssh_helpers import ECHO_PROGRAM, TRICKY
 
 def start_like_sshd(remote: remote_command.RemoteTask) -> subprocess.Popen:
@@ -333,12 +334,6 @@ JOINER = (
 )
 
 
-def free_port_on(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def wait_for_scans(reporter: subprocess.Popen, count: int, timeout: float = 30) -> None:
     """Until the reporter has looked at the sockets `count` more times. Each round of its loop
     reads /proc, reports, and only then sleeps: every new `sleep` child it starts ends a scan."""
@@ -374,7 +369,7 @@ def unread(stream) -> bytes:
 def test_the_join_reporter_reports_what_the_session_does_and_exits_with_it(listens, connects, reports):
     coordinator = listening_server()  # "process 0", outside the task's session
     other = listening_server()  # a server the task also talks to
-    own = free_port_on("127.0.0.3")
+    own = free_port("127.0.0.3")
     argv = [sys.executable, "-c", JOINER, str(own if listens else 0),
             str(coordinator.getsockname()[1] if connects else 0), str(other.getsockname()[1])]
     proc = start_like_sshd(remote_command.task_command(argv, {}, None, 1))

@@ -20,8 +20,8 @@ from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 
-from ssh_helpers import (ECHO_PROGRAM, PYTHON, TRICKY, free_port, require_tools, run_processes, start_sshd,
-                         unique_run_id, wait_until)
+from launching import free_port, wait_for
+from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, require_tools, run_processes, start_sshd, unique_run_id
 
 pytestmark = pytest.mark.ssh
 
@@ -56,8 +56,7 @@ def drain(proc) -> tuple[bytes, bytes]:
 
 
 def wait_exit(proc, timeout: float = 120) -> int:
-    code = wait_until(lambda: proc.poll() is not None, timeout, 0.02)
-    assert code, "task did not end"
+    wait_for(lambda: proc.poll() is not None, timeout, "the task's end", interval=0.02)
     return proc.poll()
 
 
@@ -142,10 +141,10 @@ def test_signal_tree_kills_the_remote_tree_and_reports_the_signal(runner):
                "print('up', flush=True); time.sleep(300)\n")
     proc = runner.start(plan("sshd-a", [PYTHON, "-c", program], run_id=signal_tree_id), attempt=0)
     assert proc.stdout.readline() == b"up\n"
-    assert wait_until(lambda: len(run_processes(signal_tree_id)) >= 2, 10)
+    wait_for(lambda: len(run_processes(signal_tree_id)) >= 2, 10)
     proc.signal_tree(signal.SIGTERM)
     assert wait_exit(proc) == -signal.SIGTERM
-    assert wait_until(lambda: not run_processes(signal_tree_id), 10) is True
+    wait_for(lambda: not run_processes(signal_tree_id), 10)
     proc.signal_tree(signal.SIGKILL)  # gone: a no-op
     proc.close()
 
@@ -163,7 +162,7 @@ def test_lost_connection_kills_the_remote_tree(runner):
     assert wait_exit(proc, 15) == 255
     _, err = drain(proc)
     assert b"lost the SSH connection" in err
-    assert wait_until(lambda: not run_processes(drop_id), 15) is True
+    wait_for(lambda: not run_processes(drop_id), 15)
     proc.close()
 
 
@@ -189,10 +188,10 @@ def test_sigkilled_launcher_leaves_nothing_remote(ssh_lab):
                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         assert launcher.stdout.readline() == b"up\n"
-        assert wait_until(lambda: len(run_processes(run_id)) >= 2, 10)
+        wait_for(lambda: len(run_processes(run_id)) >= 2, 10)
         launcher.kill()
         launcher.wait(10)
-        assert wait_until(lambda: not run_processes(run_id), 15) is True
+        wait_for(lambda: not run_processes(run_id), 15)
     finally:
         launcher.kill()
         launcher.wait(10)
@@ -393,13 +392,13 @@ def test_unanswered_keepalives_drop_the_connection(ssh_lab, tmp_path):
         conn = runner.connect(task)
         conn.release()
         # Answered keepalives keep the connection, past the 3 intervals that unanswered ones last.
-        assert wait_until(lambda: conn.keepalives_answered >= 4, 60)
+        wait_for(lambda: conn.keepalives_answered >= 4, 60)
         assert proc.poll() is None and conn.active
         with server.frozen():
             assert wait_exit(proc, 60) == 255
             assert b"lost the SSH connection" in drain(proc)[1]
             assert run_processes(partition_id)  # unreachable, so still running over there ...
-        assert wait_until(lambda: not run_processes(partition_id), 15) is True  # ... until sshd notices
+        wait_for(lambda: not run_processes(partition_id), 15)  # ... until sshd notices
         proc.close()
     finally:
         runner.close()
@@ -429,7 +428,7 @@ def test_login_through_ssh_agent(ssh_lab, tmp_path, monkeypatch):
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", sock], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: os.path.exists(sock), 10)
+        wait_for(lambda: os.path.exists(sock), 10)
         monkeypatch.setenv("SSH_AUTH_SOCK", sock)
         # Reached by address, so the ssh config's IdentityFile for sshd-a does not apply.
         task = plan("127.0.0.1", ["true"], ssh=SshSettings(port=ssh_lab.a.port))
@@ -475,7 +474,7 @@ def test_signalling_tasks_does_not_wait_for_a_slow_host(ssh_lab, tmp_path):
             assert not stopper.is_alive(), "signal_tree waited for the host"
             assert all(proc.poll() is None for proc in procs)
         assert [wait_exit(proc, 30) for proc in procs] == [-signal.SIGTERM] * 3
-        assert wait_until(lambda: not run_processes(run_id), 15) is True
+        wait_for(lambda: not run_processes(run_id), 15)
         for proc in procs:
             proc.close()
     finally:
@@ -509,7 +508,7 @@ def test_stopped_task_leaves_no_escapee_that_ignores_term(runner):
         assert wait_exit(proc) == -signal.SIGTERM
         proc.signal_tree(signal.SIGKILL)
         proc.close()  # the session ends: the hang-up guard TERMs, waits the grace period (2 s), then KILLs
-        assert wait_until(lambda: gone(child), 20) is True
+        wait_for(lambda: gone(child), 20)
     finally:
         if not gone(child):
             os.kill(child, signal.SIGKILL)
@@ -539,7 +538,7 @@ def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
         child = int(launcher.stdout.readline())
         launcher.kill()
         launcher.wait(10)
-        assert wait_until(lambda: gone(child), 20) is True
+        wait_for(lambda: gone(child), 20)
     finally:
         launcher.kill()
         launcher.wait(10)
@@ -593,7 +592,7 @@ def test_a_task_that_connects_to_the_coordinator_has_joined(runner, connects):
         try:
             assert proc.stdout.readline() == b"up\n"
             if connects:
-                assert wait_until(lambda: proc.joined(task.port, port), 15) is True
+                wait_for(lambda: proc.joined(task.port, port), 15)
                 assert proc.listens_on(task.port) is False  # it never listens: joined, but not by its port
             else:
                 # The task runs and does neither: the join reporter, which exits when the task does, says nothing.
@@ -616,7 +615,7 @@ def test_a_task_that_listens_on_its_own_port_has_joined(runner):
     proc = runner.start(task, attempt=0)
     try:
         assert proc.stdout.readline() == b"up\n"
-        assert wait_until(lambda: proc.joined(task.port, None), 60) is True
+        wait_for(lambda: proc.joined(task.port, None), 60)
         assert proc.listens_on(task.port) is True
     finally:
         proc.signal_tree(signal.SIGKILL)
