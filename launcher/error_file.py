@@ -160,7 +160,7 @@ def parse(data: bytes) -> TaskError | None:
         timestamp = datetime.datetime.fromisoformat(doc["timestamp"])
         if timestamp.tzinfo is None:
             return None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):  # nesting deeper than the parser's stack
         return None
     return TaskError(exception[:200], message[:MAX_MESSAGE], frame, text, exit, timestamp)
 
