@@ -136,11 +136,11 @@ def test_asking_a_stalled_task_for_its_stacks_leaves_no_core_file(run_id, tmp_pa
     plans = [p.__class__(**{**p.__dict__, "argv": (sys.executable, str(CORE_LIMIT_TASK)), "workdir": str(work)})
              for p in make_plans(run_id, [], workers=1, waits_for_ready=True, env=FAULTHANDLER)]
     ready = recorded_ready(tmp_path / "runs" / run_id, "worker:0")
-    clock = LeapingClock(lambda: (work / "child-ready").exists() and ready(), by=1000)
+    clock = LeapingClock(ready, by=1000)  # ready: its child's trap is set
     result = supervise_plans(plans, run_id, tmp_path, stall_timeout=100, grace_period=1.0, clock=clock)
     assert str(result.error).startswith("stall: "), result.error
     assert "Fatal Python error: Aborted" in result.log("worker:0")
-    limits = (work / "limits.txt").read_text().split()
+    limits = (work / "limits-0.txt").read_text().split()
     assert limits[4] == "0", limits  # Max core file size <soft> <hard> bytes
     assert not [p.name for p in work.iterdir() if p.name.startswith("core")]
     assert_run_gone(run_id)

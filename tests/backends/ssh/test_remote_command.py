@@ -166,14 +166,14 @@ def test_a_stack_request_leaves_no_core_file(tmp_path):
     try:
         pgid = read_pgid(proc)
         deadline = time.monotonic() + 60
-        while not (work / "child-ready").exists() and time.monotonic() < deadline:
+        while not (work / "child-ready-0").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGABRT)], check=True)
         assert proc.wait(30) == -signal.SIGABRT
         deadline = time.monotonic() + 30
-        while not (work / "limits.txt").exists() and time.monotonic() < deadline:
+        while not (work / "limits-0.txt").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert (work / "limits.txt").read_text().split()[4] == "0"  # Max core file size <soft> <hard> bytes
+        assert (work / "limits-0.txt").read_text().split()[4] == "0"  # Max core file size <soft> <hard> bytes
     finally:
         proc.stdin.close()
         proc.kill()
