@@ -26,7 +26,7 @@ def parse_env_file(text: str, source: str) -> dict[str, str]:
         if binding.key is None and not binding.error:
             continue  # a blank line or a comment
         lines = binding.original.string.splitlines()
-        blank = next((n for n, line in enumerate(lines) if line.strip()), 0)  # dotenv counts blank lines in
+        blank = next((n for n, line in enumerate(lines) if line.strip()), 0)  # dotenv's binding begins with them
         where = f"{source}:{binding.original.line + blank}"
         first_line = lines[blank] if lines else ""
         if "=" not in first_line:  # what is there may be a value pasted alone
@@ -42,7 +42,7 @@ def parse_env_file(text: str, source: str) -> dict[str, str]:
 
 
 def _name(line: str) -> str:
-    """The variable a NAME=VALUE line sets, when what is before its '=' is a name; else "the line"'s."""
+    """The variable a NAME=VALUE line sets, when what is before its '=' is a valid name."""
     name = line.split("=", 1)[0].strip().removeprefix("export ").strip()
     try:
         return parse_env_name(name)
