@@ -48,11 +48,11 @@ def run_json(run_dir) -> dict:
 
 
 def test_tasks_that_fill_the_log_disk_still_finish_and_mgpu_exits_with_their_outcome(small_disk, tmp_path, run_id):
-    # Two tasks print 6 MB each onto a 2 MB disk.
+    # Two tasks print 3 MB each onto a 2 MB disk.
     console = tmp_path / "console.txt"
     with open(console, "w") as out:
         proc = start_mgpu("launch", "--local", "2", "--log-dir", str(small_disk), "--run-id", run_id, "--",
-                          *FAKE_WORKER, "--print-mb", "6", stdout=out)
+                          *FAKE_WORKER, "--print-mb", "3", stdout=out)
         code, _ = finish(proc, timeout=240)
     text = console.read_text(errors="replace")
     mgpu_lines = [line for line in text.splitlines() if line.startswith(("[mgpu]", "mgpu:"))]
@@ -60,7 +60,7 @@ def test_tasks_that_fill_the_log_disk_still_finish_and_mgpu_exits_with_their_out
     assert "internal error" not in text
     for name in ("worker:0", "worker:1"):
         assert sum(f"cannot write the log of {name}:" in line for line in mgpu_lines) == 1, mgpu_lines
-        assert f"[{name}] {name} printed 6.0 MB" in text  # both ran to their end
+        assert f"[{name}] {name} printed 3.0 MB" in text  # both ran to their end
     assert sum("cannot write run.json" in line for line in mgpu_lines) <= 1, mgpu_lines
     run_dir = small_disk / run_id
     assert run_json(run_dir)["run_id"] == run_id  # whole: its last complete version at worst
