@@ -160,7 +160,8 @@ def parse(data: bytes) -> TaskError | None:
         timestamp = datetime.datetime.fromisoformat(doc["timestamp"])
         if timestamp.tzinfo is None:
             return None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    # RecursionError: brackets nested deeper than the JSON parser's stack ("[" * 60000).
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         return None
     return TaskError(exception[:200], message[:MAX_MESSAGE], frame, text, exit, timestamp)
 

@@ -57,7 +57,9 @@ class LocalTaskProcess(TaskProcess):
     def dump_stacks(self) -> None:
         # The tree's processes, not also its group as signal_tree does: each gets one SIGABRT.
         if self._popen.returncode is None and self._root is not None and proctree.is_alive(self._root):
-            proctree.send([self._root, *proctree.descendants(self._root)], signal.SIGABRT)
+            procs = [self._root, *proctree.descendants(self._root)]
+            proctree.disable_core_dumps(procs)  # SIGABRT's default action dumps core; a stack request leaves none
+            proctree.send(procs, signal.SIGABRT)
 
     def listens_on(self, port: int) -> bool:
         return self.joined(port, None)

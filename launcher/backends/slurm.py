@@ -76,6 +76,16 @@ def srun_argv(plans: Sequence[TaskPlan], python: str) -> list[str]:
     ]
 
 
+def no_cores_argv(step_id: str, nodes: Sequence[str]) -> list[str]:
+    """A step beside the tasks' step (`--overlap`: it shares their CPUs) that lowers the core file
+    limit of every process of step `step_id` to 0 on each of its nodes: what precedes the SIGABRT
+    that asks the tasks for their stacks, whose default action dumps core."""
+    lower = (f"for p in $(scontrol listpids {step_id} 2>/dev/null | awk 'NR > 1 {{ print $1 }}'); do "
+             f'prlimit --pid "$p" --core=0: 2>/dev/null; done; exit 0')
+    return ["srun", "--overlap", "--quiet", "--input=none", "--gres=none", f"--nodelist={','.join(nodes)}",
+            f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "sh", "-c", lower]
+
+
 def step_environment(plans: Sequence[TaskPlan], environ: dict[str, str]) -> dict[str, str]:
     """srun's environment: the launcher's, less its CUDA_VISIBLE_DEVICES (so that one in a task
     means Slurm bound GPUs to the step), plus the plans. Raises UsageError when they do not fit."""
@@ -108,8 +118,9 @@ def _die_with_parent() -> None:
 class SlurmStep:
     """One running `srun`: splits its output per task and records each task's end."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], count: int, attempt: int):
+    def __init__(self, argv: list[str], env: dict[str, str], count: int, attempt: int, nodes: Sequence[str] = ()):
         self.count = count
+        self.nodes = list(nodes)  # where the step's tasks run
         self.step_id: str | None = None
         self.statuses: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -230,14 +241,19 @@ class SlurmStep:
         if self.step_id is None:  # no task started yet: srun itself gives the step up
             self.popen.send_signal(signal.SIGTERM)
             return
-        try:
-            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", self.step_id],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=SCANCEL_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"mgpu: scancel of step {self.step_id} failed: {exc}", file=sys.stderr, flush=True)
+        if signum == signal.SIGABRT and self.nodes:
+            self._run_beside(no_cores_argv(self.step_id, self.nodes))
+        self._run_beside(["scancel", f"--signal={signal.Signals(signum).name[3:]}", self.step_id])
         if signum == signal.SIGKILL:
             self.popen.kill()
+
+    def _run_beside(self, argv: list[str]) -> None:
+        """A Slurm command about the step, quiet, within SCANCEL_TIMEOUT; its failure is said, not raised."""
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=SCANCEL_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"mgpu: {argv[0]} for step {self.step_id} failed: {exc}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Wait for srun and its readers; after 5 s, kill the step and srun."""
@@ -293,6 +309,7 @@ class SlurmBackend(Backend):
     def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):
         """Checks that the plans can be handed to a step; nothing starts until begin_attempt()."""
         self._count = len(plans)
+        self._nodes = list(dict.fromkeys(plan.host for plan in plans))
         self._argv = srun_argv(plans, python)
         self._env = step_environment(plans, dict(os.environ))
         _allow_open_files(6 * self._count + 256)
@@ -303,5 +320,5 @@ class SlurmBackend(Backend):
         for task in tasks:
             if task.slurm_rank is None:
                 raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
-        return SlurmAttempt(SlurmStep(self._argv, self._env, self._count, attempt))
+        return SlurmAttempt(SlurmStep(self._argv, self._env, self._count, attempt, self._nodes))
 

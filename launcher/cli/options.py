@@ -127,11 +127,13 @@ def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:
     Each is named by its flag, as the running command declares it."""
     context = click.get_current_context(silent=True)
     flags = {param.name: param.opts[0] for param in (context.command.params if context else ())}
-    values = [(flags.get(key, key), value) for key, value in opts.items()]
+    values = [(flags.get(key, key), value) for key, value in opts.items() if key != "env_pairs"]
     values += [("the command", arg) for arg in command]
     for option, value in values:
         for text in _strings(value):
             check_text_value(option, text)
+    for name, value in opts.get("env_pairs", ()):  # a value is named by its variable, never shown
+        check_text_value(f"{flags.get('env_pairs', '--env')} {name}", value, secret=True)
 
 
 def _strings(value) -> list[str]:

@@ -102,6 +102,17 @@ def send(procs: Iterable[psutil.Process], signum: int) -> None:
             pass
 
 
+def disable_core_dumps(procs: Iterable[psutil.Process]) -> None:
+    """Lower each live process's core file limit (RLIMIT_CORE, soft) to 0: a signal mgpu sends to
+    ask for stacks (SIGABRT) then leaves no core file, however large the process or the user's
+    `ulimit -c`. Its own crashes before that still dump cores as the user chose."""
+    for proc in procs:
+        try:
+            proc.rlimit(psutil.RLIMIT_CORE, (0, proc.rlimit(psutil.RLIMIT_CORE)[1]))
+        except (psutil.Error, OSError):
+            pass
+
+
 def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Wait until every process has ended or `timeout` passed; return those still alive."""
     alive = [p for p in procs if is_alive(p)]

@@ -119,14 +119,17 @@ def read_text(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: not a text file (not UTF-8)") from None
 
 
-def check_text_value(option: str, text: str) -> None:
-    """Refuse a NUL character or text that is not UTF-8 (see the command line's check_text)."""
+def check_text_value(option: str, text: str, secret: bool = False) -> None:
+    """Refuse a NUL character or text that is not UTF-8 (see the command line's check_text); a
+    `secret` value is not shown."""
+    shown = "its value" if secret else repr(text)
     if "\0" in text:
-        raise UsageError(f"{option}: {text!r} contains a NUL character")
+        raise UsageError(f"{option}: {shown} contains a NUL character")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise UsageError(f"{option}: {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
+        shown = "its value" if secret else repr(text.encode("utf-8", "surrogateescape"))
+        raise UsageError(f"{option}: {shown} is not valid UTF-8") from None
 
 
 def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None, count_gpus: bool = True,
@@ -197,7 +200,7 @@ def with_task_settings(spec: ClusterSpec, settings: TaskSettings) -> ClusterSpec
         else:
             raise UsageError(f"--forward-env {pattern}: {pattern} is not set in this environment")
         for name in names:
-            check_text_value(f"--forward-env {name}", os.environ[name])
+            check_text_value(f"--forward-env {name}", os.environ[name], secret=True)
             given[name] = os.environ[name]
     given.update(settings.env_pairs)
     env = {**spec.env, **given}

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import pwd
+import stat
 from typing import Iterator
 
 from launcher.errors import UsageError
@@ -21,18 +22,42 @@ LOCK_FILE_MODE = 0o600
 
 
 def run_id_lock_dir() -> str:
-    """Where run id locks live: a folder of this user's that every launch of theirs finds,
-    whatever its environment (root's is under /run, which only root may write)."""
+    """Where run id locks live: a folder of this user's that every launch of theirs finds. Root's
+    is under /run, which only root may write; another user's is in their XDG_RUNTIME_DIR where that
+    is set and is a private folder of theirs (a login session's /run/user/<uid>), else in /tmp,
+    where another user may have made the folder first (then the claim says whose it is)."""
     euid = os.geteuid()
-    return "/run/mgpu" if euid == 0 and os.path.isdir("/run") else f"/tmp/mgpu-{euid}"
+    if euid == 0 and os.path.isdir("/run"):
+        return "/run/mgpu"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime) and _private_folder(runtime):
+        return os.path.join(runtime, "mgpu")
+    return f"/tmp/mgpu-{euid}"
 
 
-_claims: dict[str, int] = {}  # run id -> the descriptor of its locked file, in this process
+def _private_folder(path: str) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
-def _open_lock_dir() -> int:
+_claims: dict[str, tuple[int, str]] = {}  # run id -> the descriptor of its locked file and its folder, in this process
+
+
+def _refusal(path: str, st: os.stat_result) -> UsageError:
+    where = f"{path}: owned by {owner_name(st.st_uid)}"
+    if st.st_uid != os.geteuid():
+        return UsageError(f"{where}, not by you; mgpu keeps its run id locks there. Ask {owner_name(st.st_uid)} or "
+                          f"an administrator to remove it, or set XDG_RUNTIME_DIR to a folder of yours that only "
+                          f"you can open (mode 0700)")
+    return UsageError(f"{path}: open to others (mode {stat.S_IMODE(st.st_mode):04o}); mgpu keeps its run id locks "
+                      f"there: make it private (chmod 700 {path}) or remove it")
+
+
+def _open_lock_dir(path: str) -> int:
     """The lock folder, made if missing (mode 0700); refused unless it is this user's own and private."""
-    path = run_id_lock_dir()
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -42,12 +67,17 @@ def _open_lock_dir() -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
+        try:  # another user's folder, which this user may not even open
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is not None and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
+            raise _refusal(path, st) from None
         raise UsageError(f"{path}: {e.strerror or e} (mgpu keeps its run id locks there)") from None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
-        raise UsageError(f"{path}: owned by {owner_name(st.st_uid)} or open to others; mgpu keeps its run id "
-                         f"locks there: remove it")
+        raise _refusal(path, st)
     return fd
 
 
@@ -57,7 +87,8 @@ def claim_run_id(run_id: str) -> None:
     if run_id in _claims:
         return
     name = f"{run_id}.lock"
-    dir_fd = _open_lock_dir()
+    folder = run_id_lock_dir()
+    dir_fd = _open_lock_dir(folder)
     try:
         for _ in range(100):  # a holder that ends removes its file: lock the one now at the name
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
@@ -78,9 +109,9 @@ def claim_run_id(run_id: str) -> None:
                 continue
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            _claims[run_id] = fd
+            _claims[run_id] = fd, folder
             return
-        raise UsageError(f"run id {run_id}: its lock in {run_id_lock_dir()} keeps changing; choose another run id")
+        raise UsageError(f"run id {run_id}: its lock in {folder} keeps changing; choose another run id")
     finally:
         os.close(dir_fd)
 
@@ -88,11 +119,12 @@ def claim_run_id(run_id: str) -> None:
 def release_run_id(run_id: str) -> None:
     """Give the claim up. The file is removed while still locked: a launch that opened it meanwhile
     finds, once it has the lock, that the name is gone or names a new file, and starts over."""
-    fd = _claims.pop(run_id, None)
-    if fd is None:
+    claim = _claims.pop(run_id, None)
+    if claim is None:
         return
+    fd, folder = claim
     try:
-        os.unlink(os.path.join(run_id_lock_dir(), f"{run_id}.lock"))
+        os.unlink(os.path.join(folder, f"{run_id}.lock"))
     except OSError:
         pass
     finally:

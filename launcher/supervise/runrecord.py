@@ -5,6 +5,9 @@ as things happen, so a reader always sees a complete JSON document. Task events
 are written at most every WRITE_INTERVAL seconds (flush() writes what is left),
 so the cost of a run stays linear in its number of tasks; attempts and the final
 status are written at once. The plans, which never change, are serialised once.
+A write that fails (a full disk) never stops the run: it is reported once, the
+file keeps its last complete version, and flush() tries again every
+RETRY_INTERVAL seconds, so the record is brought up to date once there is space.
 
 Layout:
   run_id, status (running | succeeded | failed | interrupted | start-timeout | stalled |
@@ -29,7 +32,7 @@ import signal
 import textwrap
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import plan_to_dict
@@ -37,6 +40,7 @@ from launcher.supervise.rundir import RunDir
 
 NAME = "run.json"
 WRITE_INTERVAL = 0.2
+RETRY_INTERVAL = 1.0  # after a failed write
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -74,20 +78,36 @@ def record_launcher_died(run_dir: RunDir, message: str) -> None:
     for attempt in data.get("attempts", []):
         if attempt.get("ended_at") is None:
             attempt.update(ended_at=ended, outcome=LAUNCHER_DIED)
+    _replace(run_dir, json.dumps(data, indent=2) + "\n")
+
+
+def _replace(run_dir: RunDir, text: str) -> None:
+    """run.json replaced by `text`, whole or not at all: on an error (a full disk) the temporary
+    file is removed, the file keeps its last complete version, and the error goes on up."""
     tmp = NAME + ".tmp"
-    run_dir.unlink(tmp)
-    with os.fdopen(run_dir.create(tmp), "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    run_dir.replace(tmp, NAME)
+    run_dir.unlink(tmp)  # left by a launcher that died half-way through a write
+    try:
+        with os.fdopen(run_dir.create(tmp), "w", encoding="utf-8") as f:
+            f.write(text)
+        run_dir.replace(tmp, NAME)
+    except OSError:
+        try:
+            run_dir.unlink(tmp)  # gives its space back
+        except OSError:
+            pass
+        raise
 
 
 class RunRecord:
     """The run.json of one run. Thread-safe."""
 
     def __init__(self, run_dir: RunDir, run_id: str, plans: Sequence[TaskPlan], options: dict[str, Any],
-                 show_secrets: bool = False):
+                 show_secrets: bool = False, report: Callable[[str], None] = lambda text: None):
+        """`report` gets one line, once, if run.json cannot be written (a full disk)."""
         self._run_dir = run_dir
+        self._report = report
+        self._behind = False  # the last write failed: the file on disk is an earlier version
+        self._reported = False
         self._lock = threading.Lock()
         self._data: dict[str, Any] = {
             "run_id": run_id,
@@ -105,9 +125,9 @@ class RunRecord:
         self._write()
 
     def flush(self) -> None:
-        """Write task events not written yet."""
+        """Write task events not written yet (after a failed write, at most every RETRY_INTERVAL)."""
         with self._lock:
-            if self._dirty:
+            if self._dirty and (not self._behind or time.monotonic() - self._written_at >= RETRY_INTERVAL):
                 self._write()
 
     def attempt_started(self, attempt: int) -> None:
@@ -161,17 +181,21 @@ class RunRecord:
         with self._lock:
             self._data["attempts"][-1]["tasks"].setdefault(plan.name, {}).update(fields)
             self._dirty = True
-            if time.monotonic() - self._written_at >= WRITE_INTERVAL:
+            if time.monotonic() - self._written_at >= (RETRY_INTERVAL if self._behind else WRITE_INTERVAL):
                 self._write()
 
     def _write(self) -> None:
+        """Never raises: the run goes on whatever becomes of its record."""
         head = json.dumps(self._data, indent=2)
         text = head[:-2] + ',\n  "plans": ' + self._plans_text + "\n}\n"  # head ends with "\n}"
-        tmp = NAME + ".tmp"
-        self._run_dir.unlink(tmp)  # left by a write that failed half-way
-        fd = self._run_dir.create(tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        self._run_dir.replace(tmp, NAME)
-        self._dirty = False
         self._written_at = time.monotonic()
+        try:
+            _replace(self._run_dir, text)
+        except OSError as exc:
+            self._dirty = self._behind = True
+            if not self._reported:
+                self._reported = True
+                self._report(f"cannot write {NAME} in {self._run_dir.path}: {exc.strerror or exc}; it keeps its "
+                             f"last complete version until it can be written again")
+            return
+        self._dirty = self._behind = False

@@ -158,8 +158,9 @@ class _Supervisor:
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
-        self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
+        self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets,
+                                          report=self.output.notice)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
         self.policy = policy.Policy(
             policy.Rules(start_timeout=options.start_timeout, stall_timeout=options.stall_timeout,
@@ -191,12 +192,14 @@ class _Supervisor:
             final = (runrecord.FAILED, str(e))
             raise
         finally:
-            self.record.finish(*final)
             try:
-                if reaper is not None:  # every task is gone and the record final: nothing left to guard
-                    reaper.dismiss()
+                self.record.finish(*final)
             finally:
-                self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
+                try:
+                    if reaper is not None:  # every task is gone and the record final: nothing left to guard
+                        reaper.dismiss()
+                finally:
+                    self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
     def _attempts(self) -> tuple[str, None]:
         attempt = 0
@@ -338,9 +341,12 @@ class _Supervisor:
             dump = stacks.dump_lines([line.text for line in task.output.tail])
             text.append(f"===== {task.plan.name} on {task.plan.host} =====\n")
             text.extend(line + "\n" for line in dump or ["(no Python stack)"])
-        fd = self.run_dir.create(stacks_file_name(attempt))
-        with open(fd, "w", encoding="utf-8", errors="replace") as f:
-            f.writelines(text)
+        name = stacks_file_name(attempt)
+        try:
+            with open(self.run_dir.create(name), "w", encoding="utf-8", errors="replace") as f:
+                f.writelines(text)
+        except OSError as exc:  # a full disk: the logs may still have them
+            self.output.notice(f"cannot write {name} in {self.run_dir.path}: {exc.strerror or exc}")
 
     def _dialled_port(self, task: _Task) -> int | None:
         """The coordinator's port, where a connection to it counts as joining (not for a program

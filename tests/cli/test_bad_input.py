@@ -58,7 +58,7 @@ BAD_ARGS = [
     (["--grace-period", "1e300"], "is not between 0 and"),
     (["--gpus-per-task", "1000000000"], "1000000000 is not in the range 0<=x<=1024"),
     (["--threads-per-task", "1000000000"], "is not in the range 1<=x<=4096"),
-    (["--env", "A=\udcff"], "--env: b'\\xff' is not valid UTF-8"),
+    (["--env", "A=sk-live-4f9c2e\udcff"], "--env A: its value is not valid UTF-8"),
     (["--workdir", "/x\udcff"], "--workdir: b'/x\\xff' is not valid UTF-8"),
     (["--", "prog\udcff"], "the command: b'prog\\xff' is not valid UTF-8"),
     (["--run-id", "a\n"], "is not a valid run id"),

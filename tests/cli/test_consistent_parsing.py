@@ -65,14 +65,38 @@ def test_env_files_follow_dotenv_syntax(mgpu, tmp_path):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('A=1\nB="unterminated\n', ":2: cannot parse 'B=\"unterminated'"),
-    ("A=1\nB\n", ":2: 'B' is not NAME=VALUE"),
+    ('A=1\nB="unterminated\n', ":2: the value of B cannot be parsed (an unclosed quote?)"),
+    ("A=1\nB\n", ":2: the line is not NAME=VALUE (it has no '=')"),
     ("1A=2\n", ":1: '1A' is not a valid environment variable name"),
 ])
 def test_env_file_lines_dotenv_cannot_read_are_refused(mgpu, tmp_path, text, expected):
     env_file = tmp_path / "env"
     env_file.write_text(text)
     assert_refused(mgpu("launch", "--local", "1", "--env-file", str(env_file), "--dry-run"), f"{env_file}{expected}")
+
+
+SECRET = "sk-live-4f9c2e"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f'A=1\nAPI_TOKEN="{SECRET}\nB=2\n', ":2: the value of API_TOKEN cannot be parsed (an unclosed quote?)"),
+    (f" export  API_TOKEN = '{SECRET}\n", ":1: the value of API_TOKEN cannot be parsed (an unclosed quote?)"),
+    (f"A=1\n{SECRET}\n", ":2: the line is not NAME=VALUE (it has no '=')"),
+    (f"API_TOKEN {SECRET}\n", ":1: the line is not NAME=VALUE (it has no '=')"),
+])
+def test_env_file_errors_name_the_line_and_variable_never_the_value(mgpu, tmp_path, text, expected):
+    env_file = tmp_path / "env"
+    env_file.write_text(text)
+    result = mgpu("launch", "--local", "1", "--env-file", str(env_file), "--dry-run")
+    assert_refused(result, f"{env_file}{expected}")
+    assert SECRET not in result.stderr
+
+
+def test_a_forwarded_value_that_is_not_utf8_is_not_shown(mgpu):
+    result = mgpu("launch", "--local", "1", "--forward-env", "API_TOKEN", "--dry-run",
+                  env={"API_TOKEN": SECRET + "\udcff"})  # the byte 0xff, as Python's os.environ holds it
+    assert_refused(result, "--forward-env API_TOKEN: its value is not valid UTF-8")
+    assert SECRET not in result.stderr
 
 
 def test_spec_env_numbers_that_lose_their_text_are_refused(mgpu, tmp_path):

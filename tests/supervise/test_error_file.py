@@ -250,3 +250,37 @@ def test_what_an_error_file_says_reaches_the_console_escaped(tmp_path):
     assert "  Value\\x1b[31mError: shard \\x1b]0;owned\\x07 \\u202eevil missing\\x1b[2J" in done.stderr.splitlines()
     assert "  at train.py:3 in load: \\x1b[1A" in done.stderr.splitlines()
     assert not [line for line in shown.splitlines() if line.startswith("[mgpu] all tasks")]
+
+
+HOSTILE_ERROR_FILES = {
+    "nested arrays": b"[" * 60000,
+    "nested objects": b'{"version": 1, "x": ' + b'{"a": ' * 20000 + b"1" + b"}" * 20000 + b"}",
+    "invalid UTF-8": b"\xff\xfe" * 30000,
+    "a huge number": b'{"version": ' + b"1" * 50000 + b"}",
+    "too big": b"[" * (error_file.MAX_BYTES + 1),
+    "empty": b"",
+    "a lone surrogate": b'{"version": 1, "exception": "\\ud800", "message": "\\udfff", "exit": "error", '
+                        b'"timestamp": "0001-01-01T00:00:00+14:00"}',
+}
+
+
+def test_any_content_of_an_error_file_parses_or_is_ignored():
+    for name, data in HOSTILE_ERROR_FILES.items():
+        error = error_file.parse(data)
+        assert error is None or isinstance(error, error_file.TaskError), name
+
+
+def test_a_hostile_error_file_gives_the_normal_summary(tmp_path):
+    # The real `mgpu launch`: whatever the task left in its error file, the summary names the
+    # task, shows its own traceback's cause and where its log is.
+    program = ("import os\n"
+               f"open(os.environ['MGPU_ERROR_FILE'], 'wb').write({HOSTILE_ERROR_FILES['nested arrays']!r})\n"
+               "raise KeyError('from the traceback')\n")
+    done = run_mgpu("launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", program,
+                    timeout=120)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert "internal error" not in done.stderr, done.stderr
+    assert lines[-4:-1] == ["mgpu: error: worker:0 on 127.0.0.1 exited with code 1", "  KeyError: 'from the traceback'",
+                            "  at <string>:3 in <module>"], lines
+    assert lines[-1].startswith("log: ") and lines[-1].endswith("/worker-0.log"), lines

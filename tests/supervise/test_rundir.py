@@ -181,10 +181,68 @@ def test_a_run_id_lock_folder_of_another_user_or_open_to_others_is_refused(tmp_p
     run_lock.release_run_id("made")
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     folder.chmod(0o750)
-    with pytest.raises(UsageError, match=f"^{folder}: owned by root \\(uid 0\\) or open to others; .*remove it$"):
+    with pytest.raises(UsageError, match=f"^{folder}: open to others \\(mode 0750\\); .*: make it private "
+                                         f"\\(chmod 700 {folder}\\) or remove it$"):
         run_lock.claim_run_id("open")
     folder.chmod(0o700)
     os.chown(folder, 65534, 65534)
-    with pytest.raises(UsageError, match=f"^{folder}: owned by nobody \\(uid 65534\\) or open to others"):
+    with pytest.raises(UsageError, match=f"^{folder}: owned by nobody \\(uid 65534\\), not by you; "):
         run_lock.claim_run_id("theirs")
     assert sorted(p.name for p in folder.iterdir()) == []  # nothing was locked in either
+
+
+VICTIM_UID = 61234  # a user with no files on this machine, whose launch this test plays
+
+
+def claim_as(uid: int, run_id: str, env: dict[str, str]) -> str:
+    """Claim `run_id` in a child that has become user `uid` with `env` (Python and mgpu are already
+    loaded: the interpreter itself is not readable by other users here). "claimed in FOLDER", or the error."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.environ.clear()
+            os.environ.update(env)
+            try:
+                run_lock.claim_run_id(run_id)
+                answer = f"claimed in {run_lock.run_id_lock_dir()}"
+                assert os.path.isfile(os.path.join(run_lock.run_id_lock_dir(), f"{run_id}.lock"))
+                run_lock.release_run_id(run_id)
+            except UsageError as e:
+                answer = str(e)
+            os.write(write, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        answer = f.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+@needs_root
+def test_a_lock_folder_another_user_made_first_is_named_with_the_way_out(shared_dir):
+    # nobody makes /tmp/mgpu-<victim's uid> first (sticky /tmp: the victim cannot remove it). The
+    # victim's launch is refused naming the owner and the fix; with XDG_RUNTIME_DIR (a folder of
+    # the victim's own, as a login session has), its launches do not go through /tmp at all.
+    planted = pathlib.Path(f"/tmp/mgpu-{VICTIM_UID}")
+    runtime = shared_dir / "run-user"
+    shutil.rmtree(planted, ignore_errors=True)
+    try:
+        as_nobody(f"mkdir -m 700 {planted}")
+        answer = claim_as(VICTIM_UID, "r1", {"PATH": "/usr/bin:/bin"})
+        assert answer == (f"{planted}: owned by nobody (uid 65534), not by you; mgpu keeps its run id locks there. "
+                          f"Ask nobody (uid 65534) or an administrator to remove it, or set XDG_RUNTIME_DIR to a "
+                          f"folder of yours that only you can open (mode 0700)"), answer
+        runtime.mkdir(mode=0o700)
+        os.chown(runtime, VICTIM_UID, VICTIM_UID)
+        assert claim_as(VICTIM_UID, "r1", {"XDG_RUNTIME_DIR": str(runtime)}) == f"claimed in {runtime}/mgpu"
+        assert stat.S_IMODE((runtime / "mgpu").stat().st_mode) == 0o700
+        os.chown(runtime, 65534, 65534)  # an XDG_RUNTIME_DIR not the user's own is not used
+        assert claim_as(VICTIM_UID, "r1", {"XDG_RUNTIME_DIR": str(runtime)}).startswith(f"{planted}: owned by nobody")
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)

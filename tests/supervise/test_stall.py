@@ -2,6 +2,8 @@
 task's Python stack; output or CPU use from any training task is progress."""
 
 import json
+import pathlib
+import sys
 import time
 
 from launcher.errors import TaskFailed
@@ -10,6 +12,7 @@ from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, recor
                                 supervise_plans)
 
 FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}  # the planner sets it for every task
+CORE_LIMIT_TASK = pathlib.Path(__file__).parents[1] / "programs" / "core_limit_task.py"
 
 
 def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_id, tmp_path):
@@ -120,3 +123,24 @@ def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_de
     assert recorded("--stall-timeout", "0") == 0.0
     spec.write_text(spec.read_text().replace("stall_timeout: 7\n", ""))
     assert recorded("--log-dir", str(tmp_path)) == 1800.0
+
+
+def test_asking_a_stalled_task_for_its_stacks_leaves_no_core_file(run_id, tmp_path):
+    """With core dumps on (`ulimit -c unlimited`), the SIGABRT that asks for stacks would leave a core
+    file of every process of the task in its folder: mgpu lowers their core limit to 0 first. A
+    child shell of the task reads its own limit as the signal arrives (what the kernel applies,
+    wherever its core_pattern sends cores); its `sleep` and the Python task itself would dump cores
+    (tests/programs/core_limit_task.py)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    plans = [p.__class__(**{**p.__dict__, "argv": (sys.executable, str(CORE_LIMIT_TASK)), "workdir": str(work)})
+             for p in make_plans(run_id, [], workers=1, waits_for_ready=True, env=FAULTHANDLER)]
+    ready = recorded_ready(tmp_path / "runs" / run_id, "worker:0")
+    clock = LeapingClock(ready, by=1000)  # ready: its child's trap is set
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=100, grace_period=1.0, clock=clock)
+    assert str(result.error).startswith("stall: "), result.error
+    assert "Fatal Python error: Aborted" in result.log("worker:0")
+    limits = (work / "limits-0.txt").read_text().split()
+    assert limits[4] == "0", limits  # Max core file size <soft> <hard> bytes
+    assert not [p.name for p in work.iterdir() if p.name.startswith("core")]
+    assert_run_gone(run_id)

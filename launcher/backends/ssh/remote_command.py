@@ -186,7 +186,14 @@ def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
 
 
 def signal_command(pgids: Iterable[int], signum: int) -> str:
-    """Signal remote tasks' whole process groups; quiet for groups already gone."""
+    """Signal remote tasks' whole process groups; quiet for groups already gone. Before SIGABRT
+    (the request for stacks, whose default action dumps core) the groups' core file limits are
+    lowered to 0 with util-linux's prlimit, where the host has it and pgrep."""
+    pgids = [int(pgid) for pgid in pgids]
     name = signal.Signals(signum).name.removeprefix("SIG")
-    groups = " ".join(f"-{int(pgid)}" for pgid in pgids)
-    return sh(f"kill -{name} {groups} 2>/dev/null; exit 0")
+    groups = " ".join(f"-{pgid}" for pgid in pgids)
+    no_cores = ""
+    if signum == signal.SIGABRT:
+        listed = ",".join(str(pgid) for pgid in pgids)
+        no_cores = f'for p in $(pgrep -g {listed} 2>/dev/null); do prlimit --pid "$p" --core=0: 2>/dev/null; done; '
+    return sh(f"{no_cores}kill -{name} {groups} 2>/dev/null; exit 0")

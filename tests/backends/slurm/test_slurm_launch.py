@@ -516,6 +516,23 @@ def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
     assert_nothing_left(slurm, rid)
 
 
+def test_asking_a_stalled_step_for_its_stacks_leaves_no_core_file(slurm, tmp_path):
+    """With core dumps on in the tasks, the SIGABRT that asks for their stacks would leave a core file
+    of every process in the task's folder: mgpu lowers their core limit to 0 first, on every node.
+    Each task's child shell reads its own limit as the signal arrives (tests/programs/core_limit_task.py)."""
+    rid = run_id("cores")
+    program = pathlib.Path(__file__).parents[2] / "programs" / "core_limit_task.py"
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--",
+                                                      sys.executable, str(program)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "mgpu: error: stall: no training task made progress for " in done.stderr, done.stderr
+    for index in range(2):
+        limits = (tmp_path / f"limits-{index}.txt").read_text().split()
+        assert limits[4] == "0", limits  # Max core file size <soft> <hard> bytes
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
+    assert_nothing_left(slurm, rid)
+
+
 def test_the_gpus_slurm_binds_to_each_task_are_the_ones_it_gets(slurm, tmp_path):
     """A job holds GPU 0; an allocation with --gpus-per-task=1 then gets GPUs 1 and 2, one bound to
     each task of the step. Each task sees its own, as Slurm set it: not the plan's 0 and 1, nor the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import select
 import shutil
 import signal
@@ -153,6 +154,33 @@ def test_signal_command_reaches_the_group():
     result = subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGKILL)],
                             capture_output=True)
     assert result.returncode == 0 and result.stderr == b""
+
+
+def test_a_stack_request_leaves_no_core_file(tmp_path):
+    """The SIGABRT that asks a stalled remote task for its stacks, with `ulimit -c unlimited` on the
+    host: the group's core limits are lowered to 0 first. A child shell reads its own limit as the
+    signal arrives; it, its `sleep` and the task would each leave a core file in the task's folder."""
+    program = str(pathlib.Path(__file__).parents[2] / "programs" / "core_limit_task.py")
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = start_like_sshd(remote_command.task_command([sys.executable, program], {}, str(work), 5))
+    try:
+        pgid = read_pgid(proc)
+        deadline = time.monotonic() + 60
+        while not (work / "child-ready-0").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subprocess.run(["/bin/sh", "-c", remote_command.signal_command([pgid], signal.SIGABRT)], check=True)
+        assert proc.wait(30) == -signal.SIGABRT
+        deadline = time.monotonic() + 30
+        while not (work / "limits-0.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (work / "limits-0.txt").read_text().split()[4] == "0"  # Max core file size <soft> <hard> bytes
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+    assert wait_group_gone(pgid, 10) == []
+    assert not [p.name for p in work.iterdir() if p.name.startswith("core")]
 
 
 def test_one_signal_command_reaches_several_groups_even_if_one_is_gone():

@@ -1,0 +1,29 @@
+"""A task that would leave core files when asked for its stacks: it turns core dumps on (as
+`ulimit -c unlimited` would) and starts a child shell that, on SIGABRT, writes its own core file
+limit at that moment (the line of /proc/<pid>/limits) to limits-<task index>.txt in the current
+folder, and a `sleep`. Once the child's trap is set (child-ready-<index> appears) it says it is
+ready and waits in silence; until then it prints, which is progress to the stall watchdog.
+Every process of it dumps core on SIGABRT unless its limit was lowered first."""
+
+import os
+import pathlib
+import resource
+import subprocess
+import time
+
+INDEX = os.environ.get("MGPU_TASK_INDEX", "0")
+
+resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+# On ABRT the shell first ignores TERM and INT (and so does its grep): the launcher stops what is
+# left of the task at once, and the limits file appears whole or not at all.
+ON_ABRT = (f"trap '' TERM INT; grep '^Max core file size' /proc/$$/limits > limits-{INDEX}.tmp "
+           f"&& mv limits-{INDEX}.tmp limits-{INDEX}.txt; exit 3")
+subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; sleep 600 & touch child-ready-{INDEX}; wait'])
+for _ in range(600):
+    if pathlib.Path(f"child-ready-{INDEX}").exists():
+        break
+    print("waiting for the child shell", flush=True)
+    time.sleep(0.1)
+print("MGPU_TASK_READY", flush=True)
+for _ in range(600):
+    time.sleep(1)
