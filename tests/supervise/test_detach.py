@@ -77,6 +77,19 @@ def test_a_detached_run_goes_on_without_its_shell_and_is_followed_to_its_end(run
     assert os.readlink(f"/proc/{pid}/fd/1") == str(runs.log_dir / run_id / "console.log")
     listed = runs.mgpu("status")
     assert listed.returncode == 0 and run_id in listed.stdout and "running" in listed.stdout
+    # attach shows the live console; Ctrl-C leaves the run running.
+    attached_out = runs.log_dir / "attach.out"
+    with open(attached_out, "w") as out:
+        attach = start_mgpu("attach", run_id, "--log-dir", str(runs.log_dir), stdout=out)
+    try:
+        wait_for_line(attached_out, "[worker:1] out worker:1 0", 30, attach)
+        attach.send_signal(signal.SIGINT)
+        assert attach.wait(30) == 0
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+    assert f"mgpu: detached from run {run_id}; it goes on" in attached_out.read_text()
+    assert runs.status(run_id)["state"] == "running"
     follow = start_mgpu("logs", run_id[:-2], "-f", "--log-dir", str(runs.log_dir))
     runs.go.touch()
     text, _ = follow.communicate(timeout=60)
