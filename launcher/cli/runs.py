@@ -123,7 +123,8 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     state = run.state
     ended = f", ended {_time(record.get('ended_at'))}" if record.get("ended_at") else ""
     code = f" (exit {record['exit_code']})" if record.get("exit_code") is not None else ""
-    supervisor = f"supervisor pid {run.supervisor_pid}" if state == runrecord.RUNNING else "supervisor gone"
+    where = "" if run.here else f" on {record.get('supervisor_host')}"
+    supervisor = f"supervisor pid {run.supervisor_pid}{where}" if state == runrecord.RUNNING else "supervisor gone"
     click.echo(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} (UTC); "
                f"{max(0, len(run.attempts) - 1)} restarts; {supervisor}")
     click.echo(f"files: {run.path}/")
@@ -238,6 +239,9 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
 
     run = runs.find(log_dir, run_name)
     pid = run.supervisor_pid
+    if not run.here:
+        raise UsageError(f"run {run.run_id} is supervised on {run.record.get('supervisor_host')}: stop it there "
+                         f"(or, in a Slurm job, with scancel)")
     if not run.supervised() or pid is None:
         raise UsageError(f"run {run.run_id} is not running ({run.state})")
     try:

@@ -10,7 +10,8 @@ Layout:
   run_id, status (running | succeeded | failed | interrupted | start-timeout | stalled |
   launcher-died),
   message (the failure summary, else null), exit_code (mgpu launch's, once ended),
-  supervisor_pid (the process that supervises the run: mgpu launch, or its detached supervisor),
+  supervisor_pid (the process that supervises the run: mgpu launch, or its detached supervisor)
+  and supervisor_host (the name of the machine it runs on),
   started_at, ended_at,
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
@@ -31,6 +32,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import textwrap
 import threading
 import time
@@ -101,6 +103,7 @@ class RunRecord:
             "message": None,
             "exit_code": None,
             "supervisor_pid": os.getpid(),
+            "supervisor_host": socket.gethostname(),
             "started_at": now(),
             "ended_at": None,
             "options": options,

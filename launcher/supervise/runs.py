@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import socket
 import time
 from typing import Any
 
@@ -33,8 +34,16 @@ class Run:
         pid = self.record.get("supervisor_pid")
         return pid if isinstance(pid, int) and pid > 0 else None
 
+    @property
+    def here(self) -> bool:
+        """Whether it is supervised from this machine (a log dir may be shared with others)."""
+        return self.record.get("supervisor_host") in (None, socket.gethostname())
+
     def supervised(self) -> bool:
-        """Whether its supervisor runs: the process that holds the run id's lock is the one run.json names."""
+        """Whether its supervisor runs: on this machine, the process that holds the run id's lock is
+        the one run.json names; on another, as far as run.json says."""
+        if not self.here:
+            return self.reload().record.get("status") == runrecord.RUNNING
         pid = self.supervisor_pid
         return pid is not None and run_lock.holder(self.run_id) == pid
 
@@ -45,7 +54,7 @@ class Run:
     def state(self) -> str:
         """run.json's status; a run recorded as running whose supervisor is gone: launcher-died."""
         status = self.record.get("status", "?")
-        if status == runrecord.RUNNING and not self.supervised():
+        if status == runrecord.RUNNING and self.here and not self.supervised():
             return runrecord.LAUNCHER_DIED
         return status
 
@@ -124,7 +133,8 @@ def wait_until_ended(run: Run, poll: float = 0.2, timeout: float | None = None) 
         if deadline is not None and time.monotonic() > deadline:
             return run.reload()
         time.sleep(poll)
-    exited(run.supervisor_pid, SUPERVISOR_EXIT_TIMEOUT, poll)
+    if run.here:
+        exited(run.supervisor_pid, SUPERVISOR_EXIT_TIMEOUT, poll)
     return run.reload()
 
 
@@ -158,7 +168,7 @@ def follow(path: pathlib.Path, run: Run, out, start: int = 0, poll: float = 0.2)
     offset = start
     while True:
         running = run.supervised()
-        if not running:
+        if not running and run.here:
             exited(run.supervisor_pid, SUPERVISOR_EXIT_TIMEOUT)
         offset = _copy(path, out, offset)
         if not running:
