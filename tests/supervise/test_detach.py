@@ -128,18 +128,27 @@ def test_stop_now_skips_the_grace_period(run_id, record_dir, runs):
     assert_run_gone(run_id)
 
 
-def test_a_foreground_launch_given_sighup_finishes_its_run(run_id, record_dir, runs, tmp_path):
-    with open(tmp_path / "mgpu.out", "w") as out:
-        launch = start_mgpu(*runs.launch_args(run_id, "--record", str(record_dir), "--until-file", str(runs.go)),
-                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def test_a_foreground_launch_whose_terminal_closes_finishes_its_run(run_id, record_dir, runs):
+    """A real terminal: mgpu runs in a pseudo-terminal that is its controlling terminal; closing
+    the terminal's master side hangs it up (SIGHUP), while its console may be blocked writing."""
+    master, slave = os.openpty()
+    try:
+        launch = subprocess.Popen(["setsid", "--ctty", *MGPU, *runs.launch_args(
+            run_id, "--record", str(record_dir), "--until-file", str(runs.go), "--lines", "200")],
+            env=mgpu_env(), stdin=slave, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
     try:
         wait_for(lambda: len(records(record_dir)) == 2, 30, what="both tasks started")
-        launch.send_signal(signal.SIGHUP)
+        os.close(master)  # the terminal is gone
+        master = None
         console = runs.log_dir / run_id / "console.log"
         wait_for_line(console, "[mgpu] the terminal hung up (SIGHUP); the run goes on", 30, launch)
         runs.go.touch()
         assert launch.wait(60) == 0
     finally:
+        if master is not None:
+            os.close(master)
         if launch.poll() is None:
             launch.kill()
             launch.wait()
