@@ -157,8 +157,9 @@ def _log_path(run: runs.Run, task: str | None) -> pathlib.Path:
     if task is None:
         path = run.file(CONSOLE_LOG)
         if not path.exists():
-            raise UsageError(f"run {run.run_id} kept its console on the terminal that launched it (no {CONSOLE_LOG}); "
-                             f"give --task, one of {', '.join(run.task_names())}")
+            raise UsageError(f"run {run.run_id} keeps its console on the terminal that launched it (no {CONSOLE_LOG}); "
+                             f"`mgpu logs {run.run_id} --task NAME` shows a task's log, one of "
+                             f"{', '.join(run.task_names())}")
         return path
     if task not in run.task_names():
         raise UsageError(f"run {run.run_id} has no task {task!r}; its tasks: {', '.join(run.task_names())}")
