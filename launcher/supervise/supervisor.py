@@ -206,6 +206,7 @@ class _Supervisor:
             try:
                 if reaper is not None:  # every task is gone and the record final: nothing left to guard
                     reaper.dismiss()
+                self._check_hang_up()  # a hang-up at the very end: the closing lines still go to console.log
             finally:
                 self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
