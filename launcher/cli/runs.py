@@ -11,7 +11,7 @@ import sys
 import click
 
 from launcher.cli.main import cli
-from launcher.errors import UsageError
+from launcher.errors import MgpuError, UsageError
 from launcher.supervise import runrecord, runs
 from launcher.supervise.options import DEFAULT_LOG_DIR
 from launcher.supervise.rundir import CONSOLE_LOG
@@ -236,8 +236,6 @@ is not a running run of yours.
 @log_dir_option
 @click.option("--now", is_flag=True, help="Kill the tasks at once, without the grace period.")
 def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
-    from launcher.errors import MgpuError
-
     run = runs.find(log_dir, run_name)
     pid = run.supervisor_pid
     if not run.here:

@@ -94,7 +94,7 @@ def test_a_detached_run_goes_on_without_its_shell_and_is_followed_to_its_end(run
     runs.go.touch()
     text, _ = follow.communicate(timeout=60)
     assert follow.returncode == 0, text
-    assert f"[worker:1] out worker:1 0" in text and "[mgpu] done: 2 tasks succeeded" in text
+    assert "[worker:1] out worker:1 0" in text and "[mgpu] done: 2 tasks succeeded" in text
     assert runs.status("last")["state"] == "succeeded"
     task = runs.mgpu("logs", run_id, "--task", "worker:1")
     assert task.returncode == 0 and "out worker:1 0" in task.stdout
