@@ -15,3 +15,4 @@ class LaunchOptions:
     ssh: SshOptions = SshOptions()
     check_hosts: bool = True  # run mgpu check's probes on remote hosts before starting anything
     allow_public: bool = False  # no warning for workers on public addresses
+    detach: bool = False  # once the run has begun, a supervisor of its own runs it and the launch returns

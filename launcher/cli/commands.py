@@ -18,7 +18,7 @@ from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
 from launcher.backends.base import DEFAULT_GRACE_PERIOD
-from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
+from launcher.supervise.options import DEFAULT_LOG_DIR, DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
     "--legacy-keras", is_flag=True,
@@ -45,7 +45,12 @@ Examples:
   mgpu launch --spec cluster.yaml --max-restarts 2
   salloc -N 2 --ntasks-per-node 2 mgpu launch --slurm -- --train-steps 500
 
-Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
+With --detach, the checks run here, then the run goes on by itself and
+`mgpu launch` returns (exit 0) with the commands that follow it: mgpu status,
+logs, attach and stop. A launch whose terminal closes (SIGHUP) goes on the same
+way, its console in console.log.
+
+Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGINT/SIGTERM.
 """
 
 
@@ -61,8 +66,12 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
               help="Show the values of --env, --env-file and --forward-env in the dry run and run.json "
                    "(hidden as *** by default).")
 @click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
-@click.option("--log-dir", type=click.Path(file_okay=False), default="mgpu-runs", show_default=True,
+@click.option("--log-dir", type=click.Path(file_okay=False), default=DEFAULT_LOG_DIR, show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
+@click.option("--detach", is_flag=True,
+              help="Check and start the run, then leave it to a supervisor of its own, without a terminal "
+                   "(its console goes to console.log in the run's folder), and return; follow it with "
+                   "mgpu status, logs, attach and stop. Not with --slurm: submit with sbatch instead.")
 @click.option("--timestamps", is_flag=True, help="Prefix console lines with the time.")
 @click.option("--show", type=params.TASK_SELECTORS, metavar="TYPE[:INDEX],...",
               help="Show only these tasks on the console (logs still get everything), e.g. chief,worker:0.")
@@ -100,9 +109,14 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143/129 interrupted by 
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
 @click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch_command(**opts) -> None:
+def launch_command(**opts) -> int | None:
     if opts["as_json"] and not opts["dry_run"]:
         raise UsageError("--json goes with --dry-run")
+    if opts["detach"] and opts["dry_run"]:
+        raise UsageError("--detach starts a run; --dry-run starts nothing: give one of them")
+    if opts["detach"] and opts["slurm"]:
+        raise UsageError("--detach does not go with --slurm: the allocation ends with the shell that holds it; "
+                         "submit the launch with sbatch instead (it runs without a terminal)")
     command = opts.pop("command")
     check_text(opts, command)
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
@@ -123,7 +137,7 @@ def launch_command(**opts) -> None:
 
     from launcher.launch import launch
 
-    launch(plans, launch_options_from(opts, run_id, spec))
+    return launch(plans, launch_options_from(opts, run_id, spec))
 
 
 # ---------------------------------------------------------------------------

@@ -66,6 +66,7 @@ def cli(debug: bool) -> None:
       mgpu launch --local 2                          # a 2-worker cluster on this machine
       mgpu launch --workers h1:2222,h2:2222 -- python train.py
       mgpu launch --spec cluster.yaml --dry-run      # show what would run, start nothing
+      mgpu launch --local 2 --detach                 # no terminal needed; then: mgpu logs last -f
       mgpu tf-config --workers h1:2222,h2:2222 --task-index 1 --format env
       mgpu k8s --workers 4 --image my/train:1 -- python train.py | kubectl apply -f -
 

@@ -185,4 +185,5 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],
         allow_public=opts["allow_public"],
+        detach=opts["detach"],
     )

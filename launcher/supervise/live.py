@@ -59,6 +59,10 @@ class LiveLines:
         self._shown_at.pop(key, None)
         return latest if latest is not None and (self.terminal or latest != shown) else None
 
+    def pending(self) -> dict[str, str]:
+        """The latest state of every live line, by key."""
+        return dict(self._latest)
+
     def next_due(self, now: float) -> float | None:
         """Seconds until a changed line may be shown; None when nothing changed."""
         waits = [max(0.0, self._shown_at.get(key, -1e9) + self.interval - now)

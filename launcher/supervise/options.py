@@ -7,6 +7,8 @@ import pathlib
 
 from launcher.backends.base import DEFAULT_GRACE_PERIOD
 
+DEFAULT_LOG_DIR = "mgpu-runs"  # --log-dir of launch, status, logs, attach and stop
+
 # Seconds without progress (output or CPU use from any training task) before a run counts as stalled.
 DEFAULT_STALL_TIMEOUT = 1800.0
 

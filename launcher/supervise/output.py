@@ -38,8 +38,8 @@ from launcher.supervise.live import LiveLines
 from launcher.supervise.rundir import RunDir
 from launcher.supervise.stream_reader import PIECE, read_stream
 from launcher.supervise.task_log import TaskLog
-from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ReadyWatcher,
-                                         TailWatcher, Watchers)
+from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ProgressWatcher,
+                                         ReadyWatcher, TailWatcher, Watchers)
 
 CHUNK = PIECE  # a longer line reaches the console in pieces
 TAIL_LINES = 500  # kept per task for the failure summary, which finds the cause in them
@@ -106,6 +106,24 @@ class Console:
                 self._pending_chars += len(line) + 1
             self._cond.notify()
 
+    def redirect(self, stream: TextIO) -> None:
+        """Go on writing to `stream` (a file: lines redrawn in place become plain lines), e.g. when
+        the terminal is gone. Also revives a console that its old stream had broken."""
+        with self._cond:
+            self._stream = stream
+            self.terminal = False
+            self.width = 0
+            live = LiveLines(False)
+            for key, text in self._live.pending().items():
+                live.update(key, text)
+            self._live = live
+            revive = self._broken and not self._closing
+            self._broken = False
+            self._cond.notify()
+        if revive:
+            self._thread = threading.Thread(target=self._run, name="mgpu-console", daemon=True)
+            self._thread.start()
+
     def close(self, timeout: float | None = None) -> None:
         """Write what is queued and stop the writer thread. Waits as long as the console takes
         (a pipe read late, a paused pager), unless `timeout` is given: the launcher's own lines,
@@ -132,11 +150,15 @@ class Console:
                     batch.append(f"{LAUNCHER_PREFIX}{dropped} lines not shown here (console too slow); "
                                  f"the log files have them\n")
                 text = self._live.render(batch, force=last)
+            with self._cond:
+                stream = self._stream
             try:
-                self._stream.write(text)
-                self._stream.flush()
+                stream.write(text)
+                stream.flush()
             except (OSError, ValueError):  # console closed (a pipe reader went away): keep running without it
                 with self._cond:
+                    if stream is not self._stream:  # redirected meanwhile (the terminal hung up): go on there
+                        continue
                     self._broken = True
                     self._pending.clear()
                 return
@@ -178,7 +200,8 @@ class TaskOutput:
         report = notice or (lambda text: None)
         self._log = TaskLog(log, report, plan.name)  # log: opened in the run dir by RunOutput
         self._bind = BindFailureWatcher()
-        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail)]
+        self.progress = ProgressWatcher(time.monotonic)  # the last line and progress, for run.json
+        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail), self.progress]
         self._console_view = None
         if console is not None:
             self._console_view = ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,
@@ -265,6 +288,10 @@ class RunOutput:
         """A line from the launcher itself; always shown."""
         stamp = _clock() if self._timestamps else ""
         self._console.write_line(f"{stamp}{LAUNCHER_PREFIX}{text}\n", always=True)
+
+    def redirect_console(self, stream: TextIO) -> None:
+        """The console goes on in `stream` (console.log, when there is no terminal any more)."""
+        self._console.redirect(stream)
 
     def close(self) -> None:
         self._console.close()

@@ -23,6 +23,7 @@ from launcher.errors import UsageError
 from launcher.supervise import run_lock
 from launcher.supervise.options import SuperviseOptions
 
+CONSOLE_LOG = "console.log"  # a detached run's console, and the rest of a run's whose terminal hung up
 RUN_DIR_MODE = 0o700
 LOG_DIR_MODE = 0o755  # explicit: under umask 000 a default mkdir would make it writable by everyone
 FILE_MODE = 0o600

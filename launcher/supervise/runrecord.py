@@ -12,14 +12,20 @@ RETRY_INTERVAL seconds, so the record is brought up to date once there is space.
 Layout:
   run_id, status (running | succeeded | failed | interrupted | start-timeout | stalled |
   launcher-died),
-  message (the failure summary, else null), started_at, ended_at,
+  message (the failure summary, else null), exit_code (mgpu launch's, once ended),
+  supervisor_pid (the process that supervises the run: mgpu launch, or its detached supervisor)
+  and supervisor_host (the name of the machine it runs on),
+  started_at, ended_at,
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
       host, pid, log, started_at, ready_at, ended_at, exit_code, signal,
-      failure_ignored}}}]
+      failure_ignored, last_line, progress: {step, total, rate, eta_s, at}}}}]
 exit_code is the task's exit status; when it died by a signal, exit_code is
 null and signal holds its name ("SIGKILL"). failure_ignored is true for a
 sidecar (the evaluator) that failed while training went on without it.
+last_line is the task's last line of output and progress its last progress line (protocol.py),
+with the steps per second since its first one and the seconds left at that rate (null when
+unknown); both are written at most every PROGRESS_INTERVAL seconds.
 Times are UTC, ISO 8601.
 """
 
@@ -29,6 +35,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import textwrap
 import threading
 import time
@@ -41,6 +48,7 @@ from launcher.supervise.rundir import RunDir
 NAME = "run.json"
 WRITE_INTERVAL = 0.2
 RETRY_INTERVAL = 1.0  # after a failed write
+PROGRESS_INTERVAL = 2.0
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -74,7 +82,7 @@ def record_launcher_died(run_dir: RunDir, message: str) -> None:
     if data.get("status") != RUNNING:
         return
     ended = now()
-    data.update(status=LAUNCHER_DIED, message=message, ended_at=ended)
+    data.update(status=LAUNCHER_DIED, message=message, exit_code=1, ended_at=ended)
     for attempt in data.get("attempts", []):
         if attempt.get("ended_at") is None:
             attempt.update(ended_at=ended, outcome=LAUNCHER_DIED)
@@ -113,6 +121,9 @@ class RunRecord:
             "run_id": run_id,
             "status": RUNNING,
             "message": None,
+            "exit_code": None,
+            "supervisor_pid": os.getpid(),
+            "supervisor_host": socket.gethostname(),
             "started_at": now(),
             "ended_at": None,
             "options": options,
@@ -163,6 +174,14 @@ class RunRecord:
     def task_failure_ignored(self, plan: TaskPlan) -> None:
         self._update_task(plan, failure_ignored=True)
 
+    def task_progress(self, plan: TaskPlan, last_line: str | None, progress: dict[str, Any] | None) -> None:
+        """The task's last line and progress (written with the next flush)."""
+        with self._lock:
+            task = self._data["attempts"][-1]["tasks"].get(plan.name)
+            if task is not None and (task.get("last_line"), task.get("progress")) != (last_line, progress):
+                task.update(last_line=last_line, progress=progress)
+                self._dirty = True
+
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]
@@ -170,10 +189,11 @@ class RunRecord:
             attempt["outcome"] = outcome
             self._write()
 
-    def finish(self, status: str, message: str | None = None) -> None:
+    def finish(self, status: str, message: str | None = None, exit_code: int | None = None) -> None:
         with self._lock:
             self._data["status"] = status
             self._data["message"] = message
+            self._data["exit_code"] = exit_code
             self._data["ended_at"] = now()
             self._write()
 

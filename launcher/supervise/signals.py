@@ -1,24 +1,27 @@
-"""The stop signals a supervised run records instead of dying from them."""
+"""The signals a supervised run records instead of dying from them."""
 
 from __future__ import annotations
 
 import signal
 import threading
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Signals:
-    """Records SIGINT, SIGTERM and SIGHUP instead of dying, while installed."""
+    """Records SIGINT and SIGTERM (stop the run) and SIGHUP (the terminal is gone: the run goes
+    on without it) instead of dying, while installed."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
+        self.hung_up = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "Signals":
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._record)
+            self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._hang_up)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -27,3 +30,6 @@ class Signals:
 
     def _record(self, signum: int, frame: object) -> None:
         self.received.append(signum)  # only a list append: safe at any point of the main thread
+
+    def _hang_up(self, signum: int, frame: object) -> None:
+        self.hung_up = True  # the supervisor's loop moves the console to console.log

@@ -31,8 +31,10 @@ The rules:
   where each task was and names the tasks not waiting in the framework (the
   likely cause), and the stacks are kept in the run dir. A stall is a failure:
   max_restarts applies.
-- Signals: SIGINT, SIGTERM or SIGHUP to the launcher stop every task the same
-  way (a second one skips the grace period), then raise Interrupted.
+- Signals: SIGINT or SIGTERM to the launcher stop every task the same way (a
+  second one skips the grace period), then raise Interrupted. SIGHUP (the
+  terminal closed) does not: the run goes on, its console in console.log, as a
+  detached run's does from its start.
 - Nothing is left behind: every stop ends with the backend's sweep for processes
   of the run (locally: those carrying the run's MGPU_RUN_ID), and the backend's
   reaper (reaper.py) does the same for this machine if the launcher dies, and records the run as
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -57,7 +60,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
 from launcher.supervise import policy, stacks
-from launcher.supervise.rundir import RunDir, make_run_dir
+from launcher.supervise.rundir import CONSOLE_LOG, RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
 )
@@ -79,19 +82,21 @@ def supervise(
     options: SuperviseOptions,
     console: TextIO = sys.stdout,
     clock: Callable[[], float] = time.monotonic,
+    detach: Callable[[], None] | None = None,
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
     Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
     `backend` runs every task (Routed, for a run that mixes kinds of tasks); it stays open:
     whoever made it closes it. `clock` is the policy's (its deadlines and the stall clock): a test
-    may move it on an event.
+    may move it on an event. `detach`, for a detached launch, is called once the run has begun (its run
+    dir made, its ports free), after the console has moved to console.log: it lets the terminal go.
     """
     if not plans:
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
     try:
-        _Supervisor(plans, backend, options, console, run_dir, clock).run()
+        _Supervisor(plans, backend, options, console, run_dir, clock, detach).run()
     finally:
         run_dir.close()
 
@@ -135,8 +140,11 @@ class _Supervisor:
         console: TextIO,
         run_dir: RunDir,
         clock: Callable[[], float] = time.monotonic,
+        detach: Callable[[], None] | None = None,
     ):
         self.clock = clock
+        self.detach = detach
+        self.console_moved = False
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -171,25 +179,28 @@ class _Supervisor:
 
     def run(self) -> None:
         reaper: Reaper | None = None
-        final = (runrecord.FAILED, None)
+        final = (runrecord.FAILED, None, 1)
         started = time.monotonic()
         try:
             with self.signals:
                 # The record's guard, for every run: if the launcher dies, run.json still says so.
                 reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
                 self.backend.check_ports(self.plans)
+                if self.detach is not None:
+                    self._move_console()
+                    self.detach()
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
                 succeeded = sum(t.returncode == 0 for t in tasks)
                 self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir.path))
         except Interrupted as e:
-            final = (runrecord.INTERRUPTED, str(e))
+            final = (runrecord.INTERRUPTED, str(e), e.exit_code)
             raise
         except _RunFailed as e:
-            final = (e.status, str(e.error))
+            final = (e.status, str(e.error), e.error.exit_code)
             raise e.error from None
         except MgpuError as e:
-            final = (runrecord.FAILED, str(e))
+            final = (runrecord.FAILED, str(e), e.exit_code)
             raise
         finally:
             try:
@@ -198,15 +209,16 @@ class _Supervisor:
                 try:
                     if reaper is not None:  # every task is gone and the record final: nothing left to guard
                         reaper.dismiss()
+                    self._check_hang_up()  # a hang-up at the very end: the closing lines still go to console.log
                 finally:
                     self.output.close()  # as long as the console takes: mgpu's own lines are never dropped
 
-    def _attempts(self) -> tuple[str, None]:
+    def _attempts(self) -> tuple[str, None, int]:
         attempt = 0
         while True:
             stop = self._attempt(attempt)
             if stop.status == runrecord.SUCCEEDED:
-                return runrecord.SUCCEEDED, None
+                return runrecord.SUCCEEDED, None, 0
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
             after = self.policy.after(stop)
@@ -266,11 +278,17 @@ class _Supervisor:
         signals_seen = 0
         output_seen = {t.plan.name: t.output.last_activity for t in tasks}
         next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
+        next_progress = time.monotonic()
         decisions = self.policy.begin_attempt([self._role(t) for t in tasks], self.clock())
         while True:
             watch = self._carry_out(decisions, by_name)
             if isinstance(watch, policy.Stop):
                 return watch
+            self._check_hang_up()
+            if time.monotonic() >= next_progress:
+                for task in tasks:
+                    self.record.task_progress(task.plan, *task.output.progress.snapshot())
+                next_progress = time.monotonic() + runrecord.PROGRESS_INTERVAL
             self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
@@ -379,10 +397,12 @@ class _Supervisor:
 
         deadline = time.monotonic() + self.options.grace_period
         while True:
+            self._check_hang_up()
             self._poll(tasks)
             if not strays.alive() and all(t.returncode is not None for t in tasks):
                 break
-            if len(self.signals.received) > signals_seen:
+            # A signal during the stop, or two before it (`mgpu stop --now` sends SIGTERM and SIGINT).
+            if len(self.signals.received) > signals_seen or len(self.signals.received) >= 2:
                 self.output.notice("second signal: killing all tasks now")
                 break
             if time.monotonic() >= deadline:
@@ -404,6 +424,36 @@ class _Supervisor:
         if leftovers:
             self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
 
+    # -- the terminal ----------------------------------------------------------------
+
+    def _check_hang_up(self) -> None:
+        """SIGHUP: the terminal is gone (closed, or the SSH session to this machine); the run goes on."""
+        if self.signals.hung_up and not self.console_moved:
+            self._move_console()
+            self.output.notice(f"the terminal hung up (SIGHUP); the run goes on: `mgpu status {self.options.run_id}`, "
+                               f"`mgpu stop {self.options.run_id}`")
+
+    def _move_console(self) -> None:
+        """From now on the console is <run dir>/console.log: mgpu's own output (standard output and error,
+        so its last line too) and the tasks' view; standard input is /dev/null."""
+        fd = self.run_dir.open_log(CONSOLE_LOG)
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a terminal already gone: what it held is lost
+                    pass
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            self.output.redirect_console(open(fd, "w", encoding="utf-8", errors="replace", closefd=True))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.console_moved = True
+
     def _release(self, tasks: list[_Task]) -> None:
         """Let every task's output reach end of file (one deadline for all), then close the
         streams and logs, also where a leftover process outside the run still holds a pipe."""
@@ -414,6 +464,7 @@ class _Supervisor:
         for task in tasks:
             task.proc.close()
             task.output.close()
+            self.record.task_progress(task.plan, *task.output.progress.snapshot())  # as the task left it
 
     # -- the failure summary -------------------------------------------------------
 

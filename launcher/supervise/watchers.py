@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import threading
+import time
 from typing import Callable, Iterable
 
 from launcher import protocol
@@ -187,3 +189,47 @@ class ConsoleWatcher(LineWatcher):
 
     def _stamped(self, text: str) -> str:
         return f"{self._stamp()}{self._prefix}{text}"
+
+
+LAST_LINE_CHARS = 300
+
+
+class ProgressWatcher(LineWatcher):
+    """The task's last line and its last progress line (protocol.py), for `mgpu status`: step,
+    total, the rate since its first progress line and the time left at that rate."""
+
+    name = "progress watcher"
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock  # seconds, for the rate
+        self._lock = threading.Lock()
+        self._last_line: str | None = None
+        self._first: tuple[float, int] | None = None  # (when, step) of the first progress line
+        self._last: tuple[float, float, int, int] | None = None  # (when, wall time, step, total)
+
+    def line(self, line: Line) -> None:
+        parsed = protocol.parse_progress(line.text) if line.stdout else None
+        now = self._clock()
+        with self._lock:
+            if parsed is None:
+                if line.text.strip():
+                    self._last_line = console_safe(line.text[:LAST_LINE_CHARS])
+                return
+            step, total = parsed
+            if self._first is None or step < self._first[1]:
+                self._first = (now, step)
+            self._last = (now, time.time(), step, total)
+
+    def snapshot(self) -> tuple[str | None, dict | None]:
+        """(last line, progress as run.json writes it, or None before any)."""
+        with self._lock:
+            if self._last is None:
+                return self._last_line, None
+            when, wall, step, total = self._last
+            first_when, first_step = self._first
+            rate = (step - first_step) / (when - first_when) if when > first_when and step > first_step else None
+            eta = (total - step) / rate if rate and total and total >= step else None
+            at = datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).isoformat(timespec="seconds")
+            return self._last_line, {"step": step, "total": total or None,
+                                     "rate": None if rate is None else round(rate, 3),
+                                     "eta_s": None if eta is None else round(eta, 1), "at": at}

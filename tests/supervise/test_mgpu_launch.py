@@ -102,7 +102,7 @@ def start_stubborn(run_id, record_dir, tmp_path, launches, **kw):
     return launch
 
 
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)])
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_signal_to_the_launcher_stops_every_process(run_id, record_dir, tmp_path, launches, signum, to_group):
     launch = start_stubborn(run_id, record_dir, tmp_path, launches, new_session=True)
     if to_group:  # like Ctrl-C in a terminal: the launcher's whole foreground group

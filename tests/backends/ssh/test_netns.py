@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import socket
 import subprocess
 import time
 
+import psutil
 import pytest
 
 from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
-from launching import REPO
+from launching import REPO, wait_for
 from ssh_helpers import (NETNS_PREFIX, PYTHON, REQUIRE, Netns, SshLab, ip, remove_namespace,
                          remove_stale_namespaces, require_tools, run_processes, start_sshd, unique_run_id)
 
@@ -428,3 +430,37 @@ def test_a_local_task_on_a_public_address_is_warned_about(public_netns, tmp_path
         else:
             assert warnings == [], done.stderr
         assert not run_processes(run_id)
+
+
+def test_a_detached_run_on_two_hosts_is_followed_and_stopped_from_other_shells(netns, tmp_path):
+    _, known, config, _ = netns
+    run_id = unique_run_id("detached")
+    program = "import time; print('waiting', flush=True)\nfor _ in range(1200): time.sleep(0.1)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    launch = [PYTHON, "-m", "launcher", "launch", "--detach", "--ssh-config", str(config), "--known-hosts", str(known),
+              "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check", "--grace-period", "2", "--",
+              PYTHON, "-c", program]
+    # From a shell of its own session, which ends once the launch has returned.
+    shell = subprocess.run(["bash", "-c", shlex.join(launch) + "; echo shell-exit=$?"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120, start_new_session=True, stdin=subprocess.DEVNULL)
+    assert "shell-exit=0" in shell.stdout and f"run {run_id} goes on detached" in shell.stdout, shell.stderr
+    console = tmp_path / "mgpu-runs" / run_id / "console.log"
+    try:
+        wait_for(lambda: console.read_text().count("] waiting") == 2, 60, lambda: console.read_text())
+        status = subprocess.run(
+            [PYTHON, "-m", "launcher", "status", run_id, "--json"], cwd=tmp_path, env=env, capture_output=True,
+            text=True, timeout=60)
+        assert json.loads(status.stdout)["state"] == "running"
+        follow = subprocess.Popen([PYTHON, "-m", "launcher", "logs", run_id, "-f"], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stop = subprocess.run([PYTHON, "-m", "launcher", "stop", run_id], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert stop.returncode == 0 and f"run {run_id} interrupted (exit 143)" in stop.stdout, stop.stderr
+        text, _ = follow.communicate(timeout=60)
+        assert follow.returncode == 143 and "[worker:1] waiting" in text, text
+    finally:
+        pid = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())["supervisor_pid"]
+        if psutil.pid_exists(pid):
+            os.kill(pid, 9)
+    wait_for(lambda: not run_processes(run_id), 30, lambda: str(run_processes(run_id)))

@@ -1,0 +1,262 @@
+"""The commands that look at runs after their launch: status, logs, attach and stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+
+import click
+
+from launcher.cli.main import cli
+from launcher.errors import MgpuError, UsageError
+from launcher.supervise import runrecord, runs
+from launcher.supervise.options import DEFAULT_LOG_DIR
+from launcher.supervise.rundir import CONSOLE_LOG
+
+ATTACH_TAIL_LINES = 40  # of the console shown when attaching, before what comes next
+STOP_TIMEOUT_MARGIN = 120.0  # beyond the grace period, how long `mgpu stop` waits for the end
+
+RUN_HELP = "RUN is a run id, a unique start of one, or `last` (the newest run of the log dir)."
+
+log_dir_option = click.option(
+    "--log-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=DEFAULT_LOG_DIR,
+    show_default=True, help="Where the runs are (the --log-dir of their launch).")
+
+
+def _time(iso: str | None) -> str:
+    """'2026-01-02T03:04:05.678+00:00' as '2026-01-02 03:04:05' (UTC)."""
+    return (iso or "-")[:19].replace("T", " ")
+
+
+def _progress(progress: dict | None) -> str:
+    if not progress:
+        return "-"
+    step, total = progress.get("step"), progress.get("total")
+    text = f"{step}/{total} ({100 * step // total}%)" if total else f"{step}"
+    if progress.get("rate"):
+        text += f" {progress['rate']:g} steps/s"
+    if progress.get("eta_s") is not None:
+        text += f" ETA {_duration(progress['eta_s'])}"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _run_progress(run: runs.Run) -> dict | None:
+    """The progress of the run: its slowest task that reports any."""
+    reported = [task["progress"] for task in run.tasks.values() if task.get("progress")]
+    return min(reported, key=lambda p: p.get("step", 0)) if reported else None
+
+
+def _hosts(run: runs.Run) -> list[str]:
+    return list(dict.fromkeys(str(plan.get("host")) for plan in run.record.get("plans", [])))
+
+
+def _summary(run: runs.Run) -> dict:
+    return {"run_id": run.run_id, "state": run.state, "started_at": run.record.get("started_at"),
+            "ended_at": run.record.get("ended_at"), "tasks": len(run.task_names()), "hosts": _hosts(run),
+            "restarts": max(0, len(run.attempts) - 1), "progress": _run_progress(run),
+            "exit_code": run.record.get("exit_code"), "path": str(run.path)}
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def _task_state(task: dict) -> str:
+    if task.get("ended_at") is None:
+        return "running"
+    if task.get("signal"):
+        return task["signal"]
+    return f"exit {task.get('exit_code')}"
+
+
+STATUS_HELP = f"""The runs of the log dir, newest first; with RUN, each task of it.
+
+{RUN_HELP}
+
+\b
+Examples:
+  mgpu status
+  mgpu status last
+  mgpu status 20260102-030405 --json
+
+Exit codes: 0, or 2 when RUN is not a run of yours in the log dir.
+"""
+
+
+@cli.command("status", help=STATUS_HELP)
+@click.argument("run_name", metavar="[RUN]", required=False)
+@log_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the list of runs, or RUN's run.json with its state.")
+def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -> None:
+    if run_name is None:
+        found = runs.runs(log_dir)
+        if as_json:
+            click.echo(json.dumps([_summary(run) for run in found], indent=2))
+            return
+        if not found:
+            click.echo(f"no runs in {log_dir}")
+            return
+        rows = [["RUN", "STATE", "STARTED (UTC)", "TASKS", "HOSTS", "RESTARTS", "PROGRESS"]]
+        for run in found:
+            summary = _summary(run)
+            hosts = summary["hosts"]
+            rows.append([run.run_id, summary["state"], _time(summary["started_at"]), str(summary["tasks"]),
+                         ",".join(hosts[:3]) + (f",+{len(hosts) - 3}" if len(hosts) > 3 else ""),
+                         str(summary["restarts"]), _progress(summary["progress"])])
+        click.echo(_table(rows))
+        return
+    run = runs.find(log_dir, run_name)
+    if as_json:
+        click.echo(json.dumps({**run.record, "state": run.state}, indent=2))
+        return
+    record = run.record
+    state = run.state
+    ended = f", ended {_time(record.get('ended_at'))}" if record.get("ended_at") else ""
+    code = f" (exit {record['exit_code']})" if record.get("exit_code") is not None else ""
+    where = "" if run.here else f" on {record.get('supervisor_host')}"
+    supervisor = f"supervisor pid {run.supervisor_pid}{where}" if state == runrecord.RUNNING else "supervisor gone"
+    click.echo(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} (UTC); "
+               f"{max(0, len(run.attempts) - 1)} restarts; {supervisor}")
+    click.echo(f"files: {run.path}/")
+    if record.get("message"):
+        click.echo(str(record["message"]).splitlines()[0])
+    rows = [["TASK", "HOST", "PID", "STATE", "READY", "PROGRESS", "LAST LINE"]]
+    for name, task in run.tasks.items():
+        rows.append([name, str(task.get("host", "-")), str(task.get("pid", "-")), _task_state(task),
+                     _time(task.get("ready_at"))[11:] or "-", _progress(task.get("progress")),
+                     (task.get("last_line") or "")[:80]])
+    click.echo(_table(rows))
+
+
+LOGS_HELP = f"""The console of a run as `mgpu launch` showed it, or one task's log.
+
+{RUN_HELP} The console is kept (console.log) for detached runs and for
+the part of a run after its terminal closed; every task's log is always kept.
+
+\b
+Examples:
+  mgpu logs last -f
+  mgpu logs 20260102-030405 --task worker:1
+
+Exit codes: 0; with -f, the run's own exit code once it ends; 2 when RUN is
+not a run of yours or has no such log.
+"""
+
+
+def _log_path(run: runs.Run, task: str | None) -> pathlib.Path:
+    if task is None:
+        path = run.file(CONSOLE_LOG)
+        if not path.exists():
+            raise UsageError(f"run {run.run_id} keeps its console on the terminal that launched it (no {CONSOLE_LOG}); "
+                             f"`mgpu logs {run.run_id} --task NAME` shows a task's log, one of "
+                             f"{', '.join(run.task_names())}")
+        return path
+    if task not in run.task_names():
+        raise UsageError(f"run {run.run_id} has no task {task!r}; its tasks: {', '.join(run.task_names())}")
+    task_type, _, index = task.partition(":")
+    return run.file(f"{task_type}-{index}.log")
+
+
+@cli.command("logs", help=LOGS_HELP)
+@click.argument("run_name", metavar="RUN")
+@log_dir_option
+@click.option("--task", metavar="TYPE:INDEX", help="This task's log (e.g. worker:1) instead of the console.")
+@click.option("-f", "--follow", is_flag=True, help="Go on printing what comes until the run ends; exit with its code.")
+def logs_command(run_name: str, log_dir: pathlib.Path, task: str | None, follow: bool) -> int:
+    run = runs.find(log_dir, run_name)
+    path = _log_path(run, task)
+    out = sys.stdout.buffer
+    if not follow:
+        _print_file(path, out)
+        return 0
+    try:
+        ended = runs.follow(path, run, out)
+    except KeyboardInterrupt:
+        return 130
+    return ended.exit_code
+
+
+def _print_file(path: pathlib.Path, out) -> None:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            out.write(chunk)
+    out.flush()
+
+
+ATTACH_HELP = f"""The live console of a running run; Ctrl-C leaves it (the run goes on).
+
+{RUN_HELP} Shows the console's last lines, then what comes, until the
+run ends (then exits with the run's exit code) or Ctrl-C.
+
+Exit codes: 0 after Ctrl-C; the run's own once it ends; 2 when RUN is not a
+running run of yours with its console in console.log.
+"""
+
+
+@cli.command("attach", help=ATTACH_HELP)
+@click.argument("run_name", metavar="RUN")
+@log_dir_option
+def attach_command(run_name: str, log_dir: pathlib.Path) -> int:
+    run = runs.find(log_dir, run_name)
+    if not run.supervised():
+        raise UsageError(f"run {run.run_id} is not running ({run.state}); `mgpu logs {run.run_id}` shows its console")
+    path = _log_path(run, None)
+    click.echo(f"mgpu: attached to run {run.run_id}; Ctrl-C leaves it running", err=True)
+    try:
+        ended = runs.follow(path, run, sys.stdout.buffer, start=runs.tail_start(path, ATTACH_TAIL_LINES))
+    except KeyboardInterrupt:
+        click.echo(f"\nmgpu: detached from run {run.run_id}; it goes on (`mgpu stop {run.run_id}` stops it)", err=True)
+        return 0
+    click.echo(f"mgpu: run {run.run_id} {ended.state} (exit {ended.exit_code})", err=True)
+    return ended.exit_code
+
+
+STOP_HELP = f"""Stop a run as Ctrl-C stops `mgpu launch`: TERM to every task, KILL after the
+grace period, nothing left on any host; wait for the end and print how it ended.
+
+{RUN_HELP}
+
+Exit codes: 0 once the run has stopped; 1 if it did not end in time; 2 when RUN
+is not a running run of yours.
+"""
+
+
+@cli.command("stop", help=STOP_HELP)
+@click.argument("run_name", metavar="RUN")
+@log_dir_option
+@click.option("--now", is_flag=True, help="Kill the tasks at once, without the grace period.")
+def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
+    run = runs.find(log_dir, run_name)
+    pid = run.supervisor_pid
+    if not run.here:
+        raise UsageError(f"run {run.run_id} is supervised on {run.record.get('supervisor_host')}: stop it there "
+                         f"(or, in a Slurm job, with scancel)")
+    if not run.supervised() or pid is None:
+        raise UsageError(f"run {run.run_id} is not running ({run.state})")
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if now:  # a second signal: no grace period
+            os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise UsageError(f"run {run.run_id} is not yours to stop") from None
+    click.echo(f"mgpu: stopping run {run.run_id} (supervisor pid {pid})" + (", killing its tasks now" if now else ""),
+               err=True)
+    grace = float((run.record.get("options") or {}).get("grace_period") or 0)
+    ended = runs.wait_until_ended(run, timeout=grace + STOP_TIMEOUT_MARGIN)
+    if ended.supervised():
+        raise MgpuError(f"run {run.run_id} has not ended {grace + STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid})")
+    message = ended.record.get("message")
+    click.echo(f"mgpu: run {run.run_id} {ended.state} (exit {ended.exit_code})" + (f": {message}" if message else ""))
+    return 0

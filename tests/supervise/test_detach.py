@@ -1,0 +1,188 @@
+"""Runs that need no terminal, with the real `mgpu`: `launch --detach`, a launch whose terminal
+hangs up, and `status`, `logs`, `attach` and `stop` from other shells."""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+
+import pytest
+
+from launching import MGPU, mgpu_env, run_mgpu, start_mgpu, wait_for, wait_for_line
+from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Runs:
+    """The log dir of a test and its detached runs, whose supervisors are killed at the end if left."""
+
+    def __init__(self, tmp_path):
+        self.log_dir = tmp_path / "runs"
+        self.go = tmp_path / "go"
+        self.started: list[str] = []
+
+    def mgpu(self, *args, timeout=60):
+        return run_mgpu(*args, "--log-dir", str(self.log_dir), timeout=timeout)
+
+    def launch_args(self, run_id, *worker_args, workers=2, grace=1.0):
+        self.started.append(run_id)
+        return ["launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(self.log_dir),
+                "--grace-period", str(grace), "--", *FAKE_WORKER, *worker_args]
+
+    def detach(self, run_id, *worker_args, **kw):
+        """`mgpu launch --detach` from a shell of its own session that ends when the launch returns."""
+        argv = shlex.join([*MGPU, "launch", "--detach", *self.launch_args(run_id, *worker_args, **kw)[1:]])
+        shell = subprocess.run(["bash", "-c", f"{argv}; echo shell-exit=$?"], env=mgpu_env(), capture_output=True,
+                               text=True, timeout=60, start_new_session=True, stdin=subprocess.DEVNULL)
+        assert "shell-exit=0" in shell.stdout, shell.stdout + shell.stderr
+        return shell.stdout
+
+    def record(self, run_id):
+        return json.loads((self.log_dir / run_id / "run.json").read_text())
+
+    def status(self, run_id):
+        done = self.mgpu("status", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def close(self):
+        for run_id in self.started:
+            try:
+                pid = self.record(run_id).get("supervisor_pid")
+            except (OSError, ValueError):
+                continue
+            if pid and pid != os.getpid() and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)  # its reaper stops the tasks
+
+
+@pytest.fixture
+def runs(tmp_path):
+    made = Runs(tmp_path)
+    yield made
+    made.close()
+
+
+def test_a_detached_run_goes_on_without_its_shell_and_is_followed_to_its_end(run_id, record_dir, runs):
+    out = runs.detach(run_id, "--record", str(record_dir), "--until-file", str(runs.go), "--lines", "1")
+    assert f"run {run_id} goes on detached" in out and f"mgpu logs {run_id} --log-dir" in out
+    wait_for(lambda: len(records(record_dir)) == 2, 30, what="both tasks started")
+    status = runs.status(run_id)
+    assert status["state"] == "running"
+    pid = status["supervisor_pid"]
+    # A supervisor of its own: its own session, no terminal, standard input from /dev/null.
+    assert os.getsid(pid) == pid
+    assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{pid}/fd/1") == str(runs.log_dir / run_id / "console.log")
+    listed = runs.mgpu("status")
+    assert listed.returncode == 0 and run_id in listed.stdout and "running" in listed.stdout
+    # attach shows the live console; Ctrl-C leaves the run running.
+    attached_out = runs.log_dir / "attach.out"
+    with open(attached_out, "w") as out:
+        attach = start_mgpu("attach", run_id, "--log-dir", str(runs.log_dir), stdout=out)
+    try:
+        wait_for_line(attached_out, "[worker:1] out worker:1 0", 30, attach)
+        attach.send_signal(signal.SIGINT)
+        assert attach.wait(30) == 0
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+    assert f"mgpu: detached from run {run_id}; it goes on" in attached_out.read_text()
+    assert runs.status(run_id)["state"] == "running"
+    follow = start_mgpu("logs", run_id[:-2], "-f", "--log-dir", str(runs.log_dir))
+    runs.go.touch()
+    text, _ = follow.communicate(timeout=60)
+    assert follow.returncode == 0, text
+    assert "[worker:1] out worker:1 0" in text and "[mgpu] done: 2 tasks succeeded" in text
+    assert runs.status("last")["state"] == "succeeded"
+    task = runs.mgpu("logs", run_id, "--task", "worker:1")
+    assert task.returncode == 0 and "out worker:1 0" in task.stdout
+    assert_run_gone(run_id)
+
+
+def test_stop_ends_a_detached_run_and_logs_f_exits_with_its_code(run_id, record_dir, runs):
+    runs.detach(run_id, "--record", str(record_dir), "--forever", "--grandchild", "all", "--setsid-grandchild", "all")
+    wait_for(lambda: len(read_pids(record_dir)) == 4 and len(records(record_dir)) == 2, 30, what="tasks and sleepers")
+    follow = start_mgpu("logs", run_id, "-f", "--log-dir", str(runs.log_dir))
+    stop = runs.mgpu("stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert f"run {run_id} interrupted (exit 143)" in stop.stdout
+    text, _ = follow.communicate(timeout=60)
+    assert follow.returncode == 143, text
+    assert "[mgpu] received SIGTERM; stopping all tasks" in text
+    assert not any(pid_alive(pid) for pid in read_pids(record_dir))
+    assert_run_gone(run_id)
+    again = runs.mgpu("stop", run_id)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+
+
+def test_stop_now_skips_the_grace_period(run_id, record_dir, runs):
+    runs.detach(run_id, "--record", str(record_dir), "--forever", "--ignore-term", "all", grace=300)
+    wait_for(lambda: len(records(record_dir)) == 2, 30, what="both tasks started")
+    stop = runs.mgpu("stop", run_id, "--now", timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert "[mgpu] second signal: killing all tasks now" in (runs.log_dir / run_id / "console.log").read_text()
+    tasks = runs.record(run_id)["attempts"][0]["tasks"]
+    assert {task["signal"] for task in tasks.values()} == {"SIGKILL"}
+    assert_run_gone(run_id)
+
+
+def test_a_foreground_launch_whose_terminal_closes_finishes_its_run(run_id, record_dir, runs):
+    """A real terminal: mgpu runs in a pseudo-terminal that is its controlling terminal; closing
+    the terminal's master side hangs it up (SIGHUP), while its console may be blocked writing."""
+    master, slave = os.openpty()
+    try:
+        launch = subprocess.Popen(["setsid", "--ctty", *MGPU, *runs.launch_args(
+            run_id, "--record", str(record_dir), "--until-file", str(runs.go), "--lines", "200")],
+            env=mgpu_env(), stdin=slave, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        wait_for(lambda: len(records(record_dir)) == 2, 30, what="both tasks started")
+        os.close(master)  # the terminal is gone
+        master = None
+        console = runs.log_dir / run_id / "console.log"
+        wait_for_line(console, "[mgpu] the terminal hung up (SIGHUP); the run goes on", 30, launch)
+        runs.go.touch()
+        assert launch.wait(60) == 0
+    finally:
+        if master is not None:
+            os.close(master)
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    assert "[mgpu] done: 2 tasks succeeded" in console.read_text()
+    assert runs.record(run_id)["status"] == "succeeded"
+    assert_run_gone(run_id)
+
+
+def test_a_killed_detached_supervisor_leaves_launcher_died_and_no_task(run_id, record_dir, runs):
+    runs.detach(run_id, "--record", str(record_dir), "--forever", "--grandchild", "all")
+    wait_for(lambda: len(read_pids(record_dir)) == 2 and len(records(record_dir)) == 2, 30, what="tasks and sleepers")
+    os.kill(runs.status(run_id)["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: runs.record(run_id)["status"] == "launcher-died", 30, what="run.json launcher-died")
+    assert runs.status(run_id)["state"] == "launcher-died"
+    assert not any(pid_alive(pid) for pid in read_pids(record_dir))
+    assert_run_gone(run_id)
+
+
+def test_a_detached_launch_refused_before_it_starts_says_so_here(run_id, runs):
+    (runs.log_dir / run_id).mkdir(parents=True)  # the run id is taken in this log dir
+    done = run_mgpu(*runs.launch_args(run_id, workers=1), "--detach")
+    assert done.returncode == 2 and f"run {run_id} already exists" in done.stderr
+    assert "goes on detached" not in done.stdout
+    slurm = run_mgpu("launch", "--slurm", "--detach", "--log-dir", str(runs.log_dir), env=mgpu_env(SLURM_JOB_ID="1"))
+    assert slurm.returncode == 2 and "sbatch" in slurm.stderr
+
+
+def test_status_of_a_run_that_is_not_yours_or_not_there_is_one_line(runs):
+    theirs = runs.log_dir / "theirs"
+    theirs.mkdir(parents=True)
+    (theirs / "run.json").write_text(json.dumps({"run_id": "theirs", "status": "running", "started_at": "x"}))
+    os.chown(theirs, 65534, 65534)  # nobody's
+    for name in ("theirs", "nothing-here"):
+        done = runs.mgpu("status", name)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no run" in done.stderr, done.stderr
+    assert "theirs" not in runs.mgpu("status").stdout
+    assert runs.mgpu("stop", "theirs").returncode == 2
