@@ -12,7 +12,7 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
+from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE, JOB_ENV
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.coordinator import Coordinator, find_coordinator
@@ -172,6 +172,7 @@ def plan_tasks(
     local_gpu_count: int = 0,
     resolved: Mapping[str, str] | None = None,
     slurm: bool = False,
+    max_restarts: int = 0,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
@@ -180,7 +181,8 @@ def plan_tasks(
     task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
     an allocation share its installation). `resolved` maps remote host names to the addresses
     they really are (the ssh config's HostName); the spec's own `addresses` win over it.
-    TF_CONFIG lists those addresses, so that the tasks can dial each other.
+    TF_CONFIG lists those addresses, so that the tasks can dial each other. `max_restarts` is
+    the run's restart budget, which torchrun's contract tells each task.
     """
     _check_env(spec.env)
     addresses = {**(resolved or {}), **spec.addresses}
@@ -194,7 +196,7 @@ def plan_tasks(
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
     coordinator = find_coordinator(spec.tasks, addresses)
-    job = Job(cluster, coordinator, dict(zip(names, machine_of)))
+    job = Job(cluster, coordinator, dict(zip(names, machine_of)), run_id, max_restarts)
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for rank, (task, (task_type, index), local, visible, shared) in enumerate(
@@ -210,6 +212,10 @@ def plan_tasks(
             "PYTHONFAULTHANDLER": "1",
             **_thread_env(spec.threads_per_task),
         }
+        if job_env.get(ENV_TORCH_LOCAL_WORLD_SIZE, "1") != "1" and "OMP_NUM_THREADS" not in env:
+            # As torchrun: several processes on a host, each with every core's worth of OpenMP threads,
+            # would oversubscribe it. The user's --env or --threads-per-task wins.
+            env["OMP_NUM_THREADS"] = "1"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
         if shared:  # the user's values win (below)

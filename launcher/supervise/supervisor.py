@@ -427,13 +427,15 @@ class _Supervisor:
         return failure_summary(self._view(task), peers, after)
 
     def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
-        """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
-        task can write to; the run dir is not on SSH or Slurm hosts)."""
+        """The plan with its error file added for a task on this machine (whose path the task can
+        write to; the run dir is not on SSH or Slurm hosts), under mgpu's name and torch's, so that
+        torch's `@record` writes there too (error_file.parse reads either format)."""
         if not self.backend.writes_here(plan):
             return plan
         # Absolute: the task's workdir may not be the launcher's.
         path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
-        return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
+        files = {protocol.ENV_ERROR_FILE: str(path), protocol.ENV_TORCHELASTIC_ERROR_FILE: str(path)}
+        return dataclasses.replace(plan, env=collections.ChainMap(files, plan.env))
 
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan
