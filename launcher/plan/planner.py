@@ -16,7 +16,9 @@ from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TOR
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.coordinator import Coordinator, find_coordinator
-from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
+from launcher.plan.devices import (
+    EVERY_GPU, SHARED_GPU_ENV, every_gpu, gpu_rule, shares_a_gpu, shares_every_gpu, split_devices, task_gpu_rule,
+)
 from launcher.plan.job_env import Job, collectives_env
 
 
@@ -41,6 +43,8 @@ class TaskPlan:
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
     # The job's first member (coordinator.py), the same in every task's plan; None: no members.
     coordinator: Coordinator | None = None
+    # Which rule gave the task its GPUs, and why (plan/devices.py): what the dry run says.
+    gpus: str = ""
 
     def __post_init__(self) -> None:
         # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
@@ -191,7 +195,13 @@ def plan_tasks(
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
-    shared_gpu = shares_a_gpu(machine_of, devices)
+    rule, why = gpu_rule(spec.command is None, spec.legacy_keras, spec.gpus_per_task)
+    if rule == EVERY_GPU:
+        shared_gpu = shares_every_gpu(machine_of, devices)
+        devices = every_gpu(devices)
+    else:
+        shared_gpu = shares_a_gpu(machine_of, devices)
+    gpus = f"{rule}: {why}"
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
@@ -241,6 +251,7 @@ def plan_tasks(
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
                 coordinator=coordinator,
+                gpus=task_gpu_rule(gpus, visible, spec.gpus_per_task),
             )
         )
     return plans
