@@ -161,6 +161,7 @@ class _Supervisor:
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
+        self._stopped_at: float | None = None  # when the stall watchdog asked for the stacks
         self.policy = policy.Policy(
             policy.Rules(start_timeout=options.start_timeout, stall_timeout=options.stall_timeout,
                          max_restarts=options.max_restarts, max_preemption_restarts=options.max_preemption_restarts),
@@ -322,6 +323,7 @@ class _Supervisor:
     def _ask_for_stacks(self, tasks: list[_Task]) -> None:
         """SIGABRT to every task: faulthandler writes each Python thread's stack, then the process
         ends. Waits (bounded) for them to end, so that the stacks are in the logs."""
+        self._stopped_at = time.time()  # a task that ended before it ended on its own (the report says so)
         running = [t for t in tasks if t.returncode is None]
         for task in running:
             task.output.mute_console()  # the report sums the stacks up; the logs keep them
@@ -417,7 +419,8 @@ class _Supervisor:
         if stop.status == runrecord.STALLED:
             head = f"stall: no training task made progress for {stop.idle_for:.0f} s{after}"
             training = [self._view(t) for t in tasks if not t.sidecar]
-            return stall_summary(head, training, self.run_dir / stacks_file_name(attempt))
+            return stall_summary(head, training, self.run_dir / stacks_file_name(attempt), self.options.stall_timeout,
+                                 self._stopped_at)
         if stop.status == runrecord.START_TIMEOUT:
             names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
