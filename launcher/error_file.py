@@ -22,6 +22,11 @@ The document (every field a string, but frame and traceback may be null):
   timestamp  when it was written, UTC, ISO 8601
 Without the variable (a program not started by mgpu), nothing is written.
 
+The same path is the task's TORCHELASTIC_ERROR_FILE, where torch's own `@record`
+(torch.distributed.elastic.multiprocessing.errors.record) writes its document:
+  {"message": {"message": "Type: message", "extraInfo": {"py_callstack": traceback, "timestamp": epoch seconds}}}
+(or "message" a plain string); `parse` reads both.
+
 Both sides import this module, so it stays within the standard library.
 """
 
@@ -32,6 +37,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import stat
 import sysconfig
 import traceback
@@ -144,11 +150,13 @@ def record(function: _F) -> _F:
 
 
 def parse(data: bytes) -> TaskError | None:
-    """The error in an error file's bytes; None when they are not a valid error document."""
+    """The error in an error file's bytes, mgpu's document or torch's; None when they are neither."""
     if len(data) > MAX_BYTES:
         return None
     try:
         doc = json.loads(data.decode("utf-8"))
+        if isinstance(doc, dict) and "version" not in doc and "message" in doc:
+            return _parse_torch(doc)
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
             return None
         exception, message, exit = doc["exception"], doc["message"], doc["exit"]
@@ -164,6 +172,44 @@ def parse(data: bytes) -> TaskError | None:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         return None
     return TaskError(exception[:200], message[:MAX_MESSAGE], frame, text, exit, timestamp)
+
+
+# A frame of a formatted traceback: `  File "path", line N, in function` and the code on the next line.
+_FRAME = re.compile(r'^  File "([^"]*)", line (\d+), in (.*)\n(?:    (.*)\n)?', re.MULTILINE)
+
+
+def _parse_torch(doc: dict) -> TaskError | None:
+    """torch's `@record` document (its error_handler.record_exception)."""
+    message = doc["message"]
+    if isinstance(message, str):
+        text, extra = message, {}
+    elif isinstance(message, dict) and isinstance(message.get("message"), str):
+        text, extra = message["message"], message.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
+    else:
+        return None
+    exception, _, rest = text.partition(": ")
+    if not exception or not exception.replace(".", "").replace("_", "").isalnum():
+        exception, rest = "Error", text
+    callstack = extra.get("py_callstack")
+    callstack = callstack[-MAX_TRACEBACK:] if isinstance(callstack, str) else None
+    stamp = extra.get("timestamp")
+    timestamp = (datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc)
+                 if isinstance(stamp, str) and stamp.isdecimal() else datetime.datetime.now(datetime.timezone.utc))
+    return TaskError(exception[:200], rest[:MAX_MESSAGE], _traceback_frame(callstack), callstack, "exception",
+                     timestamp)
+
+
+def _traceback_frame(text: str | None) -> str | None:
+    """user_frame's choice from a formatted traceback: the deepest frame outside the libraries."""
+    frames = list(_FRAME.finditer(text or ""))
+    if not frames:
+        return None
+    libraries = _library_folders()
+    own = [f for f in frames if not f.group(1).startswith(libraries) and not f.group(1).startswith("<")]
+    frame = (own or frames)[-1]
+    where = f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}"
+    return f"{where}: {frame.group(4).strip()}" if frame.group(4) and frame.group(4).strip() else where
 
 
 def read(name: str, dir_fd: int) -> TaskError | None:

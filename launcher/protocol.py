@@ -66,8 +66,27 @@ ENV_TORCH_LOCAL_RANK = "LOCAL_RANK"
 ENV_TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_TORCH_MASTER_ADDR = "MASTER_ADDR"
 ENV_TORCH_MASTER_PORT = "MASTER_PORT"
+# The rest of torchrun's contract, which torch and Lightning read to tell that a launcher started the
+# process: torchrun's node is a host of the job (GROUP_RANK, numbered in the order of the job's members;
+# NODE_RANK, the same, for Lightning's fallback), its one role "default" is every member (ROLE_RANK is
+# RANK), TORCHELASTIC_RUN_ID is the run id, TORCHELASTIC_RESTART_COUNT the attempt (backends set it
+# with ENV_ATTEMPT) and TORCHELASTIC_MAX_RESTARTS is --max-restarts.
+ENV_TORCH_GROUP_RANK = "GROUP_RANK"
+ENV_TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ENV_TORCH_NODE_RANK = "NODE_RANK"
+ENV_TORCH_ROLE_NAME = "ROLE_NAME"
+ENV_TORCH_ROLE_RANK = "ROLE_RANK"
+ENV_TORCH_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ENV_TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+ENV_TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+# Where torch's `@record` writes a failing process's error: the task's error file, beside ENV_ERROR_FILE.
+ENV_TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+TORCH_ROLE = "default"  # torchrun's role name when none is given
 TORCH_DISTRIBUTED_ENV = (ENV_TORCH_RANK, ENV_TORCH_WORLD_SIZE, ENV_TORCH_LOCAL_RANK, ENV_TORCH_LOCAL_WORLD_SIZE,
-                         ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT)
+                         ENV_TORCH_MASTER_ADDR, ENV_TORCH_MASTER_PORT, ENV_TORCH_GROUP_RANK, ENV_TORCH_GROUP_WORLD_SIZE,
+                         ENV_TORCH_NODE_RANK, ENV_TORCH_ROLE_NAME, ENV_TORCH_ROLE_RANK, ENV_TORCH_ROLE_WORLD_SIZE,
+                         ENV_TORCHELASTIC_RUN_ID, ENV_TORCHELASTIC_RESTART_COUNT, ENV_TORCHELASTIC_MAX_RESTARTS)
 # JAX's multi-process job, under the names Kubeflow Trainer's JAX runtime sets. jax.distributed.initialize()
 # reads JAX_COORDINATOR_ADDRESS itself (JAX 0.4 to 0.10 at least); the count and the id are passed in.
 ENV_JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
@@ -75,4 +94,9 @@ ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 JAX_DISTRIBUTED_ENV = (ENV_JAX_COORDINATOR_ADDRESS, ENV_JAX_NUM_PROCESSES, ENV_JAX_PROCESS_ID)
 # Every name mgpu sets for each member of the job; a user's env may not set them.
-JOB_ENV = KERAS_DISTRIBUTION_ENV + TORCH_DISTRIBUTED_ENV + JAX_DISTRIBUTED_ENV
+JOB_ENV = KERAS_DISTRIBUTION_ENV + TORCH_DISTRIBUTED_ENV + JAX_DISTRIBUTED_ENV + (ENV_TORCHELASTIC_ERROR_FILE,)
+
+
+def attempt_env(attempt: int) -> dict[str, str]:
+    """What each attempt of a task adds to its planned env: its number, as mgpu's and torchrun's names."""
+    return {ENV_ATTEMPT: str(attempt), ENV_TORCHELASTIC_RESTART_COUNT: str(attempt)}

@@ -3,6 +3,7 @@
 import functools
 import inspect
 import json
+import os
 import pathlib
 import re
 import sys
@@ -28,6 +29,22 @@ def poisoned_tensorflow(tmp_path):
         package.mkdir()
         (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
     return str(tmp_path)
+
+
+@pytest.fixture
+def gpus_on_path(tmp_path):
+    """A PATH whose nvidia-smi lists `count` GPUs, as `nvidia-smi -L` does."""
+
+    def make(count):
+        bin_dir = tmp_path / f"bin{count}"
+        bin_dir.mkdir(exist_ok=True)
+        listing = "".join(f"echo 'GPU {i}: NVIDIA A100 (UUID: GPU-{i:04d})'\n" for i in range(count))
+        script = bin_dir / "nvidia-smi"
+        script.write_text("#!/bin/sh\n" + listing)
+        script.chmod(0o755)
+        return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    return make
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ class LocalBackend(Backend):
     def start(self, task: TaskPlan, attempt: int) -> LocalTaskProcess:
         env = dict(os.environ)
         env.update(task.env)
-        env[protocol.ENV_ATTEMPT] = str(attempt)
+        env.update(protocol.attempt_env(attempt))
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         try:

@@ -132,7 +132,7 @@ class SlurmStep:
         self._writers = [write for _, write in pipes]
         try:
             self.popen = subprocess.Popen(
-                argv, env={**env, protocol.ENV_ATTEMPT: str(attempt)},
+                argv, env={**env, **protocol.attempt_env(attempt)},
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, preexec_fn=_die_with_parent)
         except BaseException as exc:

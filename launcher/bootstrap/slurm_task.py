@@ -27,6 +27,7 @@ from launcher.config.slurm_env import misplacement
 from launcher.host.probe import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
 from launcher.plan.planner import tf_config_text
+from launcher.protocol import ENV_ATTEMPT, attempt_env
 
 # The plans (plan/render.py's slurm_step_document) travel in the environment, which every node of a
 # step receives (no shared file system needed): MGPU_SLURM_PLAN holds the number of parts,
@@ -60,6 +61,9 @@ def task_start(document: Mapping, rank: int, environ: Mapping[str, str]) -> tupl
         env.pop(name, None)
     if slurm_devices is not None:  # Slurm bound GPUs to this step: its choice stands
         env["CUDA_VISIBLE_DEVICES"] = slurm_devices
+    attempt = environ.get(ENV_ATTEMPT, "")
+    if attempt.isdecimal():  # srun's environment carries the attempt; the plan holds the first one's
+        env.update(attempt_env(int(attempt)))
     env["TF_CONFIG"] = tf_config_text(json.dumps(document["cluster"], separators=(",", ":")),
                                       {"type": task["type"], "index": task["index"]})
     return list(task.get("argv", document["argv"])), env, task.get("workdir", document["workdir"])

@@ -123,7 +123,7 @@ def launch_command(**opts) -> int | None:
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts))
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None)
+    plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"])
 
     if opts["dry_run"]:
         from launcher.plan.render import iter_plan_json, iter_plan_text
@@ -150,7 +150,9 @@ TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 --format keras-env  `export` lines of KERAS_DISTRIBUTION_*, which
                     keras.distribution.initialize() reads (Keras 3, JAX)
 --format torch-env  those of RANK, WORLD_SIZE, LOCAL_RANK,
-                    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (PyTorch)
+                    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the
+                    rest of torchrun's contract: GROUP_RANK, NODE_RANK,
+                    ROLE_*, TORCHELASTIC_* (PyTorch, Lightning)
 --format jax-env    those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
                     JAX_PROCESS_ID (jax.distributed.initialize())
 

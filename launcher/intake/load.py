@@ -133,7 +133,7 @@ def check_text_value(option: str, text: str, secret: bool = False) -> None:
 
 
 def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None, count_gpus: bool = True,
-               slurm: bool = False):
+               slurm: bool = False, max_restarts: int = 0):
     """Plans for the spec (I/O first: this machine's names, its GPU count, the ssh config).
 
     `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown; `slurm` plans every
@@ -152,6 +152,7 @@ def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None,
         launcher_python=sys.executable,
         local_gpu_count=detect_gpus() if count_gpus and not slurm else 0,
         slurm=slurm,
+        max_restarts=max_restarts,
         resolved=ssh_config_addresses(spec, local_hosts, naming) if naming is not None and not slurm else None,
     )
 

@@ -12,11 +12,13 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
+from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE, JOB_ENV
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
 from launcher.plan.coordinator import Coordinator, find_coordinator
-from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
+from launcher.plan.devices import (
+    EVERY_GPU, SHARED_GPU_ENV, every_gpu, gpu_rule, shares_a_gpu, shares_every_gpu, split_devices, task_gpu_rule,
+)
 from launcher.plan.job_env import Job, collectives_env
 
 
@@ -41,6 +43,8 @@ class TaskPlan:
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
     # The job's first member (coordinator.py), the same in every task's plan; None: no members.
     coordinator: Coordinator | None = None
+    # Which rule gave the task its GPUs, and why (plan/devices.py): what the dry run says.
+    gpus: str = ""
 
     def __post_init__(self) -> None:
         # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
@@ -172,6 +176,7 @@ def plan_tasks(
     local_gpu_count: int = 0,
     resolved: Mapping[str, str] | None = None,
     slurm: bool = False,
+    max_restarts: int = 0,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
@@ -180,7 +185,8 @@ def plan_tasks(
     task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
     an allocation share its installation). `resolved` maps remote host names to the addresses
     they really are (the ssh config's HostName); the spec's own `addresses` win over it.
-    TF_CONFIG lists those addresses, so that the tasks can dial each other.
+    TF_CONFIG lists those addresses, so that the tasks can dial each other. `max_restarts` is
+    the run's restart budget, which torchrun's contract tells each task.
     """
     _check_env(spec.env)
     addresses = {**(resolved or {}), **spec.addresses}
@@ -189,12 +195,18 @@ def plan_tasks(
     # Tasks on one machine split its GPUs; every local task shares this machine's.
     machine_of = ["" if local else task.host for task, local in zip(spec.tasks, is_local)]
     devices = split_devices(machine_of, local_gpu_count, spec.gpus_per_task)
-    shared_gpu = shares_a_gpu(machine_of, devices)
+    rule, why = gpu_rule(spec.command is None, spec.legacy_keras, spec.gpus_per_task)
+    if rule == EVERY_GPU:
+        shared_gpu = shares_every_gpu(machine_of, devices)
+        devices = every_gpu(devices)
+    else:
+        shared_gpu = shares_a_gpu(machine_of, devices)
+    gpus = f"{rule}: {why}"
     cluster = cluster_addresses(spec.tasks, addresses)
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
     coordinator = find_coordinator(spec.tasks, addresses)
-    job = Job(cluster, coordinator, dict(zip(names, machine_of)))
+    job = Job(cluster, coordinator, dict(zip(names, machine_of)), run_id, max_restarts)
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     plans = []
     for rank, (task, (task_type, index), local, visible, shared) in enumerate(
@@ -210,6 +222,10 @@ def plan_tasks(
             "PYTHONFAULTHANDLER": "1",
             **_thread_env(spec.threads_per_task),
         }
+        if job_env.get(ENV_TORCH_LOCAL_WORLD_SIZE, "1") != "1" and "OMP_NUM_THREADS" not in env:
+            # As torchrun: several processes on a host, each with every core's worth of OpenMP threads,
+            # would oversubscribe it. The user's --env or --threads-per-task wins.
+            env["OMP_NUM_THREADS"] = "1"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
         if shared:  # the user's values win (below)
@@ -235,6 +251,7 @@ def plan_tasks(
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
                 coordinator=coordinator,
+                gpus=task_gpu_rule(gpus, visible, spec.gpus_per_task),
             )
         )
     return plans

@@ -17,7 +17,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.protocol import JAX_DISTRIBUTED_ENV, KERAS_DISTRIBUTION_ENV, TORCH_DISTRIBUTED_ENV
 
 # What `--dry-run --json` shows of each task.
-DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "tf_config")
+DRY_RUN_FIELDS = ("type", "index", "host", "port", "local", "argv", "env", "gpus", "tf_config")
 HIDDEN = "***"  # in place of a secret env value (plan.secret_env) unless --show-secrets
 
 
@@ -44,6 +44,7 @@ def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: boo
         "workdir": plan.workdir,
         "waits_for_ready": plan.waits_for_ready,
         "slurm_rank": plan.slurm_rank,
+        "gpus": plan.gpus,
     }
     if with_tf_config:
         record["tf_config"] = plan.tf_config
@@ -136,6 +137,8 @@ def iter_plan_text(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Ite
         added = [f"{name}={value if name in plan.secret_env and not show_secrets else shlex.quote(value)}"
                  for name, value in env.items() if name != "TF_CONFIG"]
         lines.append("  env:       " + ("\n             ".join(added) if added else "(none)"))
+        if plan.gpus:
+            lines.append(f"  GPUs:      {plan.gpus}")
         lines.append("  TF_CONFIG:")
         lines += ["    {", '      "cluster": {', *pretty_clusters[cluster_json], "      },",
                   f'      "task": {json.dumps(task)}', "    }"]

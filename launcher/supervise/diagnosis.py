@@ -294,12 +294,16 @@ PORT_TAKEN = "port-taken"
 HEARTBEATS_STOPPED = "heartbeats-stopped"
 PEER_UNREACHABLE = "peer-unreachable"
 NO_CHECKPOINT_YET = "no-checkpoint-yet"
+KERAS3_TORCH_NO_DISTRIBUTION = "keras3-torch-no-distribution"
+ABORTED_AT_EXIT = "aborted-at-exit"
 
 
 @dataclasses.dataclass(frozen=True)
 class KnownFailure:
     pattern: re.Pattern
     kind: str
+    # Another line the output must hold too, where one line alone says too little.
+    with_line: re.Pattern | None = None
 
 
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
@@ -327,14 +331,24 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     ),
     KnownFailure(re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),
                  NO_CHECKPOINT_YET),
+    # keras.distribution.initialize() on a backend without a distribution library (torch, up to Keras 3.15).
+    KnownFailure(re.compile(r"^AttributeError: 'NoneType' object has no attribute 'initialize'"),
+                 KERAS3_TORCH_NO_DISTRIBUTION,
+                 with_line=re.compile(r"distribution_lib\.initialize\(job_addresses, num_processes, process_id\)")),
+    # C++'s std::terminate for a thread left running: in PyTorch, a process group's threads (Gloo, the
+    # TCPStore) torn down at exit while still in use.
+    KnownFailure(re.compile(r"terminate called without an active exception"), ABORTED_AT_EXIT),
 )
 
 
 def known_failures(lines: Iterable[str]) -> list[str]:
     """The kind of each known failure whose wording is in `lines`, in table order, each once."""
-    found = set()
+    found, seconded = set(), set()
     for line in lines:
         for i, known in enumerate(KNOWN_FAILURES):
             if i not in found and known.pattern.search(line):
                 found.add(i)
-    return [KNOWN_FAILURES[i].kind for i in sorted(found)]
+            if known.with_line is not None and i not in seconded and known.with_line.search(line):
+                seconded.add(i)
+    return [KNOWN_FAILURES[i].kind for i in sorted(found)
+            if KNOWN_FAILURES[i].with_line is None or i in seconded]

@@ -47,6 +47,17 @@ FIXES: dict[str, str] = {
         "a task could not reach another (it had ended, or the network does not let it through): every host "
         "must resolve and connect to the addresses in TF_CONFIG (firewall, ssh-config alias, DNS); "
         "`mgpu check` tests every pair",
+    diagnosis.KERAS3_TORCH_NO_DISTRIBUTION:
+        "Keras 3 on the torch backend has no multi-process distribution in this Keras (3.15 and earlier: "
+        "keras.distribution.initialize() finds no distribution library for torch); Keras' development branch "
+        "adds one, which reads MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and LOCAL_RANK, the variables mgpu "
+        "sets: until a Keras release has it, run Keras on the JAX backend (KERAS_BACKEND=jax) or train with "
+        "PyTorch's own DistributedDataParallel",
+    diagnosis.ABORTED_AT_EXIT:
+        "the process aborted in C++ (std::terminate for a thread still running): in PyTorch, typically at exit, "
+        "when the process group's threads (Gloo, the TCPStore of rank 0) are torn down while other ranks still "
+        "use them; end the program with torch.distributed.barrier() then "
+        "torch.distributed.destroy_process_group(), so that every rank leaves together",
     diagnosis.NO_CHECKPOINT_YET:
         "no checkpoint there yet: a program that restores one (an evaluator started with the workers) must "
         "wait for the first checkpoint, e.g. with tf.train.checkpoints_iterator",

@@ -280,8 +280,16 @@ class Policy:
                 self._stall.cpu_sample(event.name, event.cpu_seconds, now)
         if self._stall.stalled(now):
             idle_for = self._stall.idle_for(now)
+            # Say only what was seen: CPU use is not measured for tasks over SSH or in a Slurm step.
+            unmeasured = sorted(name for name in training if not self._stall.measured(name))
+            if not unmeasured:
+                seen = "no output, no CPU use"
+            elif len(unmeasured) == len(training):
+                seen = "no output; CPU use not measured"
+            else:
+                seen = f"no output, no CPU use; CPU use not measured for {', '.join(unmeasured)}"
             return self._stop([Notice(
-                f"no progress from any training task for {idle_for:.0f} s (no output, no CPU use); "
+                f"no progress from any training task for {idle_for:.0f} s ({seen}); "
                 f"stopping all tasks with SIGABRT, which makes Python print their stacks")],
                 Stop(runrecord.STALLED, idle_for=idle_for))
         sample: tuple[str, ...] = ()

@@ -14,8 +14,9 @@ every thread to stderr before the process dies:
       File "train.py", line 41 in <module>
 
 The main thread tells where a task is: inside the framework (TensorFlow, JAX, PyTorch: most likely
-waiting in a collective for a peer) or in the program's own code (the likely cause of a stall that
-leaves the others waiting). Pure text work, no I/O.
+waiting in a collective for a peer), in another installed package (Lightning, say), or in the
+program's own code (the likely cause of a stall that leaves the others waiting). A task is said to
+be in its own code only where a frame of its own shows it. Pure text work, no I/O.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<function
 _FRAMEWORK = re.compile(
     r"[/\\](?:site|dist)-packages[/\\](?P<name>tensorflow|tf_keras|keras|jax|jaxlib|torch|horovod)[/\\]"
 )
+# Any other installed package: its name, the folder under site-packages.
+_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\](?P<name>[A-Za-z0-9_.-]+?)(?:\.py)?(?:[/\\]|$)")
 # The standard library: a thread waits in it for something the calling frame asked for.
 _STDLIB = re.compile(r"[/\\]lib[/\\]python3\.\d+[/\\](?!(?:site|dist)-packages)|^<frozen ")
 SHOWN_FRAMES = 6
@@ -62,7 +65,7 @@ class Thread:
 class Whereabouts:
     """Where a task's main thread was when it was asked for its stacks."""
 
-    framework: str | None  # the framework it waits in; None: in the program's own code
+    framework: str | None  # the framework or package it waits in; None: in the program's own code
     frames: tuple[Frame, ...]  # innermost first
 
     @property
@@ -130,16 +133,16 @@ def whereabouts(lines: Sequence[str]) -> Whereabouts | None:
     """Where the task was, from its output's last dump with a main thread; None without a dump."""
     candidates = [main_thread(threads) for threads in dumps(lines)]
     candidates = [t for t in candidates if t is not None]
-    mains = [t for t in candidates if t.is_main] or candidates
+    mains = [t for t in candidates if t.is_main and t.frames] or [t for t in candidates if t.frames]
     if not mains:
         return None
     thread = mains[-1]
     for frame in thread.frames:  # innermost first: the standard library waits on behalf of its caller
         if _STDLIB.search(frame.file):
             continue
-        match = _FRAMEWORK.search(frame.file)
+        match = _FRAMEWORK.search(frame.file) or _PACKAGE.search(frame.file)
         return Whereabouts(match["name"] if match else None, thread.frames)
-    return Whereabouts(None, thread.frames)
+    return Whereabouts("Python's standard library", thread.frames)
 
 
 def dump_lines(lines: Sequence[str]) -> list[str]:

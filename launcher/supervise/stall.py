@@ -26,6 +26,7 @@ class StallClock:
         # Samples often enough that a stall is seen within a quarter of the timeout.
         self.cpu_sample_interval = min(MAX_CPU_SAMPLE_INTERVAL, timeout / 4)
         self._cpu: dict[Hashable, tuple[float, float]] = {}  # task -> (cpu seconds, when)
+        self._measured: set[Hashable] = set()
 
     def output_seen(self, at: float) -> None:
         self.progress_at = max(self.progress_at, at)
@@ -34,8 +35,14 @@ class StallClock:
         """A task's processes had used `cpu_seconds` in all at `now`."""
         previous = self._cpu.get(task)
         self._cpu[task] = (cpu_seconds, now)
+        if previous is not None:
+            self._measured.add(task)
         if previous is not None and cpu_seconds - previous[0] >= CPU_PROGRESS_SHARE * (now - previous[1]):
             self.progress_at = max(self.progress_at, now)
+
+    def measured(self, task: Hashable) -> bool:
+        """Whether the task's CPU use was measured at least twice, so that "no CPU use" is what was seen."""
+        return task in self._measured
 
     def idle_for(self, now: float) -> float:
         return now - self.progress_at

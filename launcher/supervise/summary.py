@@ -156,10 +156,14 @@ def start_timeout_summary(head: str, missing: Sequence[TaskView]) -> str:
 SHOWN_FRAMES = 4
 
 
-def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path) -> str:
+def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path, stall_timeout: float | None = None,
+                  stopped_at: float | None = None) -> str:
     """`head` with the likely cause (the tasks in their own code while the others wait in the
-    framework), then where each task was, and where the stacks are."""
-    places = [(task, stacks.whereabouts(task.lines)) for task in tasks]
+    framework), then where each task was, and where the stacks are. A task that had ended before
+    `stopped_at` (when the stall was declared) is said to have ended, not to lack a stack."""
+    ended = [task for task in tasks if task.returncode is not None and task.ended_at is not None
+             and stopped_at is not None and task.ended_at <= stopped_at]
+    places = [(task, stacks.whereabouts(task.lines)) for task in tasks if task not in ended]
     known = [(task, where) for task, where in places if where is not None]
     own = [task.name for task, where in known if where.in_own_code]
     if own and len(own) < len(known):
@@ -175,7 +179,12 @@ def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Pat
         state = "in its own code, not in a collective" if where.in_own_code else f"waiting in {where.framework}"
         lines.append(f"{task.name} on {task.host}: {state}")
         lines.extend("  " + console_safe(str(frame)) for frame in _telling_frames(where.frames))
+    for task in ended:
+        lines.append(f"{task.name} on {task.host}: {describe_exit(task.returncode)} before the stall")
     lines.append(f"stacks: {stacks_path}")
+    if stall_timeout:
+        lines.append(f"hint: a program that computes for longer than {stall_timeout:g} s without printing is not "
+                     f"stalled: give --stall-timeout a longer time (0: no stall watch), or print progress")
     return "\n".join(lines)
 
 

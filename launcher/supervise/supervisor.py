@@ -170,6 +170,7 @@ class _Supervisor:
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets,
                                           report=self.output.notice)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
+        self._stopped_at: float | None = None  # when the stall watchdog asked for the stacks
         self.policy = policy.Policy(
             policy.Rules(start_timeout=options.start_timeout, stall_timeout=options.stall_timeout,
                          max_restarts=options.max_restarts, max_preemption_restarts=options.max_preemption_restarts),
@@ -343,6 +344,7 @@ class _Supervisor:
     def _ask_for_stacks(self, tasks: list[_Task]) -> None:
         """SIGABRT to every task: faulthandler writes each Python thread's stack, then the process
         ends. Waits (bounded) for them to end, so that the stacks are in the logs."""
+        self._stopped_at = time.time()  # a task that ended before it ended on its own (the report says so)
         running = [t for t in tasks if t.returncode is None]
         for task in running:
             task.output.mute_console()  # the report sums the stacks up; the logs keep them
@@ -474,7 +476,8 @@ class _Supervisor:
         if stop.status == runrecord.STALLED:
             head = f"stall: no training task made progress for {stop.idle_for:.0f} s{after}"
             training = [self._view(t) for t in tasks if not t.sidecar]
-            return stall_summary(head, training, self.run_dir / stacks_file_name(attempt))
+            return stall_summary(head, training, self.run_dir / stacks_file_name(attempt), self.options.stall_timeout,
+                                 self._stopped_at)
         if stop.status == runrecord.START_TIMEOUT:
             names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
@@ -484,13 +487,15 @@ class _Supervisor:
         return failure_summary(self._view(task), peers, after)
 
     def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
-        """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
-        task can write to; the run dir is not on SSH or Slurm hosts)."""
+        """The plan with its error file added for a task on this machine (whose path the task can
+        write to; the run dir is not on SSH or Slurm hosts), under mgpu's name and torch's, so that
+        torch's `@record` writes there too (error_file.parse reads either format)."""
         if not self.backend.writes_here(plan):
             return plan
         # Absolute: the task's workdir may not be the launcher's.
         path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
-        return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
+        files = {protocol.ENV_ERROR_FILE: str(path), protocol.ENV_TORCHELASTIC_ERROR_FILE: str(path)}
+        return dataclasses.replace(plan, env=collections.ChainMap(files, plan.env))
 
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan

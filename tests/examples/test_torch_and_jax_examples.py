@@ -11,7 +11,7 @@ import sys
 import pytest
 from needs import installed_version
 
-from launcher.supervise.fixes import FIXES
+from launcher.supervise.fixes import FIXES, hints
 from launcher.host import proctree
 from launcher.supervise import diagnosis
 from launching import REPO, start_mgpu
@@ -93,3 +93,5 @@ def test_keras_3_on_torch_has_no_multi_process_distribution(tmp_path):
         done.stderr[-3000:]
     hint = FIXES[diagnosis.KERAS3_FIT_UNDER_MWMS]
     assert "KERAS_BACKEND=jax" in hint and "torch" not in hint
+    # What the program printed gets the hint for Keras on torch, and that one alone.
+    assert hints(done.stderr.splitlines()) == [f"hint: {FIXES[diagnosis.KERAS3_TORCH_NO_DISTRIBUTION]}"]

@@ -381,3 +381,79 @@ def test_tf_config_from_k8s_outside_a_pod_says_what_is_missing(mgpu):
     result = mgpu("tf-config", "--from-k8s", "--task-index", "1", env=pod_environment(mgpu, "--workers", "2", index=0))
     assert result.exit_code == 2
     assert "--from-k8s takes the cluster from the pod's environment: drop --task-index" in result.stderr
+
+
+# -- The rest of torchrun's contract ----------------------------------------------------------
+
+ELASTIC_NAMES = ("GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def elastic_env(task):
+    return {name: task["env"][name] for name in ELASTIC_NAMES if name in task["env"]}
+
+
+def test_hosts_are_torchruns_nodes_and_the_run_is_its_run(mgpu):
+    """A host is one torchrun node, numbered in the order of its first member; one role, "default", holds every
+    member; the run id and --max-restarts are torchelastic's; the evaluator is outside the job."""
+    tasks = dry_run_tasks(mgpu, "--hosts", "b:1,a:2", "--chief", "a:2400", "--evaluator", "a",
+                          "--run-id", "run-7", "--max-restarts", "3")
+    assert [(t["type"], t["host"]) for t in tasks] == [("chief", "a"), ("worker", "b"), ("worker", "a"),
+                                                       ("worker", "a"), ("evaluator", "a")]
+    assert [elastic_env(t) for t in tasks[:4]] == [
+        {"GROUP_RANK": group, "GROUP_WORLD_SIZE": "2", "NODE_RANK": group, "ROLE_NAME": "default",
+         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "run-7",
+         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3"}
+        for rank, group in enumerate(("0", "1", "0", "0"))]
+    assert elastic_env(tasks[4]) == {}
+
+
+def test_omp_threads_as_torchrun_sets_them(mgpu):
+    """OMP_NUM_THREADS=1 where a host runs several members (torchrun's rule), unless the user set it."""
+    tasks = dry_run_tasks(mgpu, "--hosts", "a:2,b:1")
+    assert [t["env"].get("OMP_NUM_THREADS") for t in tasks] == ["1", "1", None]
+    tasks = dry_run_tasks(mgpu, "--hosts", "a:2", "--env", "OMP_NUM_THREADS=4", "--show-secrets")
+    assert [t["env"]["OMP_NUM_THREADS"] for t in tasks] == ["4", "4"]
+    tasks = dry_run_tasks(mgpu, "--hosts", "a:2", "--threads-per-task", "3")
+    assert [t["env"]["OMP_NUM_THREADS"] for t in tasks] == ["3", "3"]
+
+
+@pytest.mark.parametrize("name", ("GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"))
+def test_torchruns_names_are_reserved(mgpu, name):
+    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
+    assert result.exit_code == 2 and f"environment variable {name} is set by mgpu" in result.stderr
+
+
+def test_text_dry_run_and_torch_env_format_show_torchruns_names(mgpu):
+    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--run-id", "r9", "--dry-run")
+    assert "TORCHELASTIC_RUN_ID=r9" in result.stdout and "GROUP_RANK=1" in result.stdout
+    result = mgpu("tf-config", "--workers", "h1:2222,h1:2223,h2:2222", "--task-index", "2", "--format", "torch-env")
+    assert result.exit_code == 0, result.stderr
+    exports = exported(result.stdout, ELASTIC_NAMES)
+    assert {name: exports[name] for name in ("GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK")} == {
+        "GROUP_RANK": "1", "NODE_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "2"}
+
+
+def test_a_slurm_task_takes_its_restart_count_from_the_attempt(mgpu):
+    """The plan holds the first attempt's count; srun's environment carries the attempt of each step."""
+    from launcher.plan.planner import TaskPlan
+    from launcher.backends.slurm import step_environment
+    from launcher.bootstrap.slurm_task import read_plan_environment, task_start
+
+    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
+    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--gpus-per-task", "0", "--max-restarts", "2", env=env)
+    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
+                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
+             for rank, t in enumerate(tasks)]
+    document = read_plan_environment(step_environment(plans, {"HOME": "/root"}))
+    started = [task_start(document, rank, {"MGPU_ATTEMPT": "2"})[1] for rank in range(len(plans))]
+    assert [(e["GROUP_RANK"], e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) for e in started] == [
+        ("0", "2", "2"), ("0", "2", "2"), ("1", "2", "2"), ("1", "2", "2")]
+
+
+def test_a_k8s_pod_is_its_own_torchrun_node(mgpu):
+    env = pod_environment(mgpu, "--workers", "3", "--name", "run8", index=2)
+    result = mgpu("tf-config", "--from-k8s", "--format", "torch-env", env=env)
+    assert result.exit_code == 0, result.stderr
+    exports = exported(result.stdout, ELASTIC_NAMES)
+    assert (exports["GROUP_RANK"], exports["GROUP_WORLD_SIZE"], exports["TORCHELASTIC_RUN_ID"]) == ("2", "3", "run8")

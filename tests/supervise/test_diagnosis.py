@@ -237,3 +237,24 @@ def test_gloo_that_cannot_connect_its_peers_points_at_the_interface():
             "tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:6062")
     [hint] = fixes.hints(["Traceback (most recent call last):", line])
     assert "GLOO_SOCKET_IFNAME" in hint and "mgpu check" in hint
+
+
+KERAS_ON_TORCH = [  # Keras 3.15 with KERAS_BACKEND=torch, keras.distribution.initialize()
+    "Traceback (most recent call last):",
+    '  File "/venv/lib/python3.11/site-packages/keras/src/distribution/distribution_lib.py", line 151, in initialize',
+    "    distribution_lib.initialize(job_addresses, num_processes, process_id)",
+    "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    "AttributeError: 'NoneType' object has no attribute 'initialize'",
+]
+
+
+def test_keras_on_torch_without_a_distribution_library_gets_its_hint_and_only_it():
+    [hint] = fixes.hints(KERAS_ON_TORCH)
+    assert "torch backend" in hint and "KERAS_BACKEND=jax" in hint and "MASTER_ADDR" in hint
+    # The same AttributeError from another program's code is not Keras' missing library.
+    assert fixes.hints(["Traceback (most recent call last):", "    client.initialize()", KERAS_ON_TORCH[-1]]) == []
+
+
+def test_an_abort_at_exit_points_at_the_process_group():
+    [hint] = fixes.hints(["rank 1: done", "terminate called without an active exception"])
+    assert "destroy_process_group()" in hint and "barrier()" in hint

@@ -176,6 +176,21 @@ def test_only_a_valid_error_document_is_read():
     assert error_file.parse(json.dumps(doc).encode() + b" " * error_file.MAX_BYTES) is None
 
 
+def test_torchs_error_document_is_read_too():
+    """torch's `@record` writes its own format to TORCHELASTIC_ERROR_FILE, the same path."""
+    callstack = ('Traceback (most recent call last):\n  File "/job/train.py", line 9, in main\n    load(7)\n'
+                 '  File "/job/train.py", line 4, in load\n    raise OSError("shard 7")\nOSError: shard 7\n')
+    doc = {"message": {"message": "OSError: shard 7", "extraInfo": {"py_callstack": callstack,
+                                                                    "timestamp": "1700000000"}}}
+    error = error_file.parse(json.dumps(doc).encode())
+    assert error is not None and error.headline == "OSError: shard 7"
+    assert error.frame == '/job/train.py:4 in load: raise OSError("shard 7")' and error.traceback == callstack
+    assert error.timestamp.year == 2023
+    assert error_file.parse(json.dumps({"message": "plain words"}).encode()).headline == "Error: plain words"
+    for bad in ({"message": 7}, {"message": {"extraInfo": {}}}):
+        assert error_file.parse(json.dumps(bad).encode()) is None, bad
+
+
 def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv("MGPU_ERROR_FILE", raising=False)
     assert not error_file.write(RuntimeError("x"))

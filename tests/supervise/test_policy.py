@@ -190,6 +190,23 @@ def test_no_progress_for_the_stall_timeout_is_a_stall():
     assert "no progress from any training task for 60 s" in notices(decisions)[0]
 
 
+def test_a_stall_notice_says_only_what_was_seen():
+    """"No CPU use" only for tasks whose CPU was measured (not over SSH or in a Slurm step)."""
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    assert "(no output; CPU use not measured)" in notices(p.on([], 60.0))[0]
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    p.on([CpuSeen("worker:0", 1.0)], 10.0)
+    p.on([CpuSeen("worker:0", 1.0)], 20.0)
+    assert "(no output, no CPU use; CPU use not measured for worker:1)" in notices(p.on([], 60.0))[0]
+    p = policy(stall_timeout=60.0)
+    all_ready(p, now=0.0)
+    for t in (10.0, 20.0):
+        p.on([CpuSeen("worker:0", 1.0), CpuSeen("worker:1", 1.0)], t)
+    assert "(no output, no CPU use);" in notices(p.on([], 60.0))[0]
+
+
 def test_the_watch_looks_again_when_a_stall_would_be_due():
     p = policy(stall_timeout=60.0)
     all_ready(p, now=0.0)

@@ -95,3 +95,36 @@ def test_the_stall_clock():
     assert clock.progress_at == 20 and not clock.stalled(79)
     clock.output_seen(30)
     assert not clock.stalled(89) and clock.stalled(90) and clock.idle_for(95) == 65
+
+
+IN_LIGHTNING = [
+    "Fatal Python error: Aborted",
+    "",
+    "Current thread 0x00007f4 (most recent call first):",
+    f'  File "{STDLIB}/threading.py", line 327 in wait',
+    f'  File "{SITE}/lightning/fabric/utilities/distributed.py", line 290 in _init_dist_connection',
+    f'  File "{SITE}/lightning/pytorch/trainer/trainer.py", line 561 in fit',
+    '  File "/home/me/train.py", line 30 in <module>',
+]
+
+
+def test_a_task_is_in_its_own_code_only_where_a_frame_of_its_own_shows_it():
+    """A main thread inside another installed package (Lightning) waits there; no frame at all is no stack."""
+    assert stacks.whereabouts(IN_LIGHTNING).framework == "lightning"
+    text = stall_summary("stall", [view("worker:0", WAITING_IN_TF), view("worker:1", IN_LIGHTNING)], pathlib.Path("/s"))
+    assert "likely cause" not in text.splitlines()[0]
+    assert "worker:1 on h1: waiting in lightning" in text.splitlines()
+    frameless = ["Fatal Python error: Aborted", "", "Current thread 0x00007f5 (most recent call first):",
+                 "  <no Python frame>"]
+    assert stacks.whereabouts(frameless) is None
+
+
+def test_a_task_that_had_ended_is_said_to_have_ended_and_a_hint_names_the_stall_timeout():
+    ended = TaskView("chief:0", "h0", 2222, False, [], pathlib.Path("/runs/chief-0.log"), returncode=0, ended_at=100.0)
+    late = TaskView("worker:0", "h1", 2222, False, [], pathlib.Path("/runs/w.log"), returncode=-6, ended_at=200.0)
+    lines = stall_summary("stall", [ended, late], pathlib.Path("/s"), stall_timeout=60, stopped_at=150.0).splitlines()
+    assert "chief:0 on h0: exited with code 0 before the stall" in lines
+    assert not any(line.startswith("chief:0 on h0: no Python stack") for line in lines)
+    assert any(line.startswith("worker:0 on h1: no Python stack") for line in lines)  # stopped by the watchdog
+    assert lines[-1] == ("hint: a program that computes for longer than 60 s without printing is not stalled: "
+                         "give --stall-timeout a longer time (0: no stall watch), or print progress")

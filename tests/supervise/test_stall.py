@@ -25,7 +25,8 @@ def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_
     assert "worker:0 on 127.0.0.1: in its own code, not in a collective" in lines
     assert "worker:1 on 127.0.0.1: in its own code, not in a collective" in lines
     assert any("fake_worker.py:" in line and " in main" in line for line in lines), lines
-    assert lines[-1] == f"stacks: {result.run_dir / 'stacks-0.txt'}"
+    assert lines[-2] == f"stacks: {result.run_dir / 'stacks-0.txt'}"
+    assert lines[-1].startswith("hint: a program that computes for longer than 2 s without printing is not stalled")
     kept = (result.run_dir / "stacks-0.txt").read_text()
     assert "===== worker:1 on 127.0.0.1 =====" in kept and 'fake_worker.py", line' in kept
     assert "[mgpu] no progress from any training task for" in result.console

@@ -19,7 +19,7 @@ import paramiko
 
 from launcher.errors import ConnectError, MgpuError
 from launcher.plan.planner import TaskPlan
-from launcher.protocol import ENV_ATTEMPT
+from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, TaskByTask, TaskProcess
 from launcher.backends.ssh import remote_command
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
@@ -191,7 +191,7 @@ class SshBackend(Backend):
     def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
         # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
         env = dict(task.env)
-        env[ENV_ATTEMPT] = str(attempt)
+        env.update(attempt_env(attempt))
         return env
 
     def begin_attempt(self, tasks, attempt: int) -> Attempt:

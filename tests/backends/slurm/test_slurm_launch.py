@@ -510,7 +510,9 @@ def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
     for index in range(2):
         at = report.index(f"worker:{index} on {NODE}: in its own code, not in a collective")
         assert any(line.endswith(" in wait_for_data") and "silent.py:" in line for line in report[at:]), report
-    assert report[-1] == f"stacks: {tmp_path / 'runs' / rid / 'stacks-0.txt'}"
+    assert report[-2] == f"stacks: {tmp_path / 'runs' / rid / 'stacks-0.txt'}"
+    assert report[-1].startswith("hint: a program that computes for longer than 2 s without printing")
+    assert "(no output; CPU use not measured)" in done.stdout + done.stderr  # Slurm's tasks' CPU is not counted
     assert run_record(tmp_path, rid)["status"] == "stalled"
     assert "wait_for_data" in (tmp_path / "runs" / rid / "stacks-0.txt").read_text()
     assert_nothing_left(slurm, rid)

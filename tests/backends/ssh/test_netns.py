@@ -333,6 +333,40 @@ def test_a_host_whose_own_name_is_loopback_there_still_gets_the_interface_its_pe
     _torch_on_two_hosts(netns, tmp_path, "--keep-host-names")
 
 
+def _lightning_on_two_hosts(netns, tmp_path, hosts, devices):
+    """Lightning's Trainer (strategy="ddp", CPU) with `devices` processes on each of h1 and h2: every
+    process knows its node and its rank from torchrun's contract, and DDP ends them with equal weights."""
+    pytest.importorskip("lightning")
+    run_id = unique_run_id("netns-lightning")
+    program = str(REPO / "tests" / "programs" / "lightning_ddp.py")
+    done = mgpu(netns, tmp_path, "launch", "--hosts", hosts, "--workdir", str(tmp_path), "--run-id", run_id,
+                "--log-dir", str(tmp_path / "runs"), "--start-timeout", "200", "--",
+                PYTHON, program, str(devices), "2", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    world = 2 * devices
+    found = {}
+    for index in range(world):
+        log = (tmp_path / "runs" / run_id / f"worker-{index}.log").read_text()
+        [line] = [line for line in log.splitlines() if line.startswith("lightning rank ")]
+        place, weights = line.split(": weights sum ")
+        found[place] = weights
+    assert sorted(found) == sorted(f"lightning rank {rank} of {world}, node {rank // devices}, "
+                                   f"local rank {rank % devices}" for rank in range(world)), found
+    assert len(set(found.values())) == 1, found  # DDP kept every replica equal
+    assert not run_processes(run_id)
+
+
+@pytest.mark.slow
+def test_lightning_with_one_process_on_each_of_two_hosts(netns, tmp_path):
+    """Trainer(devices=1, num_nodes=2): Lightning takes each host's node rank from GROUP_RANK."""
+    _lightning_on_two_hosts(netns, tmp_path, "h1:1,h2:1", devices=1)
+
+
+@pytest.mark.slow
+def test_lightning_with_two_processes_on_each_of_two_hosts(netns, tmp_path):
+    _lightning_on_two_hosts(netns, tmp_path, "h1:2,h2:2", devices=2)
+
+
 @pytest.mark.slow
 def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
     """Keras 3 on the JAX backend across two hosts: h2 reaches the coordinator on h1:2222, and gloo
