@@ -357,13 +357,9 @@ def _lightning_on_two_hosts(netns, tmp_path, hosts, devices):
 
 
 @pytest.mark.slow
-def test_lightning_with_one_process_on_each_of_two_hosts(netns, tmp_path):
-    """Trainer(devices=1, num_nodes=2): Lightning takes each host's node rank from GROUP_RANK."""
-    _lightning_on_two_hosts(netns, tmp_path, "h1:1,h2:1", devices=1)
-
-
-@pytest.mark.slow
 def test_lightning_with_two_processes_on_each_of_two_hosts(netns, tmp_path):
+    """Trainer(devices=2, num_nodes=2): Lightning takes each host's node rank from GROUP_RANK (without
+    it both hosts are node 0) and each process's local rank from LOCAL_RANK."""
     _lightning_on_two_hosts(netns, tmp_path, "h1:2,h2:2", devices=2)
 
 
