@@ -12,9 +12,10 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
+from launcher.protocol import ENV_RUN_ID, ENV_SYNC_DIGEST, ENV_TASK_INDEX, ENV_TASK_TYPE, JOB_ENV
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
+from launcher.config.sync import DEFAULT_SETUP_TIMEOUT, SyncedFolder, default_workdir
 from launcher.plan.coordinator import Coordinator, find_coordinator
 from launcher.plan.devices import SHARED_GPU_ENV, shares_a_gpu, split_devices
 from launcher.plan.job_env import Job, collectives_env
@@ -41,6 +42,10 @@ class TaskPlan:
     secret_env: frozenset[str] = frozenset()  # env names whose values dry-run and run.json hide
     # The job's first member (coordinator.py), the same in every task's plan; None: no members.
     coordinator: Coordinator | None = None
+    # The folder copied to the task's host before the run (its workdir there), shared by every plan.
+    sync: SyncedFolder | None = None
+    # What runs once on the task's host, in its workdir, before any task (shared by every plan).
+    setup: "HostSetup | None" = None
 
     def __post_init__(self) -> None:
         # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
@@ -66,6 +71,16 @@ class TaskPlan:
     def coordinator_port(self) -> int | None:
         """The port the job's processes other than 0 connect to (JAX's and PyTorch's)."""
         return self.coordinator.port if self.coordinator else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSetup:
+    """`--setup`: a /bin/sh command run once on every host of the run before its tasks start, with
+    the run's own variables (--env, --env-file, the spec's env), not the job's."""
+
+    command: str
+    env: Mapping[str, str]
+    timeout: float
 
 
 def tf_config_text(cluster_json: str, task: Mapping) -> str:
@@ -172,6 +187,7 @@ def plan_tasks(
     local_gpu_count: int = 0,
     resolved: Mapping[str, str] | None = None,
     slurm: bool = False,
+    synced: SyncedFolder | None = None,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
@@ -180,7 +196,9 @@ def plan_tasks(
     task of a Slurm job step, ranked in plan order, and runs the launcher's Python (the nodes of
     an allocation share its installation). `resolved` maps remote host names to the addresses
     they really are (the ssh config's HostName); the spec's own `addresses` win over it.
-    TF_CONFIG lists those addresses, so that the tasks can dial each other.
+    TF_CONFIG lists those addresses, so that the tasks can dial each other. With `synced` (the
+    spec's `sync` folder, as read), local tasks run in that folder and remote ones in its copy:
+    the spec's workdir, or a folder named after it under the login directory.
     """
     _check_env(spec.env)
     addresses = {**(resolved or {}), **spec.addresses}
@@ -196,6 +214,12 @@ def plan_tasks(
     coordinator = find_coordinator(spec.tasks, addresses)
     job = Job(cluster, coordinator, dict(zip(names, machine_of)))
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
+    remote_workdir = (spec.workdir or default_workdir(synced.source)) if synced else spec.workdir
+    setup = None
+    if spec.setup:
+        setup_env = {ENV_RUN_ID: run_id, **({ENV_SYNC_DIGEST: synced.digest} if synced else {}), **spec.env}
+        setup = HostSetup(spec.setup, setup_env,
+                          spec.setup_timeout if spec.setup_timeout is not None else DEFAULT_SETUP_TIMEOUT)
     plans = []
     for rank, (task, (task_type, index), local, visible, shared) in enumerate(
             zip(spec.tasks, names, is_local, devices, shared_gpu)):
@@ -218,6 +242,8 @@ def plan_tasks(
             env.update(collectives_env(visible))
         if spec.legacy_keras:
             env[LEGACY_KERAS_ENV] = "1"
+        if synced:
+            env[ENV_SYNC_DIGEST] = synced.digest
         env.update(spec.env)  # the user's values win, JAX_CPU_COLLECTIVES_IMPLEMENTATION included
         plans.append(
             TaskPlan(
@@ -229,12 +255,14 @@ def plan_tasks(
                 ssh=None if local or slurm else merged_ssh(task.ssh),
                 argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
-                workdir=spec.workdir,
+                workdir=(synced.source if local else remote_workdir) if synced else spec.workdir,
                 waits_for_ready=spec.command is None,
                 address=addresses.get(task.host, task.host),
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
                 coordinator=coordinator,
+                sync=synced,
+                setup=setup,
             )
         )
     return plans

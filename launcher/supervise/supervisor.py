@@ -79,17 +79,22 @@ def supervise(
     options: SuperviseOptions,
     console: TextIO = sys.stdout,
     clock: Callable[[], float] = time.monotonic,
+    run_dir: RunDir | None = None,
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
     Run files (run.json, <type>-<index>.log, reaper.log) go to options.log_dir / options.run_id.
     `backend` runs every task (Routed, for a run that mixes kinds of tasks); it stays open:
     whoever made it closes it. `clock` is the policy's (its deadlines and the stall clock): a test
-    may move it on an event.
+    may move it on an event. `run_dir`: the run's folder where the launch made it already (for
+    what ran before the tasks: --setup's logs); supervise closes it.
     """
     if not plans:
+        if run_dir is not None:
+            run_dir.close()
         raise UsageError("no tasks to run")
-    run_dir = make_run_dir(options)
+    if run_dir is None:
+        run_dir = make_run_dir(options)
     try:
         _Supervisor(plans, backend, options, console, run_dir, clock).run()
     finally:
