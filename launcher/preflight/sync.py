@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import posixpath
-import shlex
 import stat
 import sys
 import threading
@@ -30,7 +29,7 @@ from launcher.config.sync import MANIFEST_NAME, SyncedFile, SyncedFolder, human_
 from launcher.errors import CheckFailed, MgpuError
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import by_host, in_parallel
-from launcher.shell import safe_workdir, sh
+from launcher.shell import sh
 
 COMMAND_TIMEOUT = 60.0
 CHANNELS_PER_HOST = 4  # SFTP sessions copying at once on one host's connection (sshd allows 10)
@@ -80,9 +79,10 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: "_Pr
     conn = ssh_backend.connect(plan, CHANNELS_PER_HOST + 1)
     clients: list[paramiko.SFTPClient] = []
     try:
-        root = _make_folder(conn, plan)
+        root = plan.workdir
         try:
-            clients.append(paramiko.SFTPClient.from_transport(conn.transport, window_size=_WINDOW))
+            clients.append(_sftp(conn))
+            root = _make_folder(clients[0], plan)
             held = _read_manifest(clients[0], root)
             files = {f.path: f for f in folder.files}
             to_copy = [f for f in folder.files if held.get(f.path, {}).get("sha256") != f.sha256
@@ -97,7 +97,7 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: "_Pr
                 clients[0].chmod(f"{root}/{f.path}", f.mode)
             if to_copy:
                 while len(clients) < min(CHANNELS_PER_HOST, len(to_copy)):
-                    clients.append(paramiko.SFTPClient.from_transport(conn.transport, window_size=_WINDOW))
+                    clients.append(_sftp(conn))
                 shares = [to_copy[i::len(clients)] for i in range(len(clients))]
                 in_parallel([lambda c=c, share=share: [_put(c, root, folder.source, f, progress) for f in share]
                              for c, share in zip(clients, shares)], len(clients))
@@ -115,19 +115,52 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: "_Pr
         conn.release(CHANNELS_PER_HOST + 1)
 
 
+# Where OpenSSH installs its SFTP server: started by hand where sshd offers no `sftp` subsystem.
+SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server",
+                "/usr/libexec/sftp-server")
+
+
+def _sftp(conn) -> paramiko.SFTPClient:
+    """An SFTP session on the host's connection: sshd's `sftp` subsystem, or else OpenSSH's
+    sftp-server run as a command (a host whose sshd_config names no subsystem)."""
+    chan = conn.open_session(COMMAND_TIMEOUT)
+    try:
+        chan.invoke_subsystem("sftp")
+        return paramiko.SFTPClient(chan)
+    except (paramiko.SSHException, EOFError):
+        chan.close()
+    chan = conn.open_session(COMMAND_TIMEOUT)
+    script = "; ".join(f"[ -x {path} ] && exec {path}" for path in SFTP_SERVERS) + "; exit 127"
+    try:
+        chan.exec_command(sh(script))
+        return paramiko.SFTPClient(chan)
+    except (paramiko.SSHException, EOFError) as e:
+        chan.close()
+        raise CheckFailed(f"sync to {conn.target.label}: the host offers no SFTP (no `Subsystem sftp` in its "
+                          f"sshd_config, no sftp-server in {', '.join(SFTP_SERVERS)})") from e
+
+
 def _describe(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def _make_folder(conn, plan: TaskPlan) -> str:
-    """Make the workdir on the host (relative: under the login directory); its absolute path."""
-    folder = shlex.quote(safe_workdir(plan.workdir))
-    code, out, err = conn.run(sh(f"mkdir -p -- {folder} && cd -- {folder} && pwd -P"), COMMAND_TIMEOUT)
-    lines = out.decode("utf-8", "surrogateescape").strip().splitlines()
-    if code != 0 or not lines or not lines[-1].startswith("/"):
-        why = (err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {code}"])[-1]
-        raise CheckFailed(f"sync to {plan.host}: cannot make the folder {plan.workdir}: {why}")
-    return lines[-1]
+def _make_folder(sftp: paramiko.SFTPClient, plan: TaskPlan) -> str:
+    """Make the workdir on the host (a relative one under the login directory, where SFTP starts);
+    its absolute path there."""
+    folder = plan.workdir if plan.workdir.startswith("/") else posixpath.join(sftp.normalize("."), plan.workdir)
+    made = "/"
+    for part in folder.strip("/").split("/"):
+        made = posixpath.join(made, part)
+        try:
+            sftp.mkdir(made, 0o755)
+        except OSError:
+            try:
+                is_dir = stat.S_ISDIR(sftp.stat(made).st_mode or 0)
+            except OSError as e:
+                raise CheckFailed(f"sync to {plan.host}: cannot make the folder {made}: {_describe(e)}") from e
+            if not is_dir:
+                raise CheckFailed(f"sync to {plan.host}: {made} exists and is not a folder") from None
+    return sftp.normalize(folder)
 
 
 def _read_manifest(sftp: paramiko.SFTPClient, root: str) -> dict[str, dict]:
