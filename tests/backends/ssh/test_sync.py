@@ -117,7 +117,9 @@ def test_a_failing_setup_names_its_host_and_starts_nothing(netns, tmp_path):
     assert error.startswith("mgpu: error: setup failed on h2: exit code 3; nothing was started"), error
     assert "  no compiler here" in error
     run_dir = tmp_path / "mgpu-runs" / run_id
-    assert (run_dir / "setup-h2.log").read_text().endswith("no compiler here\n")
+    # stdout and stderr are two streams: the log has both, in the order they arrived.
+    assert sorted((run_dir / "setup-h2.log").read_text().splitlines()) == [f"hello from {workdir} no TF_CONFIG",
+                                                                          "no compiler here"]
     assert sorted(p.name for p in run_dir.iterdir()) == ["setup-h1.log", "setup-h2.log"]
     for name in ("h1", "h2"):
         assert not on_host(netns, name, f"{workdir}/started").exists()
