@@ -4,10 +4,10 @@ connections (SFTP), every host at once.
 Each host keeps, in its copy, a manifest of what it holds (config.sync.MANIFEST_NAME: each file's
 hash and mode): a file is sent only when its hash differs, a mode fixed in place, a file the folder
 no longer has removed; files the manifest does not list (a run's outputs) are left alone. A file
-is written beside its place and renamed over it, and the manifest is written last, so a sync cut
-short is finished by the next one. What is sent is hashed again as it is read: a file that changed
-since the plan was made fails the sync rather than giving the hosts other files than the digest
-names.
+goes as one tar stream that the host's tar unpacks (SFTP, a file at a time, where the host has
+no tar), and the manifest is written last, so a sync cut short is finished by the next one. What
+is sent is hashed again as it is read: a file that changed since the plan was made fails the sync
+rather than giving the hosts other files than the digest names.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import hashlib
 import json
 import os
 import posixpath
+import shlex
 import stat
 import sys
+import tarfile
 import threading
 import time
 from typing import Sequence, TextIO
@@ -35,6 +37,7 @@ COMMAND_TIMEOUT = 60.0
 CHANNELS_PER_HOST = 4  # SFTP sessions copying at once on one host's connection (sshd allows 10)
 PARALLEL_HOSTS = 32
 _CHUNK = 256 * 1024
+_LOGIN_LINES = 1000
 _PART = ".mgpu-part"  # the suffix of a file being written
 PROGRESS_FROM_BYTES = 16 << 20  # a bar only for copies this large
 _WINDOW = 8 << 20
@@ -92,14 +95,15 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: "_Pr
                         if f.path not in copying and held[f.path].get("mode") != f.mode and not f.link]
             to_remove = sorted(path for path in held if path not in files)
             progress.expect(sum(f.size for f in to_copy))
-            _make_parents(clients[0], root, [f.path for f in to_copy], held)
             for f in to_chmod:
                 clients[0].chmod(f"{root}/{f.path}", f.mode)
-            if to_copy:
+            if to_copy and not _send_tar(conn, root, folder.source, to_copy, progress):
+                _make_parents(clients[0], root, [f.path for f in to_copy], held)
                 while len(clients) < min(CHANNELS_PER_HOST, len(to_copy)):
                     clients.append(_sftp(conn))
                 shares = [to_copy[i::len(clients)] for i in range(len(clients))]
-                in_parallel([lambda c=c, share=share: [_put(c, root, folder.source, f, progress) for f in share]
+                in_parallel([lambda c=c, share=share: [_put(c, root, folder.source, f, progress, f.path in held)
+                                                       for f in share]
                              for c, share in zip(clients, shares)], len(clients))
             _remove(clients[0], root, to_remove)
             _write_manifest(clients[0], root, folder)
@@ -204,7 +208,83 @@ def _make_parents(sftp: paramiko.SFTPClient, root: str, paths: Sequence[str], he
                 raise CheckFailed(f"sync: {root}/{folder} exists on the host and is not a folder") from None
 
 
-def _put(sftp: paramiko.SFTPClient, root: str, source: str, f: SyncedFile, progress: "_Progress") -> None:
+def _send_tar(conn, root: str, source: str, files: Sequence[SyncedFile], progress: "_Progress") -> bool:
+    """Send `files` as one tar stream that the host's tar unpacks in `root`: one stream, no round
+    trip per file. False, having sent nothing, when the host has no tar (then SFTP sends them)."""
+    chan = conn.open_session(COMMAND_TIMEOUT)
+    try:
+        chan.exec_command(sh(f"cd {shlex.quote(root)} || exit 126; command -v tar >/dev/null || exit 127; "
+                             f"echo ready; exec tar -x -p --no-same-owner -f -"))
+        replies = chan.makefile("rb")
+        ready = b""
+        for _ in range(_LOGIN_LINES):  # a login script may print before the command runs
+            ready = replies.readline()
+            if not ready or ready.strip() == b"ready":
+                break
+        if ready.strip() != b"ready":
+            if chan.recv_exit_status() == 127:
+                return False
+            raise CheckFailed(f"sync to {conn.target.label}: cannot unpack in {root}: "
+                              f"{_last_line(chan) or ready.decode('utf-8', 'replace').strip()}")
+        with chan.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|", bufsize=1 << 20,
+                                                         format=tarfile.PAX_FORMAT) as tar:
+            for f in files:
+                info = tarfile.TarInfo(f.path)
+                info.mtime = int(time.time())
+                if f.link:
+                    info.type, info.linkname = tarfile.SYMTYPE, f.link
+                    tar.addfile(info)
+                    continue
+                info.size, info.mode = f.size, f.mode
+                path = os.path.join(source, f.path)
+                try:
+                    src = open(path, "rb")
+                except OSError as e:
+                    raise CheckFailed(f"sync: cannot read {path}: {_describe(e)}") from e
+                with src:
+                    reader = _HashingReader(src, progress)
+                    try:
+                        tar.addfile(info, reader)
+                    except OSError as e:  # shorter than when it was read: it changed
+                        raise CheckFailed(f"sync: {path} changed while mgpu was copying it; launch again") from e
+                if reader.digest.hexdigest() != f.sha256:
+                    raise CheckFailed(f"sync: {path} changed while mgpu was copying it; launch again")
+        chan.shutdown_write()
+        code = chan.recv_exit_status()
+        if code != 0:
+            raise CheckFailed(f"sync to {conn.target.label}: tar could not unpack in {root}: "
+                              f"{_last_line(chan) or f'exit code {code}'}")
+        return True
+    finally:
+        chan.close()
+
+
+def _last_line(chan) -> str:
+    err = b""
+    while chan.recv_stderr_ready():
+        err += chan.recv_stderr(65536)
+    return (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+
+
+class _HashingReader:
+    """A file as tarfile reads it, hashed and counted on the way."""
+
+    def __init__(self, src, progress: "_Progress"):
+        self._src = src
+        self._progress = progress
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._src.read(size)
+        self.digest.update(data)
+        self._progress.add(len(data))
+        return data
+
+
+def _put(sftp: paramiko.SFTPClient, root: str, source: str, f: SyncedFile, progress: "_Progress",
+         replaces: bool) -> None:
+    """Send one file (or make one link). A file the host holds is written beside it and renamed
+    over it; a new one is written in place (the manifest does not list it until it is whole)."""
     remote = f"{root}/{f.path}"
     if f.link:
         try:
@@ -218,17 +298,19 @@ def _put(sftp: paramiko.SFTPClient, root: str, source: str, f: SyncedFile, progr
         src = open(os.path.join(source, f.path), "rb")
     except OSError as e:
         raise CheckFailed(f"sync: cannot read {os.path.join(source, f.path)}: {_describe(e)}") from e
-    with src, sftp.open(remote + _PART, "wb") as dst:
+    part = remote + _PART if replaces else remote
+    with src, sftp.open(part, "wb") as dst:
         dst.set_pipelined(True)
         while chunk := src.read(_CHUNK):
             digest.update(chunk)
             dst.write(chunk)
             progress.add(len(chunk))
     if digest.hexdigest() != f.sha256:
-        sftp.remove(remote + _PART)
+        sftp.remove(part)
         raise CheckFailed(f"sync: {os.path.join(source, f.path)} changed while mgpu was copying it; launch again")
-    sftp.chmod(remote + _PART, f.mode)
-    sftp.posix_rename(remote + _PART, remote)
+    sftp.chmod(part, f.mode)
+    if replaces:
+        sftp.posix_rename(part, remote)
 
 
 def _remove(sftp: paramiko.SFTPClient, root: str, paths: Sequence[str]) -> None:
