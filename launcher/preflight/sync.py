@@ -28,7 +28,7 @@ from typing import Sequence, TextIO
 import paramiko
 
 from launcher.config.sync import MANIFEST_NAME, SyncedFile, SyncedFolder, human_bytes
-from launcher.errors import CheckFailed, MgpuError
+from launcher.errors import CheckFailed
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import by_host, in_parallel
 from launcher.shell import sh
@@ -95,21 +95,21 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: "_Pr
                         if f.path not in copying and held[f.path].get("mode") != f.mode and not f.link]
             to_remove = sorted(path for path in held if path not in files)
             progress.expect(sum(f.size for f in to_copy))
+            # Removed first: a path may change from a link or a file into a folder, or back.
+            _remove(clients[0], root, to_remove)
             for f in to_chmod:
                 clients[0].chmod(f"{root}/{f.path}", f.mode)
             if to_copy and not _send_tar(conn, root, folder.source, to_copy, progress):
-                _make_parents(clients[0], root, [f.path for f in to_copy], held)
+                kept = [path for path in held if path in files]  # their folders are there
+                _make_parents(clients[0], root, [f.path for f in to_copy], kept)
                 while len(clients) < min(CHANNELS_PER_HOST, len(to_copy)):
                     clients.append(_sftp(conn))
                 shares = [to_copy[i::len(clients)] for i in range(len(clients))]
                 in_parallel([lambda c=c, share=share: [_put(c, root, folder.source, f, progress, f.path in held)
                                                        for f in share]
                              for c, share in zip(clients, shares)], len(clients))
-            _remove(clients[0], root, to_remove)
             _write_manifest(clients[0], root, folder)
         except (OSError, EOFError, paramiko.SSHException) as e:
-            if isinstance(e, MgpuError):
-                raise
             raise CheckFailed(f"sync to {plan.host}:{root} failed: {_describe(e)}") from e
         return HostSync(plan.host, root, len(to_copy), sum(f.size for f in to_copy), len(to_remove),
                         len(folder.files) - len(to_copy))
@@ -191,9 +191,9 @@ def _write_manifest(sftp: paramiko.SFTPClient, root: str, folder: SyncedFolder) 
     sftp.posix_rename(path + _PART, path)
 
 
-def _make_parents(sftp: paramiko.SFTPClient, root: str, paths: Sequence[str], held: dict) -> None:
-    """The folders the files to copy go in; those of files the host holds exist already."""
-    present = {posixpath.dirname(path) for path in held}
+def _make_parents(sftp: paramiko.SFTPClient, root: str, paths: Sequence[str], kept: Sequence[str]) -> None:
+    """The folders the files to copy go in; those of the files the host keeps exist already."""
+    present = {posixpath.dirname(path) for path in kept}
     wanted = {posixpath.dirname(path) for path in paths} - present - {""}
     needed = set()
     for folder in wanted:
