@@ -1,4 +1,5 @@
-"""Executing a plan: check the run can start, pick a backend per task, check remote hosts, then supervise."""
+"""Executing a plan: check the run can start, pick a backend per task, copy the --sync folder to the
+remote hosts and run --setup on every host, check the hosts, then supervise."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability
 from launcher.preflight.run_id import check_run_id_unused
+from launcher.preflight.setup import run_setup
+from launcher.preflight.sync import sync_to_hosts
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
@@ -23,7 +26,7 @@ from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
 from launcher.supervise import detach, run_lock
 from launcher.supervise.options import DEFAULT_LOG_DIR
-from launcher.supervise.rundir import CONSOLE_LOG, check_run_dir
+from launcher.supervise.rundir import CONSOLE_LOG, check_run_dir, make_run_dir
 from launcher.supervise.supervisor import supervise
 
 
@@ -71,26 +74,38 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
     backends = [local_backend] if local_backend is not None else []
     remote = [plan for plan in plans if not plan.local]
     ssh_backend = None
-    if remote:
-        _check_remote_command_lengths(remote, options.supervise.grace_period)
-        ssh_backend = _start_ssh(plans, remote, options)
-        backends.append(ssh_backend)
-    else:
-        _warn_about_exposure(plans, None, options)
-    _check_local_tf_keras(plans, options)
-    if options.check_hosts:
-        try:
+    run_dir = None
+    try:
+        if remote:
+            _check_remote_command_lengths(remote, options.supervise.grace_period)
+            ssh_backend = make_ssh_backend(options.ssh, options.supervise.grace_period)
+            backends.append(ssh_backend)
+            # Remote ssh-config aliases are judged by the address they really reach.
+            _warn_about_exposure(plans, ssh_backend.resolved_address, options)
+            # The program and its requirements first: the checks look for them.
+            sync_to_hosts(remote, ssh_backend)
+        else:
+            _warn_about_exposure(plans, None, options)
+        if plans[0].setup is not None:
+            run_dir = make_run_dir(options.supervise)  # for the setup's logs; supervision continues it
+            run_setup(plans, lambda plan: (local_backend if plan.local else ssh_backend).start(plan, 0), run_dir)
+        if remote and options.check_hosts:
+            run_checks(remote, ssh_backend)
+        _check_local_tf_keras(plans, options)
+        if options.check_hosts:
             interfaces = check_reachability(plans, ssh_backend)
-        except BaseException:
-            if ssh_backend is not None:
-                ssh_backend.close()
-            raise
-        # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
-        plans = with_interfaces(plans, interfaces, frozenset(os.environ))
+            # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
+            plans = with_interfaces(plans, interfaces, frozenset(os.environ))
+    except BaseException:
+        if run_dir is not None:
+            run_dir.close()
+        if ssh_backend is not None:
+            ssh_backend.close()
+        raise
 
     backend = Routed(backends, lambda plan: local_backend if plan.local else ssh_backend)
     try:
-        supervise(plans, backend, options.supervise, detach=detached)
+        supervise(plans, backend, options.supervise, detach=detached, run_dir=run_dir)
     finally:
         backend.close()
 
@@ -135,20 +150,6 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
     local = [plan for plan in plans if plan.local and plan.env.get(LEGACY_KERAS_ENV) == "1"]
     if local and options.check_hosts:
         run_checks(local, None)
-
-
-def _start_ssh(plans: Sequence[TaskPlan], remote: Sequence[TaskPlan], options: LaunchOptions):
-    """Warn about exposed workers, check the remote hosts, and return a connected SSH backend."""
-    backend = make_ssh_backend(options.ssh, options.supervise.grace_period)
-    try:
-        # Remote ssh-config aliases are judged by the address they really reach.
-        _warn_about_exposure(plans, backend.resolved_address, options)
-        if options.check_hosts:
-            run_checks(remote, backend)
-    except BaseException:
-        backend.close()
-        raise
-    return backend
 
 
 def make_ssh_backend(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):

@@ -21,6 +21,8 @@ ENV_RUN_ID = "MGPU_RUN_ID"  # tags every process of a run, so none can be left b
 ENV_TASK_TYPE = "MGPU_TASK_TYPE"
 ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
+# One hash of the files --sync copied (config/sync.py): the same in every task of a run that ran the same files.
+ENV_SYNC_DIGEST = "MGPU_SYNC_DIGEST"
 # Where a failing task may write why it failed, as JSON (launcher/error_file.py); one path per task
 # and attempt, in the run dir. Set at start for tasks on this machine only, not in the plan.
 ENV_ERROR_FILE = "MGPU_ERROR_FILE"

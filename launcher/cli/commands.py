@@ -14,6 +14,7 @@ from launcher.cli.options import (
     ssh_options_from, task_settings,
 )
 from launcher.intake.load import SlurmScope, make_plans, new_run_id, read_spec, with_command_line, with_task_settings
+from launcher.config.sync import DEFAULT_SYNC_MAX_BYTES
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
@@ -104,6 +105,17 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
                    "PREFIX* passes every variable whose name starts with PREFIX, e.g. 'NCCL_*'.")
 @click.option("--workdir", metavar="DIR", help="Working directory of every task (default: the launcher's, or the remote login dir).")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
+@click.option("--sync", metavar="DIR",
+              help="Copy DIR to every remote host before the tasks start (only changed files; in a git work "
+                   "tree the files git would commit, minus .mgpuignore patterns) and run the tasks in the copy: "
+                   "--workdir, or ~/mgpu-sync/NAME. Tasks on this machine run in DIR itself.")
+@click.option("--sync-max-size", type=params.BYTE_SIZE, default=None, metavar="SIZE",
+              help="Refuse to --sync more than SIZE (e.g. 500M, 4G). [default: 1G]")
+@click.option("--setup", metavar="COMMAND",
+              help="A shell command run once on every host, in the workdir, before the tasks start (e.g. "
+                   "'pip install -r requirements.txt'), with --env and --env-file; a failure stops the launch.")
+@click.option("--setup-timeout", type=params.Seconds(0.1), default=None, metavar="SECONDS",
+              help="Stop the launch if --setup has not finished on a host by then. [default: 1800]")
 @legacy_keras_option
 @ssh_options
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
@@ -123,7 +135,8 @@ def launch_command(**opts) -> int | None:
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts))
     run_id = opts["run_id"] or new_run_id()
-    plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"])
+    plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"],
+                       sync_max_bytes=opts["sync_max_size"] or DEFAULT_SYNC_MAX_BYTES)
 
     if opts["dry_run"]:
         from launcher.plan.render import iter_plan_json, iter_plan_text

@@ -151,7 +151,8 @@ def host_naming(opts: dict) -> HostNaming:
 def task_settings(opts: dict) -> TaskSettings:
     return TaskSettings(tuple(opts.get("env_pairs", ())), opts.get("env_file"), tuple(opts.get("forward_env", ())),
                         opts.get("workdir"), opts.get("python"), opts.get("threads_per_task"),
-                        opts.get("gpus_per_task"), bool(opts.get("legacy_keras")))
+                        opts.get("gpus_per_task"), bool(opts.get("legacy_keras")),
+                        opts.get("sync"), opts.get("setup"), opts.get("setup_timeout"))
 
 
 def ssh_options_from(opts: dict) -> SshOptions:

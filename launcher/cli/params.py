@@ -99,6 +99,22 @@ class InputFile(click.ParamType):
         return value
 
 
+def _byte_size(text: str) -> int:
+    """A size in bytes: a number with an optional K, M, G or T (powers of 1024), e.g. 2G, 500M."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.strip().upper().removesuffix("B").removesuffix("I"), ""
+    if number[-1:] in units:
+        number, unit = number[:-1], number[-1:]
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (write it as 500M, 2G or a number of bytes)") from None
+    if not 0 < value < 1 << 50:
+        raise ValueError(f"{text!r}: give a size above 0 and below 1 PB")
+    return int(value)
+
+
+BYTE_SIZE = ParsedParam("size", _byte_size)
 ENDPOINT = ParsedParam("[user@]host[:port]", parse_endpoint)
 ENDPOINT_LIST = ParsedParam("host:port,...", parse_worker_list)
 SLOTS_LIST = ParsedParam("host:slots,...", parse_slots_list)

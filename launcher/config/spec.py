@@ -72,6 +72,12 @@ class ClusterSpec:
     secret_env: frozenset[str] = frozenset()
     # The spec file's stall_timeout (seconds; 0: no stall watchdog); None: the launcher's default.
     stall_timeout: float | None = None
+    # A folder of this machine copied to every remote host before the tasks start (`--sync`);
+    # the tasks run in the copy (in the folder itself on this machine).
+    sync: str | None = None
+    # A shell command run once on every host, in the workdir, before the tasks (`--setup`).
+    setup: str | None = None
+    setup_timeout: float | None = None
 
 
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash

@@ -20,6 +20,7 @@ from launcher.errors import SpecError
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
+    "sync", "setup", "setup_timeout",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -131,6 +132,9 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
         legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
         stall_timeout=read.optional(top, "stall_timeout", read.seconds),
+        sync=read.optional(top, "sync", read.string),
+        setup=read.optional(top, "setup", read.string),
+        setup_timeout=read.optional(top, "setup_timeout", read.seconds),
     )
 
 

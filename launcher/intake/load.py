@@ -63,6 +63,9 @@ class TaskSettings:
     threads_per_task: int | None = None
     gpus_per_task: int | None = None
     legacy_keras: bool = False
+    sync: str | None = None
+    setup: str | None = None
+    setup_timeout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +136,9 @@ def check_text_value(option: str, text: str, secret: bool = False) -> None:
 
 
 def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None, count_gpus: bool = True,
-               slurm: bool = False, max_restarts: int = 0):
-    """Plans for the spec (I/O first: this machine's names, its GPU count, the ssh config).
+               slurm: bool = False, max_restarts: int = 0, sync_max_bytes: int | None = None):
+    """Plans for the spec (I/O first: this machine's names, its GPU count, the ssh config, and with
+    `sync_max_bytes`, the files of the spec's `sync` folder, at most that many bytes).
 
     `count_gpus` False skips nvidia-smi where CUDA_VISIBLE_DEVICES is not shown; `slurm` plans every
     task as one task of a Slurm job step (this machine's GPUs do not matter). With `naming`, remote
@@ -144,6 +148,14 @@ def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None,
     from launcher.host.names import local_host_names
     from launcher.plan.planner import plan_tasks
 
+    synced = None
+    if spec.sync and sync_max_bytes is not None:
+        from launcher.intake.sync_folder import read_synced_folder
+
+        if slurm:
+            raise UsageError("--sync copies the folder to SSH hosts; the nodes of a Slurm allocation share "
+                             "their files: give --workdir instead")
+        synced = read_synced_folder(spec.sync, sync_max_bytes)
     local_hosts = local_host_names()
     return plan_tasks(
         spec,
@@ -154,6 +166,7 @@ def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None,
         slurm=slurm,
         max_restarts=max_restarts,
         resolved=ssh_config_addresses(spec, local_hosts, naming) if naming is not None and not slurm else None,
+        synced=synced,
     )
 
 
@@ -214,4 +227,7 @@ def with_task_settings(spec: ClusterSpec, settings: TaskSettings) -> ClusterSpec
         threads_per_task=settings.threads_per_task or spec.threads_per_task,
         gpus_per_task=settings.gpus_per_task if settings.gpus_per_task is not None else spec.gpus_per_task,
         legacy_keras=settings.legacy_keras or spec.legacy_keras,
+        sync=settings.sync or spec.sync,
+        setup=settings.setup or spec.setup,
+        setup_timeout=settings.setup_timeout if settings.setup_timeout is not None else spec.setup_timeout,
     )

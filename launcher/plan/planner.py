@@ -12,9 +12,11 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE, JOB_ENV
+from launcher.protocol import (ENV_RUN_ID, ENV_SYNC_DIGEST, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE,
+                               JOB_ENV)
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
+from launcher.config.sync import DEFAULT_SETUP_TIMEOUT, SyncedFolder, default_workdir
 from launcher.plan.coordinator import Coordinator, find_coordinator
 from launcher.plan.devices import (
     EVERY_GPU, SHARED_GPU_ENV, every_gpu, gpu_rule, shares_a_gpu, shares_every_gpu, split_devices, task_gpu_rule,
@@ -45,6 +47,10 @@ class TaskPlan:
     coordinator: Coordinator | None = None
     # Which rule gave the task its GPUs, and why (plan/devices.py): what the dry run says.
     gpus: str = ""
+    # The folder copied to the task's host before the run (its workdir there), shared by every plan.
+    sync: SyncedFolder | None = None
+    # What runs once on the task's host, in its workdir, before any task (shared by every plan).
+    setup: "HostSetup | None" = None
 
     def __post_init__(self) -> None:
         # One shape for every plan, a hand-made one too (frozen: set through object.__setattr__).
@@ -70,6 +76,16 @@ class TaskPlan:
     def coordinator_port(self) -> int | None:
         """The port the job's processes other than 0 connect to (JAX's and PyTorch's)."""
         return self.coordinator.port if self.coordinator else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSetup:
+    """`--setup`: a /bin/sh command run once on every host of the run before its tasks start, with
+    the run's own variables (--env, --env-file, the spec's env), not the job's."""
+
+    command: str
+    env: Mapping[str, str]
+    timeout: float
 
 
 def tf_config_text(cluster_json: str, task: Mapping) -> str:
@@ -177,6 +193,7 @@ def plan_tasks(
     resolved: Mapping[str, str] | None = None,
     slurm: bool = False,
     max_restarts: int = 0,
+    synced: SyncedFolder | None = None,
 ) -> list[TaskPlan]:
     """One TaskPlan per task, in order: chief, workers, evaluator.
 
@@ -186,7 +203,9 @@ def plan_tasks(
     an allocation share its installation). `resolved` maps remote host names to the addresses
     they really are (the ssh config's HostName); the spec's own `addresses` win over it.
     TF_CONFIG lists those addresses, so that the tasks can dial each other. `max_restarts` is
-    the run's restart budget, which torchrun's contract tells each task.
+    the run's restart budget, which torchrun's contract tells each task. With `synced` (the
+    spec's `sync` folder, as read), local tasks run in that folder and remote ones in its copy:
+    the spec's workdir, or a folder named after it under the login directory.
     """
     _check_env(spec.env)
     addresses = {**(resolved or {}), **spec.addresses}
@@ -208,6 +227,12 @@ def plan_tasks(
     coordinator = find_coordinator(spec.tasks, addresses)
     job = Job(cluster, coordinator, dict(zip(names, machine_of)), run_id, max_restarts)
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
+    remote_workdir = (spec.workdir or default_workdir(synced.source)) if synced else spec.workdir
+    setup = None
+    if spec.setup:
+        setup_env = {ENV_RUN_ID: run_id, **({ENV_SYNC_DIGEST: synced.digest} if synced else {}), **spec.env}
+        setup = HostSetup(spec.setup, setup_env,
+                          spec.setup_timeout if spec.setup_timeout is not None else DEFAULT_SETUP_TIMEOUT)
     plans = []
     for rank, (task, (task_type, index), local, visible, shared) in enumerate(
             zip(spec.tasks, names, is_local, devices, shared_gpu)):
@@ -234,6 +259,8 @@ def plan_tasks(
             env.update(collectives_env(visible))
         if spec.legacy_keras:
             env[LEGACY_KERAS_ENV] = "1"
+        if synced:
+            env[ENV_SYNC_DIGEST] = synced.digest
         env.update(spec.env)  # the user's values win, JAX_CPU_COLLECTIVES_IMPLEMENTATION included
         plans.append(
             TaskPlan(
@@ -245,13 +272,15 @@ def plan_tasks(
                 ssh=None if local or slurm else merged_ssh(task.ssh),
                 argv=_argv(spec, launcher_python if local or slurm else REMOTE_PYTHON),
                 env=TaskEnv(cluster, cluster_json, build_tf_config({}, task_type, index)["task"], env),
-                workdir=spec.workdir,
+                workdir=(synced.source if local else remote_workdir) if synced else spec.workdir,
                 waits_for_ready=spec.command is None,
                 address=addresses.get(task.host, task.host),
                 slurm_rank=rank if slurm else None,
                 secret_env=frozenset(spec.secret_env) & frozenset(env),
                 coordinator=coordinator,
                 gpus=task_gpu_rule(gpus, visible, spec.gpus_per_task),
+                sync=synced,
+                setup=setup,
             )
         )
     return plans

@@ -48,7 +48,45 @@ def plan_to_dict(plan: TaskPlan, show_secrets: bool = False, with_tf_config: boo
     }
     if with_tf_config:
         record["tf_config"] = plan.tf_config
+    if plan.sync is not None:
+        record["sync"] = sync_to_dict(plan)
+    if plan.setup is not None:
+        record["setup"] = {"command": plan.setup.command, "timeout": plan.setup.timeout}
     return record
+
+
+def sync_to_dict(plan: TaskPlan) -> dict[str, Any]:
+    """What --sync gives the plan's task: the folder here, its files and bytes, their digest, and
+    where the task runs (the folder itself on this machine, its copy elsewhere)."""
+    sync = plan.sync
+    return {"source": sync.source, "files": len(sync.files), "bytes": sync.total_bytes, "digest": sync.digest,
+            "copied_to": None if plan.local else plan.workdir}
+
+
+SHOWN_SYNC_FILES = 20  # a dry run names this many files of a synced folder, then counts the rest
+
+
+def _sync_and_setup_lines(plans: Sequence[TaskPlan]) -> list[str]:
+    from launcher.config.sync import human_bytes
+
+    lines = []
+    sync = plans[0].sync if plans else None
+    if sync is not None:
+        remote = list(dict.fromkeys((p.host, p.workdir) for p in plans if not p.local))
+        lines.append(f"Sync: {sync.source}: {len(sync.files)} file(s), {human_bytes(sync.total_bytes)}, "
+                     f"digest {sync.digest[:16]}")
+        lines.append("  to:        " + (", ".join(f"{host}:{workdir}" for host, workdir in remote)
+                                        or "no remote host (this machine's tasks run in the folder)"))
+        names = [f.path + (f" -> {f.link}" if f.link else "") for f in sync.files[:SHOWN_SYNC_FILES]]
+        more = len(sync.files) - len(names)
+        lines.append("  files:     " + "\n             ".join(names + ([f"... and {more} more"] if more else [])))
+    setup = plans[0].setup if plans else None
+    if setup is not None:
+        hosts = list(dict.fromkeys(p.host for p in plans))
+        lines.append(f"Setup: {setup.command}")
+        lines.append(f"  on:        {', '.join(hosts)}, once each, in the workdir, before the tasks "
+                     f"(timeout {setup.timeout:g} s)")
+    return lines
 
 
 def slurm_step_document(plans: Sequence[TaskPlan]) -> dict:
@@ -91,7 +129,8 @@ def iter_plan_json(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Ite
         if cluster_json not in pretty_clusters:
             pretty = json.dumps(json.loads(cluster_json), indent=2)
             pretty_clusters[cluster_json] = pretty.replace("\n", "\n" + " " * 4)
-        record = {field: record.get(field) for field in DRY_RUN_FIELDS}
+        record = {field: record.get(field) for field in DRY_RUN_FIELDS + ("sync", "setup") if field in record or
+                  field in DRY_RUN_FIELDS}
         record["tf_config"] = {"cluster": _CLUSTER_SLOT, "task": task}
         if plan.reached_elsewhere:  # only where other tasks dial another name than the one written
             record["address"] = plan.address
@@ -122,6 +161,9 @@ def describe_start(plan: TaskPlan) -> str:
 def iter_plan_text(plans: Sequence[TaskPlan], show_secrets: bool = False) -> Iterator[str]:
     """The dry-run text, a task at a time (secret env values hidden unless `show_secrets`)."""
     yield f"Dry run: {len(plans)} task(s); nothing is started.\n"
+    extra = _sync_and_setup_lines(plans)
+    if extra:
+        yield "\n" + "\n".join(extra) + "\n"
     pretty_clusters: dict[str, list[str]] = {}
     for plan in plans:
         cluster_json, task = _cluster_and_task(plan)

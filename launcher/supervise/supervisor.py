@@ -83,6 +83,7 @@ def supervise(
     console: TextIO = sys.stdout,
     clock: Callable[[], float] = time.monotonic,
     detach: Callable[[], None] | None = None,
+    run_dir: RunDir | None = None,
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
@@ -91,10 +92,15 @@ def supervise(
     whoever made it closes it. `clock` is the policy's (its deadlines and the stall clock): a test
     may move it on an event. `detach`, for a detached launch, is called once the run has begun (its run
     dir made, its ports free), after the console has moved to console.log: it lets the terminal go.
+    `run_dir`: the run's folder where the launch made it already (for what ran before the tasks:
+    --setup's logs); supervise closes it.
     """
     if not plans:
+        if run_dir is not None:
+            run_dir.close()
         raise UsageError("no tasks to run")
-    run_dir = make_run_dir(options)
+    if run_dir is None:
+        run_dir = make_run_dir(options)
     try:
         _Supervisor(plans, backend, options, console, run_dir, clock, detach).run()
     finally:

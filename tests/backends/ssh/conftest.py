@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `import ssh_helpers`
 
-from ssh_helpers import SSHD, SshLab, keygen, require_tools, start_sshd  # noqa: E402
+from ssh_helpers import SSHD, Netns, SshLab, keygen, require_namespaces, require_tools, start_sshd  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +41,56 @@ def ssh_lab(tmp_path_factory) -> Iterator[SshLab]:
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def netns(ssh_lab: SshLab, tmp_path_factory, request):
+    """Hosts h1 and h2 in network namespaces, each with its sshd on port 22; `inner`, an sshd on h1's
+    loopback that only h1 reaches (ProxyJump h1); an ssh config and known_hosts for them all.
+
+    A test module that sets NETNS_PRIVATE_DIR (an absolute path) gives h1 and h2 a tmpfs each
+    there: hosts that share no folder with each other or with this machine."""
+    import subprocess
+
+    require_namespaces()
+    private_dir = getattr(request.module, "NETNS_PRIVATE_DIR", None)
+    if private_dir:
+        pathlib.Path(private_dir).mkdir(parents=True, exist_ok=True)
+    directory = tmp_path_factory.mktemp("netns")
+    lab = Netns.create()
+    servers = []
+    try:
+        for name, address in lab.hosts.items():
+            servers.append(start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
+                                      netns=lab.namespaces[name], private_dir=private_dir))
+            lab.sshds[name] = servers[-1]
+        # A host only h1 can reach: an sshd on the loopback of h1's namespace.
+        inner = start_sshd(directory, "inner", ssh_lab.authorized_keys, address="127.0.0.1", port=22,
+                           netns=lab.namespaces["h1"])
+        servers.append(inner)
+        known = directory / "known_hosts"
+        known.write_text("".join(s.known_hosts_line() for s in servers))
+        config = directory / "ssh_config"
+        config.write_text(
+            "".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n" for n, a in lab.hosts.items())
+            + f"Host inner\n  HostName 127.0.0.1\n  ProxyJump h1\n  IdentityFile {ssh_lab.client_key}\n"
+            # Aliases that only this machine's ssh config knows: no name service in the namespaces has them.
+            + "".join(f"Host gpu-{n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
+                      for n, a in lab.hosts.items())
+            + f"Host *\n  User {ssh_lab.user}\n"
+        )
+        yield lab, known, config, directory
+    finally:
+        for server in servers:
+            server.stop()
+        lab.destroy()
+        assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+                       for ns in lab.namespaces.values())
+        if private_dir:
+            try:
+                pathlib.Path(private_dir).rmdir()
+            except OSError:
+                pass
 
 
 @pytest.fixture(autouse=True)

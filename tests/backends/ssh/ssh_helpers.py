@@ -23,6 +23,7 @@ import pytest
 from launching import free_port
 
 SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
 PYTHON = sys.executable  # the remote hosts share this machine's filesystem
 
@@ -85,6 +86,10 @@ class Sshd:
                 except psutil.Error:
                     pass
 
+    def private_path(self, path: str) -> pathlib.Path:
+        """`path` as the server's sessions see it (its private folder: see start_sshd)."""
+        return pathlib.Path(f"/proc/{self.proc.pid}/root") / path.lstrip("/")
+
     def stop(self) -> None:
         try:
             children = psutil.Process(self.proc.pid).children(recursive=True)
@@ -105,8 +110,13 @@ class Sshd:
 
 
 def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path, address: str = "127.0.0.1",
-               port: int | None = None, netns: str | None = None, log_level: str = "INFO", extra: str = "") -> Sshd:
-    """Start `sshd -D -e -f <config>` and wait until it listens."""
+               port: int | None = None, netns: str | None = None, log_level: str = "INFO", extra: str = "",
+               private_dir: str | None = None) -> Sshd:
+    """Start `sshd -D -e -f <config>` and wait until it listens.
+
+    With `private_dir` (an existing folder), the server and its sessions see a tmpfs of their own
+    there (a mount namespace of the server's): a host that shares no folder with the others. Its
+    files are seen from here through /proc/PID/root (Sshd.private_path)."""
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
     directory.mkdir(parents=True, exist_ok=True)
     host_key = directory / f"{name}_host_ed25519"
@@ -129,11 +139,16 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
         "PrintMotd no\n"
         "AllowTcpForwarding yes\n"
         "MaxStartups 50\n"
+        # As the distributions' sshd_config has it: --sync copies over SFTP.
+        + (f"Subsystem sftp {SFTP_SERVER}\n" if os.path.exists(SFTP_SERVER) else "") +
         f"LogLevel {log_level}\n"
         + extra
     )
     log = directory / f"{name}.log"
     argv = [SSHD, "-D", "-e", "-f", str(config)]
+    if private_dir:
+        argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                'mount -t tmpfs -o mode=755 mgpu-private "$0" && exec "$@"', private_dir] + argv
     if netns:
         argv = ["ip", "netns", "exec", netns] + argv
     with open(log, "wb") as out:
@@ -252,6 +267,15 @@ ECHO_PROGRAM = (
 # -- network namespaces ---------------------------------------------------------------------
 
 
+def require_namespaces() -> None:
+    require_tools("ip")
+    if os.geteuid() != 0:
+        reason = "network namespaces need root"
+        if REQUIRE:
+            pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
+        pytest.skip(reason)
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
@@ -300,6 +324,7 @@ class Netns:
     subnet: str  # "10.213.N"
     hosts: dict[str, str]  # name -> address
     namespaces: dict[str, str]  # name -> namespace
+    sshds: dict[str, Sshd] = dataclasses.field(default_factory=dict)  # name -> its sshd, once started
 
     @classmethod
     def create(cls, names=("h1", "h2")) -> "Netns":

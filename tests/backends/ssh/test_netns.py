@@ -18,53 +18,10 @@ from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 from launching import REPO, wait_for
-from ssh_helpers import (NETNS_PREFIX, PYTHON, REQUIRE, Netns, SshLab, ip, remove_namespace,
-                         remove_stale_namespaces, require_tools, run_processes, start_sshd, unique_run_id)
+from ssh_helpers import (NETNS_PREFIX, PYTHON, ip, remove_namespace, remove_stale_namespaces, require_namespaces,
+                         require_tools, run_processes, unique_run_id)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
-
-
-def require_namespaces() -> None:
-    require_tools("ip")
-    if os.geteuid() != 0:
-        reason = "network namespaces need root"
-        if REQUIRE:
-            pytest.fail(reason + " and MGPU_REQUIRE_SSHD=1 is set")
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def netns(ssh_lab: SshLab, tmp_path_factory):
-    require_namespaces()
-    directory = tmp_path_factory.mktemp("netns")
-    lab = Netns.create()
-    servers = []
-    try:
-        for name, address in lab.hosts.items():
-            servers.append(start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
-                                      netns=lab.namespaces[name]))
-        # A host only h1 can reach: an sshd on the loopback of h1's namespace.
-        inner = start_sshd(directory, "inner", ssh_lab.authorized_keys, address="127.0.0.1", port=22,
-                           netns=lab.namespaces["h1"])
-        servers.append(inner)
-        known = directory / "known_hosts"
-        known.write_text("".join(s.known_hosts_line() for s in servers))
-        config = directory / "ssh_config"
-        config.write_text(
-            "".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n" for n, a in lab.hosts.items())
-            + f"Host inner\n  HostName 127.0.0.1\n  ProxyJump h1\n  IdentityFile {ssh_lab.client_key}\n"
-            # Aliases that only this machine's ssh config knows: no name service in the namespaces has them.
-            + "".join(f"Host gpu-{n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
-                      for n, a in lab.hosts.items())
-            + f"Host *\n  User {ssh_lab.user}\n"
-        )
-        yield lab, known, config, directory
-    finally:
-        for server in servers:
-            server.stop()
-        lab.destroy()
-        assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-                       for ns in lab.namespaces.values())
 
 
 def test_proxy_jump_reaches_a_host_only_the_jump_host_sees(netns):
