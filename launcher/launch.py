@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Sequence
 
-from launcher.errors import UsageError
+from launcher.errors import MgpuError, UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
@@ -22,7 +22,7 @@ from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
 from launcher.supervise import run_lock
 from launcher.supervise.rundir import check_run_dir
-from launcher.supervise.supervisor import supervise
+from launcher.supervise.supervisor import HostActions, supervise
 
 
 def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
@@ -65,9 +65,26 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
 
     backend = Routed(backends, lambda plan: local_backend if plan.local else ssh_backend)
     try:
-        supervise(plans, backend, options.supervise)
+        supervise(plans, backend, options.supervise, hosts=_host_actions(ssh_backend))
     finally:
         backend.close()
+
+
+def _host_actions(ssh_backend) -> HostActions:
+    """What the supervisor may do about the run's hosts between attempts."""
+    if ssh_backend is None:
+        return HostActions()
+
+    def login_ok(plan: TaskPlan) -> bool | None:
+        if plan.local:
+            return None
+        try:  # a connection that was lost is not reused: this is a fresh login
+            code, _, _ = ssh_backend.run(plan, "true", ssh_backend.options.connect_timeout)
+        except (MgpuError, OSError, EOFError):
+            return False
+        return code == 0
+
+    return HostActions(login_ok=login_ok)
 
 
 def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:

@@ -38,7 +38,7 @@ from launcher.supervise.live import LiveLines
 from launcher.supervise.rundir import RunDir
 from launcher.supervise.stream_reader import PIECE, read_stream
 from launcher.supervise.task_log import TaskLog
-from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ReadyWatcher,
+from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ProgressWatcher, ReadyWatcher,
                                          TailWatcher, Watchers)
 
 CHUNK = PIECE  # a longer line reaches the console in pieces
@@ -178,7 +178,8 @@ class TaskOutput:
         report = notice or (lambda text: None)
         self._log = TaskLog(log, report, plan.name)  # log: opened in the run dir by RunOutput
         self._bind = BindFailureWatcher()
-        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail)]
+        self.progress = ProgressWatcher(time.time)
+        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, self.progress, TailWatcher(self.tail)]
         self._console_view = None
         if console is not None:
             self._console_view = ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,

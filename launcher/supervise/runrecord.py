@@ -143,6 +143,12 @@ class RunRecord:
     def task_failure_ignored(self, plan: TaskPlan) -> None:
         self._update_task(plan, failure_ignored=True)
 
+    def attempt_cause(self, cause: dict[str, Any]) -> None:
+        """Why the last attempt failed (causes.Cause.to_dict): its cause, task, host and detail."""
+        with self._lock:
+            self._data["attempts"][-1].update(cause)
+            self._write()
+
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]

@@ -82,7 +82,7 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     failed (its error file, else exception and frame, first error line, or its last lines), what
     `failed` reported when the fault was a peer's, known-failure hints, and where the logs are.
     """
-    verdict = diagnosis.blame(failed.end(failed), failed.hint_lines(), [peer.end(failed) for peer in peers])
+    verdict = _verdict(failed, peers)
     if verdict.reason == diagnosis.REPORTER:
         return _one_task_summary(failed.head() + after, failed)
     at_fault = next(peer for peer in peers if peer.name == verdict.task)
@@ -107,6 +107,25 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     lines.append(f"log: {at_fault.log_path}")
     lines.append(f"log: {failed.log_path}")
     return "\n".join(lines)
+
+
+def _verdict(failed: TaskView, peers: Sequence[TaskView]) -> diagnosis.Blame:
+    return diagnosis.blame(failed.end(failed), failed.hint_lines(), [peer.end(failed) for peer in peers])
+
+
+def at_fault(failed: TaskView, peers: Sequence[TaskView] = ()) -> TaskView:
+    """The task a failure is charged to: the one failure_summary names first."""
+    verdict = _verdict(failed, peers)
+    return next((peer for peer in peers if peer.name == verdict.task), failed)
+
+
+def program_error(task: TaskView) -> str | None:
+    """The task's program error in one line (its error file, else its exception and frame, else its
+    first error line); None when its output says nothing of one."""
+    title, shown = task.cause()
+    if title.startswith("last ") or not shown:
+        return None
+    return " ".join(shown)
 
 
 def _one_task_summary(head: str, task: TaskView) -> str:

@@ -56,10 +56,10 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
-from launcher.supervise import policy, stacks
+from launcher.supervise import causes, policy, stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
-    TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
+    TaskView, at_fault, closing_line, failure_summary, program_error, stall_summary, start_timeout_summary,
 )
 from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
@@ -73,12 +73,22 @@ DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take 
 STACKS_TIMEOUT = 30.0
 
 
+@dataclasses.dataclass(frozen=True)
+class HostActions:
+    """What the launcher can do about a run's hosts between attempts (launch.py makes them; the
+    supervisor knows hosts only through these)."""
+
+    # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
+    login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
+
+
 def supervise(
     plans: Sequence[TaskPlan],
     backend: Backend,
     options: SuperviseOptions,
     console: TextIO = sys.stdout,
     clock: Callable[[], float] = time.monotonic,
+    hosts: HostActions = HostActions(),
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
@@ -91,7 +101,7 @@ def supervise(
         raise UsageError("no tasks to run")
     run_dir = make_run_dir(options)
     try:
-        _Supervisor(plans, backend, options, console, run_dir, clock).run()
+        _Supervisor(plans, backend, options, console, run_dir, clock, hosts).run()
     finally:
         run_dir.close()
 
@@ -135,8 +145,11 @@ class _Supervisor:
         console: TextIO,
         run_dir: RunDir,
         clock: Callable[[], float] = time.monotonic,
+        hosts: HostActions = HostActions(),
     ):
         self.clock = clock
+        self.hosts = hosts
+        self.best_step: int | None = None  # the highest step any attempt reported
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -206,9 +219,22 @@ class _Supervisor:
                 return runrecord.SUCCEEDED, None
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
-            after = self.policy.after(stop)
+            cause = self._cause(stop)
+            progress = self._progress()
+            if cause is not None:
+                self.record.attempt_cause(cause.to_dict())
+                self.output.notice(f"attempt {attempt + 1} failed: {cause.kind}"
+                                   f"{f' ({cause.task} on {cause.host})' if cause.task else ''}: {cause.detail}")
+            after = self.policy.after(stop, cause, progress)
+            if progress is not None:
+                self.best_step = max(progress, self.best_step or 0)
             if isinstance(after, policy.GiveUp):
-                raise _RunFailed(stop.status, TaskFailed(self._summary(stop, attempt)))
+                summary = self._summary(stop, attempt)
+                if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
+                    summary = f"{summary}\ncause: {cause.kind}: {cause.detail}"
+                if after.reason:
+                    summary = f"{summary}\nstopped restarting: {after.reason}"
+                raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
             attempt += 1
 
@@ -408,6 +434,48 @@ class _Supervisor:
         for task in tasks:
             task.proc.close()
             task.output.close()
+
+    # -- why an attempt failed ------------------------------------------------------
+
+    def _progress(self) -> int | None:
+        """The highest step the last attempt's tasks reported; None if none did."""
+        _, tasks = self._last_attempt
+        steps = [t.output.progress.step for t in tasks if t.output.progress.step is not None]
+        return max(steps) if steps else None
+
+    def _cause(self, stop: policy.Stop) -> causes.Cause | None:
+        """The cause of the last attempt's failure, charged to a task and its host."""
+        _, tasks = self._last_attempt
+        by_name = {t.plan.name: t for t in tasks}
+        charged: _Task | None = None
+        if stop.status == runrecord.FAILED and stop.failed in by_name:
+            failed = by_name[stop.failed]
+            peers = [t for t in tasks if t is not failed and not t.sidecar]
+            view = at_fault(self._view(failed), [self._view(t) for t in peers])
+            charged = by_name[view.name]
+        elif stop.status == runrecord.START_TIMEOUT and stop.missing:
+            charged = by_name.get(stop.missing[0])
+        # A task whose host stopped answering is charged before any other: the others' failures follow from it.
+        lost = next((t for t in tasks if t.proc.lost() is not None), None)
+        if lost is not None and stop.status != runrecord.INTERRUPTED:
+            charged = lost
+        if charged is None:
+            return causes.classify(causes.Evidence(stop.status, progress=self._progress()))
+        reason = charged.proc.lost()
+        login_ok = None
+        if reason is None and charged is not by_name.get(stop.failed) and charged.returncode is None \
+                and stop.status == runrecord.FAILED:
+            reason = f"{charged.plan.name} stopped answering its peers"  # blamed by them, its own end unseen
+            login_ok = self.hosts.login_ok(charged.plan)
+            if login_ok is not False:
+                reason = None
+        elif reason is not None:
+            login_ok = self.hosts.login_ok(charged.plan)
+        view = self._view(charged)
+        return causes.classify(causes.Evidence(
+            stop.status, charged.plan.name, charged.plan.host, charged.returncode,
+            error=program_error(view) if charged.returncode not in (None, 0) else None,
+            lost=reason, login_ok=login_ok, progress=self._progress()))
 
     # -- the failure summary -------------------------------------------------------
 

@@ -115,6 +115,31 @@ class BindFailureWatcher(LineWatcher):
             self.port = port
 
 
+class ProgressWatcher(LineWatcher):
+    """The highest step of the task's progress lines (protocol.PROGRESS_PREFIX, on stdout) and when
+    it was first reached (time.time()): whether a restart made progress, and what a failure cost."""
+
+    name = "progress watcher"
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.first: int | None = None  # the first step reported
+        self.step: int | None = None  # the highest
+        self.step_at: float | None = None
+
+    def line(self, line: Line) -> None:
+        if not line.stdout or not line.text.startswith(protocol.PROGRESS_PREFIX):
+            return
+        parsed = protocol.parse_progress(line.text)
+        if parsed is None:
+            return
+        step = parsed[0]
+        if self.first is None:
+            self.first = step
+        if self.step is None or step > self.step:
+            self.step, self.step_at = step, self._clock()
+
+
 class TailWatcher(LineWatcher):
     """The last lines, each cut to TAIL_LINE_CHARS, for the failure summary."""
 

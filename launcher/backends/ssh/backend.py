@@ -119,6 +119,11 @@ class SshTaskProcess(TaskProcess):
             return EXIT_CONNECTION_LOST
         return None
 
+    def lost(self) -> str | None:
+        if self._chan.exit_status_ready() or self._conn.active:
+            return None
+        return self._conn.lost_reason or "SSH connection lost"
+
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""
         if self.poll() is not None or not self._conn.active:

@@ -1,0 +1,54 @@
+"""Restarts must make progress: real processes under supervise(), small Python programs."""
+
+import sys
+
+import pytest
+
+from launcher.errors import TaskFailed
+from supervisor_helpers import make_plans, supervise_plans
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def running(run_id, program: str, **options):
+    """One local worker running `program` with this Python; the attempt's number is `attempt`."""
+    plans = make_plans(run_id, [], workers=1)
+    code = f"import os, sys\nattempt = int(os.environ['MGPU_ATTEMPT'])\n{program}"
+    plans[0] = type(plans[0])(**{**plans[0].__dict__, "argv": (sys.executable, "-c", code)})
+    return plans
+
+
+def test_the_same_exception_on_every_start_stops_after_two_attempts(run_id, tmp_path):
+    plans = running(run_id, "raise ValueError('bad setting: lr=-1')")
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=5)
+    assert isinstance(result.error, TaskFailed)
+    assert [a["outcome"] for a in result.run["attempts"]] == ["failed", "failed"]
+    assert "stopped restarting: the same error twice in a row without progress: ValueError: bad setting: lr=-1" \
+        in str(result.error)
+    first = result.run["attempts"][0]
+    assert (first["cause"], first["task"], first["host"]) == ("program-error", "worker:0", "127.0.0.1")
+    assert first["detail"].startswith("ValueError: bad setting: lr=-1 at ")
+
+
+def test_a_program_preempted_on_every_start_is_restarted_each_time(run_id, tmp_path):
+    plans = running(run_id, "sys.exit(42 if attempt < 3 else 0)")
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=0)
+    assert result.error is None
+    assert [a.get("cause") for a in result.run["attempts"]] == ["preempted", "preempted", "preempted", None]
+
+
+def test_a_program_that_makes_progress_before_each_failure_uses_its_restarts(run_id, tmp_path):
+    plans = running(run_id, "print(f'MGPU_PROGRESS {10 * (attempt + 1)}/100', flush=True)\nraise ValueError('flaky')")
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=3)
+    assert isinstance(result.error, TaskFailed)
+    assert len(result.run["attempts"]) == 4
+    assert str(result.error).startswith("worker:0 on 127.0.0.1 exited with code 1, after 3 restarts\n")
+    assert "stopped restarting" not in str(result.error)
+
+
+def test_a_kill_mgpu_did_not_send_is_reported_as_likely_out_of_memory(run_id, tmp_path):
+    plans = running(run_id, "os.kill(os.getpid(), 9)")
+    result = supervise_plans(plans, run_id, tmp_path)
+    assert str(result.error).splitlines()[-1] == (
+        "cause: killed: killed by SIGKILL that mgpu did not send (likely out of memory)")
+    assert result.run["attempts"][0]["cause"] == "killed"
