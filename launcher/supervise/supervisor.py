@@ -59,7 +59,7 @@ from launcher.supervise.signals import Signals
 from launcher.supervise import causes, policy, stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
-    TaskView, at_fault, closing_line, failure_summary, program_error, stall_summary, start_timeout_summary,
+    TaskView, at_fault, closing_line, restart_story, failure_summary, program_error, stall_summary, start_timeout_summary,
 )
 from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
@@ -120,11 +120,22 @@ class _Task:
     returncode: int | None = None
     ended_at: float | None = None  # when its end was seen, seconds since the epoch
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
+    ready_at: float | None = None  # when it was recorded ready, seconds since the epoch
 
     @property
     def started_by_joining(self) -> bool:
         """Ready once it joins the cluster: a program without the ready line, in the cluster."""
         return not self.plan.waits_for_ready and self.plan.port is not None
+
+
+@dataclasses.dataclass
+class _Cost:
+    """A failed attempt that was restarted: why, when, the time it lost, the host left out."""
+    cause: causes.Cause
+    at: float  # seconds since the epoch
+    lost: float
+    left_out: bool = False
+    took: str | None = None  # "h5 took worker:1": the spare that took the left-out host's tasks
 
 
 class _RunFailed(Exception):
@@ -150,6 +161,7 @@ class _Supervisor:
         self.clock = clock
         self.hosts = hosts
         self.best_step: int | None = None  # the highest step any attempt reported
+        self.costs: list[_Cost] = []  # one per failed attempt that was restarted
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -193,7 +205,10 @@ class _Supervisor:
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
                 succeeded = sum(t.returncode == 0 for t in tasks)
-                self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir.path))
+                wall = time.monotonic() - started
+                stories = [restart_story(c.cause, c.at, c.took) for c in self.costs]
+                lost = sum(c.lost for c in self.costs)
+                self.output.notice(closing_line(len(tasks), succeeded, wall, attempt, self.run_dir.path, stories, lost))
         except Interrupted as e:
             final = (runrecord.INTERRUPTED, str(e))
             raise
@@ -204,6 +219,7 @@ class _Supervisor:
             final = (runrecord.FAILED, str(e))
             raise
         finally:
+            self.record.run_costs(self._totals(time.monotonic() - started))
             self.record.finish(*final)
             try:
                 if reaper is not None:  # every task is gone and the record final: nothing left to guard
@@ -214,13 +230,15 @@ class _Supervisor:
     def _attempts(self) -> tuple[str, None]:
         attempt = 0
         while True:
+            started = time.time()
             stop = self._attempt(attempt)
+            progress = self._progress()
+            lost = self._record_cost(started, stop, progress)
             if stop.status == runrecord.SUCCEEDED:
                 return runrecord.SUCCEEDED, None
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
             cause = self._cause(stop)
-            progress = self._progress()
             if cause is not None:
                 self.record.attempt_cause(cause.to_dict())
                 self.output.notice(f"attempt {attempt + 1} failed: {cause.kind}"
@@ -228,6 +246,8 @@ class _Supervisor:
             after = self.policy.after(stop, cause, progress)
             if progress is not None:
                 self.best_step = max(progress, self.best_step or 0)
+            if isinstance(after, policy.Restart) and cause is not None:
+                self.costs.append(_Cost(cause, time.time(), lost))
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -330,6 +350,7 @@ class _Supervisor:
             if isinstance(decision, policy.Notice):
                 self.output.notice(decision.text)
             elif isinstance(decision, policy.Ready):
+                by_name[decision.name].ready_at = time.time()
                 self.record.task_ready(by_name[decision.name].plan)
             elif isinstance(decision, policy.FailureIgnored):
                 self.record.task_failure_ignored(by_name[decision.name].plan)
@@ -434,6 +455,45 @@ class _Supervisor:
         for task in tasks:
             task.proc.close()
             task.output.close()
+
+    # -- what failures cost ---------------------------------------------------------
+
+    def _record_cost(self, started: float, stop: policy.Stop, progress: int | None) -> float:
+        """The last attempt's ready time, progress and time lost, into its record; returns the time lost.
+
+        A failed attempt loses the time since its last new step (the work after it is redone), or
+        all of it when it reported no step beyond the best before it."""
+        _, tasks = self._last_attempt
+        ended = time.time()
+        training = [t for t in tasks if not t.sidecar] or tasks
+        ready_times = [t.ready_at for t in training]
+        ready = max(ready_times) if ready_times and None not in ready_times else None
+        gained = None
+        if progress is not None:
+            gained = max(0, progress - (self.best_step or 0))
+        lost = 0.0
+        if stop.status != runrecord.SUCCEEDED:
+            last_new = None
+            if gained:
+                last_new = max((t.output.progress.step_at for t in tasks if t.output.progress.step == progress),
+                               default=None)
+            lost = max(0.0, ended - (last_new or started))
+        self.record.attempt_costs(
+            ready_at=runrecord.utc(ready) if ready is not None else None,
+            progress={"last_step": progress, "gained": gained} if progress is not None else None,
+            time_lost_s=round(lost, 3))
+        return lost
+
+    def _totals(self, wall: float) -> dict:
+        lost = sum(c.lost for c in self.costs)
+        return {
+            "restarts": len(self.costs),
+            "left_out": [{"host": c.cause.host, "cause": c.cause.kind, "at": runrecord.utc(c.at),
+                          "replaced_by": c.took} for c in self.costs if c.left_out],
+            "time_lost_s": round(lost, 3),
+            "wall_s": round(wall, 3),
+            "goodput": round(max(0.0, wall - lost) / wall, 4) if wall > 0 else None,
+        }
 
     # -- why an attempt failed ------------------------------------------------------
 
