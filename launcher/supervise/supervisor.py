@@ -80,6 +80,12 @@ class HostActions:
 
     # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
     login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
+    # The plans with a spare host (one that passed the checks) in place of a host left out, and that
+    # spare; None when no spare is left. Its second argument takes notices (a spare failing its checks).
+    replace: Callable[[str, Callable[[str], None]], tuple[Sequence[TaskPlan], str] | None] = \
+        lambda host, notice: None
+    # The command that relaunches the run without a host; None when it cannot be written.
+    relaunch: Callable[[str], str | None] = lambda host: None
 
 
 def supervise(
@@ -248,6 +254,8 @@ class _Supervisor:
                 self.best_step = max(progress, self.best_step or 0)
             if isinstance(after, policy.Restart) and cause is not None:
                 self.costs.append(_Cost(cause, time.time(), lost))
+            if isinstance(after, policy.Restart) and after.leave_out is not None:
+                self._leave_out(after.leave_out, stop, cause, attempt)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -455,6 +463,26 @@ class _Supervisor:
         for task in tasks:
             task.proc.close()
             task.output.close()
+
+    # -- hosts left out --------------------------------------------------------------
+
+    def _leave_out(self, host: str, stop: policy.Stop, cause: causes.Cause | None, attempt: int) -> None:
+        """Give the tasks of `host` to a spare and plan again, or stop the run naming the host."""
+        moved = [plan.name for plan in self.plans if plan.host == host]
+        why = f"{cause.kind}: {cause.detail}" if cause is not None else "failed"
+        replaced = self.hosts.replace(host, self.output.notice)
+        if replaced is None:
+            relaunch = self.hosts.relaunch(host)
+            head = (f"{host} left out ({why}) and no spare host to take {', '.join(moved)}"
+                    + (f"; relaunch without it:\n  {relaunch}" if relaunch else ""))
+            raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
+        plans, spare = replaced
+        took = f"{spare} took {', '.join(moved)}"
+        self.output.notice(f"{host} left out for the rest of the run ({why}); {took}")
+        self.plans = list(plans)
+        self.coordinator_port = self.plans[0].coordinator_port
+        if self.costs:
+            self.costs[-1].left_out, self.costs[-1].took = True, took
 
     # -- what failures cost ---------------------------------------------------------
 

@@ -120,7 +120,8 @@ class SshTaskProcess(TaskProcess):
         return None
 
     def lost(self) -> str | None:
-        if self._chan.exit_status_ready() or self._conn.active:
+        """Lost: the connection ended without the task's exit status (see _status)."""
+        if self._conn.active or self._status() != EXIT_CONNECTION_LOST or self._chan.exit_status >= 0:
             return None
         return self._conn.lost_reason or "SSH connection lost"
 
