@@ -16,7 +16,7 @@ from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
-from launcher.preflight.reach import check_reachability
+from launcher.preflight.reach import check_reachability, probe_reachability
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.backends.local import LocalBackend
@@ -111,7 +111,12 @@ def _host_actions(ssh_backend, options: LaunchOptions) -> HostActions:
             return False
         return code == 0
 
-    return HostActions(login_ok=login_ok, replace=replace, relaunch=lambda host: relaunch_command(options.argv, host))
+    def unreachable(plans: Sequence[TaskPlan]) -> tuple[str, str] | None:
+        found = probe_reachability(plans, ssh_backend)
+        return found.cut[0] if found.cut else None
+
+    return HostActions(login_ok=login_ok, replace=replace, unreachable=unreachable,
+                       relaunch=lambda host: relaunch_command(options.argv, host))
 
 
 # Options whose values list hosts, and those a relaunch leaves out (the run id is taken).

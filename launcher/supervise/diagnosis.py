@@ -328,6 +328,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(re.compile(r"Failed to find any matching files for|latest_checkpoint.*None|No checkpoint (?:found|in)"),
                  NO_CHECKPOINT_YET),
 )
+# Known failures that may be the network's: the reachability test is run again to tell.
+NETWORK_FAILURES = frozenset({GLOO_CANNOT_CONNECT, HEARTBEATS_STOPPED, PEER_UNREACHABLE})
 
 
 def known_failures(lines: Iterable[str]) -> list[str]:

@@ -56,7 +56,7 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
-from launcher.supervise import causes, policy, stacks
+from launcher.supervise import causes, diagnosis, policy, stacks
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, at_fault, closing_line, restart_story, failure_summary, program_error, stall_summary, start_timeout_summary,
@@ -84,6 +84,9 @@ class HostActions:
     # spare; None when no spare is left. Its second argument takes notices (a spare failing its checks).
     replace: Callable[[str, Callable[[str], None]], tuple[Sequence[TaskPlan], str] | None] = \
         lambda host, notice: None
+    # The reachability test run again on the plans' hosts: the first pair of hosts where the first
+    # cannot connect to a task of the second; None when every pair connects (or it cannot tell).
+    unreachable: Callable[[Sequence[TaskPlan]], tuple[str, str] | None] = lambda plans: None
     # The command that relaunches the run without a host; None when it cannot be written.
     relaunch: Callable[[str], str | None] = lambda host: None
 
@@ -560,10 +563,17 @@ class _Supervisor:
         elif reason is not None:
             login_ok = self.hosts.login_ok(charged.plan)
         view = self._view(charged)
+        unreachable = None
+        said = view.hint_lines() + (self._view(by_name[stop.failed]).hint_lines() if stop.failed in by_name else [])
+        if reason is None and diagnosis.NETWORK_FAILURES & set(diagnosis.known_failures(said)):
+            # The task says it could not reach a peer: the reachability test, run again, names the pair.
+            unreachable = self.hosts.unreachable(self.plans)
+            if unreachable is not None:
+                charged = next((t for t in tasks if t.plan.host == unreachable[1]), charged)
         return causes.classify(causes.Evidence(
             stop.status, charged.plan.name, charged.plan.host, charged.returncode,
             error=program_error(view) if charged.returncode not in (None, 0) else None,
-            lost=reason, login_ok=login_ok, progress=self._progress()))
+            lost=reason, login_ok=login_ok, unreachable=unreachable, progress=self._progress()))
 
     # -- the failure summary -------------------------------------------------------
 

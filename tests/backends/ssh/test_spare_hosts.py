@@ -106,7 +106,7 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     env.pop("SSH_AUTH_SOCK", None)
     proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
                       "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
-                      "--connect-timeout", "3", "--grace-period", "2", "--workdir", str(tmp_path),
+                      "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
                       "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "60",
                       cwd=tmp_path, env=env)
     try:
@@ -157,7 +157,7 @@ def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("SSH_AUTH_SOCK", None)
     args = ["check", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config), "--known-hosts", str(known),
-            "--connect-timeout", "3", "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
+            "--connect-timeout", "6", "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
     done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -169,3 +169,47 @@ def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     finally:
         ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "up")
     assert done.returncode == 1 and "h3" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+# Worker 0 dials worker 1, which listens; a refused or dropped connection is reported in gRPC's words.
+DIAL = r"""
+import json, os, socket, sys, time
+tf = json.loads(os.environ["TF_CONFIG"])
+index = tf["task"]["index"]
+host, port = tf["cluster"]["worker"][1].rsplit(":", 1)
+if index == 1:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(port)))
+    server.listen()
+    time.sleep(60)
+else:
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as e:
+        sys.exit(f"failed to connect to all addresses: {host}:{port}: {e}")
+"""
+
+
+def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tmp_path):
+    lab, known, config = three_hosts
+    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222", "-j", "DROP"]
+    iptables = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
+    subprocess.run([*iptables, "-A", *rule], check=True)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("SSH_AUTH_SOCK", None)
+        run_id = unique_run_id("network")
+        done = subprocess.run(
+            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
+             "--ssh-config", str(config), "--known-hosts", str(known), "--grace-period", "2", "--run-id", run_id,
+             "--", PYTHON, "-c", DIAL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run([*iptables, "-D", *rule], check=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    first = record["attempts"][0]
+    assert (first["cause"], first["task"], first["host"], first["detail"]) == (
+        "network", "worker:1", "h2", "h1 cannot reach h2"), first
+    assert "mgpu: error: h2 left out (network: h1 cannot reach h2) and no spare host to take worker:1" in done.stderr
+    assert not run_processes(run_id)
