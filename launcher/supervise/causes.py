@@ -106,7 +106,7 @@ def classify(evidence: Evidence) -> Cause | None:
 
 def describe(returncode: int | None) -> str:
     if returncode is None:
-        return "still running"
+        return "stopped answering its peers"
     if returncode < 0:
         return f"killed by {runrecord.signal_name(-returncode)}"
     return f"exited with code {returncode}"

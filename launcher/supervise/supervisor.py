@@ -23,7 +23,14 @@ The rules:
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
-  up to max_preemption_restarts times.
+  up to max_preemption_restarts times. Each failed attempt gets a cause
+  (causes.py) charged to a task and its host, gathered here (the blame rules, the
+  task's program error, a lost connection and a fresh login, the reachability test
+  run again); the policy then stops a run whose restarts make no progress, and
+  leaves a failing host out: HostActions gives its tasks to a spare host and plans
+  again, or the run stops naming the host and the command that relaunches without it.
+- Costs: per attempt, when all were ready, the progress reported and the time lost;
+  in all, restarts, hosts left out, time lost and goodput (run.json, the closing line).
 - Stalls: once every task is ready, a run in which no training task makes
   progress (output, or CPU use: stall.py) for the stall timeout is stalled:
   every task gets SIGABRT, on which faulthandler (PYTHONFAULTHANDLER, set for
@@ -171,6 +178,7 @@ class _Supervisor:
         self.hosts = hosts
         self.best_step: int | None = None  # the highest step any attempt reported
         self.costs: list[_Cost] = []  # one per failed attempt that was restarted
+        self._codes_at_stop: dict[str, int | None] = {}
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -287,6 +295,8 @@ class _Supervisor:
             return stop
         finally:
             self._last_attempt = (attempt, tasks)
+            # How each task had ended when the attempt stopped: what mgpu's own signals did after is not theirs.
+            self._codes_at_stop = {t.plan.name: t.returncode for t in tasks}
             self._stop(tasks)
             self._release(tasks)
             if begun is not None:
@@ -554,7 +564,8 @@ class _Supervisor:
             return causes.classify(causes.Evidence(stop.status, progress=self._progress()))
         reason = charged.proc.lost()
         login_ok = None
-        if reason is None and charged is not by_name.get(stop.failed) and charged.returncode is None \
+        code = self._codes_at_stop.get(charged.plan.name)
+        if reason is None and charged is not by_name.get(stop.failed) and code is None \
                 and stop.status == runrecord.FAILED:
             reason = f"{charged.plan.name} stopped answering its peers"  # blamed by them, its own end unseen
             login_ok = self.hosts.login_ok(charged.plan)
@@ -570,9 +581,16 @@ class _Supervisor:
             unreachable = self.hosts.unreachable(self.plans)
             if unreachable is not None:
                 charged = next((t for t in tasks if t.plan.host == unreachable[1]), charged)
+                code = self._codes_at_stop.get(charged.plan.name)
+                view = self._view(charged)
+        if code not in (None, 0):
+            error = program_error(view)
+        elif stop.failed in by_name and by_name[stop.failed] is not charged:  # blamed by the task that failed
+            error = program_error(self._view(by_name[stop.failed]))
+        else:
+            error = None
         return causes.classify(causes.Evidence(
-            stop.status, charged.plan.name, charged.plan.host, charged.returncode,
-            error=program_error(view) if charged.returncode not in (None, 0) else None,
+            stop.status, charged.plan.name, charged.plan.host, code, error=error,
             lost=reason, login_ok=login_ok, unreachable=unreachable, progress=self._progress()))
 
     # -- the failure summary -------------------------------------------------------

@@ -73,3 +73,20 @@ def test_what_failures_cost_is_in_run_json_and_the_closing_line(run_id, tmp_path
     assert re.fullmatch(r"\[mgpu\] done: 1 tasks succeeded in \S+ s; 2 restarts \(worker:0 failed at \d\d:\d\d: "
                         r"ValueError: flaky 0 at [^,]+, worker:0 failed at \d\d:\d\d: ValueError: flaky 1 at [^)]+\); "
                         r"\S+ s lost; logs and run.json in .*/", closing), closing
+
+
+def test_a_peer_blamed_by_the_failed_task_is_charged_not_the_signal_mgpu_sent_it(run_id, tmp_path):
+    # worker:0 reports worker:1 unhealthy and fails; worker:1 runs on until mgpu stops it with SIGTERM,
+    # which is mgpu's, not a preemption.
+    program = ("import time\n"
+               "if os.environ['MGPU_TASK_INDEX'] == '1':\n    time.sleep(60)\n"
+               "print('The following tasks are unhealthy (stopped sending heartbeats):', file=sys.stderr)\n"
+               "print('/job:worker/replica:0/task:1', file=sys.stderr)\n"
+               "sys.exit(1)")
+    plans = make_plans(run_id, [], workers=2)
+    code = f"import os, sys\n{program}"
+    plans = [type(p)(**{**p.__dict__, "argv": (sys.executable, "-c", code)}) for p in plans]
+    result = supervise_plans(plans, run_id, tmp_path)
+    first = result.run["attempts"][0]
+    assert first["tasks"]["worker:1"]["signal"] == "SIGTERM"
+    assert (first["cause"], first["task"]) == ("program-error", "worker:1"), first
