@@ -90,3 +90,11 @@ def test_a_peer_blamed_by_the_failed_task_is_charged_not_the_signal_mgpu_sent_it
     first = result.run["attempts"][0]
     assert first["tasks"]["worker:1"]["signal"] == "SIGTERM"
     assert (first["cause"], first["task"]) == ("program-error", "worker:1"), first
+
+
+def test_a_sigterm_from_outside_is_a_preemption(run_id, tmp_path):
+    plans = running(run_id, "import signal\nif attempt == 0:\n    os.kill(os.getpid(), signal.SIGTERM)")
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=0)
+    assert result.error is None
+    assert [a.get("cause") for a in result.run["attempts"]] == ["preempted", None]
+    assert "[mgpu] restarting all tasks after preemption (1 of at most 100)" in result.console
