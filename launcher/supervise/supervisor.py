@@ -513,7 +513,7 @@ class _Supervisor:
         if progress is not None:
             gained = max(0, progress - (self.best_step or 0))
         lost = 0.0
-        if stop.status != runrecord.SUCCEEDED:
+        if stop.status not in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):  # an interrupted run was ended on purpose
             last_new = None
             if gained:
                 last_new = max((t.output.progress.step_at for t in tasks if t.output.progress.step == progress),

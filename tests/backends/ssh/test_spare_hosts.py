@@ -107,7 +107,7 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
                       "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
                       "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
-                      "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "60",
+                      "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "40",
                       cwd=tmp_path, env=env)
     try:
         checkpoint = folder / "step"
@@ -123,7 +123,6 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     return code, out, record, tmp_path / "mgpu-runs" / run_id
 
 
-@pytest.mark.slow
 def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_path):
     code, out, record, run_dir = run_losing_h2(three_hosts, tmp_path, "--spare-hosts", "h3")
     assert code == 0, out[-4000:]
@@ -140,7 +139,6 @@ def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_
     assert "h3 took worker:1)" in closing, closing
 
 
-@pytest.mark.slow
 def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_command(three_hosts, tmp_path):
     code, out, record, _ = run_losing_h2(three_hosts, tmp_path)
     assert code == 1, out[-4000:]
