@@ -265,7 +265,8 @@ class _Supervisor:
                 self.best_step = max(progress, self.best_step or 0)
             if isinstance(after, policy.Restart) and cause is not None:
                 self.costs.append(_Cost(cause, time.time(), lost))
-            if isinstance(after, policy.Restart) and after.leave_out is not None:
+            # This machine is never left out: the launcher runs on it.
+            if isinstance(after, policy.Restart) and any(p.host == after.leave_out and not p.local for p in self.plans):
                 self._leave_out(after.leave_out, stop, cause, attempt)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)

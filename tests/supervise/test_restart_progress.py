@@ -98,3 +98,12 @@ def test_a_sigterm_from_outside_is_a_preemption(run_id, tmp_path):
     assert result.error is None
     assert [a.get("cause") for a in result.run["attempts"]] == ["preempted", None]
     assert "[mgpu] restarting all tasks after preemption (1 of at most 100)" in result.console
+
+
+def test_this_machine_is_never_left_out(run_id, tmp_path):
+    # Killed twice in a row on one host would leave that host out; not the launcher's own machine.
+    plans = running(run_id, "if attempt < 2:\n    os.kill(os.getpid(), 9)")
+    result = supervise_plans(plans, run_id, tmp_path, max_restarts=3)
+    assert result.error is None, result.error
+    assert [a.get("cause") for a in result.run["attempts"]] == ["killed", "killed", None]
+    assert result.run["costs"]["left_out"] == []
