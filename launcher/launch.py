@@ -3,18 +3,21 @@ remote hosts and run --setup on every host, check the hosts, then supervise."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
 from typing import Callable, Sequence
 
-from launcher.errors import UsageError
+from launcher.config.addresses import parse_endpoint
+from launcher.config.spec import with_host_replaced
+from launcher.errors import MgpuError, UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
-from launcher.preflight.reach import check_reachability
+from launcher.preflight.reach import check_reachability, probe_reachability
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.preflight.setup import run_setup
 from launcher.preflight.sync import sync_to_hosts
@@ -27,7 +30,7 @@ from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
 from launcher.supervise import detach, run_lock
 from launcher.supervise.options import DEFAULT_LOG_DIR
 from launcher.supervise.rundir import CONSOLE_LOG, check_run_dir, make_run_dir
-from launcher.supervise.supervisor import supervise
+from launcher.supervise.supervisor import HostActions, supervise
 
 
 def launch(plans: Sequence[TaskPlan], options: LaunchOptions) -> int:
@@ -105,9 +108,110 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
 
     backend = Routed(backends, lambda plan: local_backend if plan.local else ssh_backend)
     try:
-        supervise(plans, backend, options.supervise, detach=detached, run_dir=run_dir)
+        supervise(plans, backend, options.supervise, detach=detached, run_dir=run_dir,
+                  hosts=_host_actions(ssh_backend, options, run_dir))
     finally:
         backend.close()
+
+
+def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
+    """What the supervisor may do about the run's hosts between attempts. A spare gets the --sync
+    folder and runs the --setup (its log in `run_dir`, made for the setup) before its checks."""
+    if ssh_backend is None:
+        return HostActions(relaunch=lambda host: relaunch_command(options.argv, host))
+    spec = options.spec
+
+    def replace(host: str, notice: Callable[[str], None]) -> tuple[list[TaskPlan], str] | None:
+        """A spare that passes the checks in place of `host`, and the plans made again with it."""
+        nonlocal spec
+        if spec is None or options.replan is None:
+            return None
+        while spec.spares:
+            spare = spec.spares[0]
+            changed = with_host_replaced(spec, host, spare)
+            try:
+                plans = list(options.replan(changed))
+                on_spare = [plan for plan in plans if plan.host == spare and not plan.local]
+                sync_to_hosts(on_spare, ssh_backend)
+                if run_dir is not None:
+                    run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
+                if options.check_hosts:
+                    run_checks(on_spare, ssh_backend)
+                    interfaces = check_reachability(plans, ssh_backend)
+                    plans = with_interfaces(plans, interfaces, frozenset(os.environ))
+            except MgpuError as e:
+                notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")
+                spec = dataclasses.replace(spec, spares=spec.spares[1:])
+                continue
+            spec = changed
+            return plans, spare
+        return None
+
+    def login_ok(plan: TaskPlan) -> bool | None:
+        if plan.local:
+            return None
+        try:  # a connection that was lost is not reused: this is a fresh login
+            code, _, _ = ssh_backend.run(plan, "true", ssh_backend.options.connect_timeout)
+        except (MgpuError, OSError, EOFError):
+            return False
+        return code == 0
+
+    def unreachable(plans: Sequence[TaskPlan]) -> tuple[str, str] | None:
+        found = probe_reachability(plans, ssh_backend)
+        return found.cut[0] if found.cut else None
+
+    return HostActions(login_ok=login_ok, replace=replace, unreachable=unreachable,
+                       relaunch=lambda host: relaunch_command(options.argv, host))
+
+
+# Options whose values list hosts, and those a relaunch leaves out (the run id is taken).
+_HOST_LIST_OPTIONS = ("--workers", "--hosts", "--chief", "--evaluator", "--spare-hosts")
+_FILE_OPTIONS = ("--spec", "--hostfile")
+_DROPPED = ("--run-id",)
+
+
+def relaunch_command(argv: Sequence[str], host: str) -> str | None:
+    """`mgpu ARGS` without `host` in its host lists (and without the run id, which is taken); for
+    a host from a file, which file to remove it from. None without the command line."""
+    if not argv:
+        return None
+    words: list[str] = []
+    files: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            words.extend(argv[i:])
+            break
+        name, eq, value = arg.partition("=")
+        takes_value = name in _HOST_LIST_OPTIONS + _FILE_OPTIONS + _DROPPED
+        if takes_value and not eq:
+            if i + 1 >= len(argv):
+                words.append(arg)
+                break
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if not takes_value:
+            words.append(arg)
+        elif name in _HOST_LIST_OPTIONS:
+            kept = [entry for entry in value.split(",") if _entry_host(entry) != host]
+            if kept:
+                words.extend([name, ",".join(kept)])
+        elif name in _FILE_OPTIONS:
+            files.append(value)
+            words.extend([name, value])
+    command = "mgpu " + shlex.join(words)
+    if files:
+        return f"{command}  (after removing {host} from {', '.join(files)})"
+    return command
+
+
+def _entry_host(entry: str) -> str | None:
+    try:
+        return parse_endpoint(entry).host
+    except ValueError:
+        return None
 
 
 def _check_local_workdirs(plans: Sequence[TaskPlan]) -> None:

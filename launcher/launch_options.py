@@ -4,6 +4,10 @@ checks to run. Made once by the command line, read by launch.py."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Sequence
+
+from launcher.config.spec import ClusterSpec
+from launcher.plan.planner import TaskPlan
 
 from launcher.backends.ssh.options import SshOptions
 from launcher.supervise.options import SuperviseOptions
@@ -16,3 +20,6 @@ class LaunchOptions:
     check_hosts: bool = True  # run mgpu check's probes on remote hosts before starting anything
     allow_public: bool = False  # no warning for workers on public addresses
     detach: bool = False  # once the run has begun, a supervisor of its own runs it and the launch returns
+    spec: ClusterSpec | None = None  # what the plans were made from; with `replan`, spares can take a lost host's tasks
+    replan: Callable[[ClusterSpec], Sequence[TaskPlan]] | None = None  # the planner, as the command line called it
+    argv: tuple[str, ...] = ()  # the command line, for the relaunch command without a lost host

@@ -117,6 +117,7 @@ def _needs_a_framework(item) -> bool:
 # with their sshds) in one worker, in order.
 SHARED_LABS = {"tests/backends/slurm/": "slurm-lab", "tests/backends/ssh/test_netns.py": "netns-lab",
                "tests/backends/ssh/test_sync.py": "netns-lab",
+               "tests/backends/ssh/test_spare_hosts.py": "netns-lab",
                "tests/bootstrap/test_k8s_pod.py": "netns-lab"}
 
 

@@ -73,6 +73,11 @@ class TaskProcess(abc.ABC):
         cannot tell. The stall watchdog counts CPU use as progress."""
         return None
 
+    def lost(self) -> str | None:
+        """Why the task's host stopped answering while it ran (its connection was lost, the task
+        vanished without an exit status), in a few words; None when it was not lost."""
+        return None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

@@ -10,10 +10,12 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from, ssh_options,
-    ssh_options_from, task_settings,
+    check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from,
+    spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
 )
-from launcher.intake.load import SlurmScope, make_plans, new_run_id, read_spec, with_command_line, with_task_settings
+from launcher.intake.load import (
+    SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
+)
 from launcher.config.sync import DEFAULT_SYNC_MAX_BYTES
 from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ROLES, WORKER
 from launcher.errors import UsageError
@@ -91,7 +93,9 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
                    f"or used CPU for this long once all are ready; 0: never. [default: "
                    f"{DEFAULT_STALL_TIMEOUT:g}, or the spec's stall_timeout]")
 @click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
-              help="Restart the whole cluster after a failure, up to N times.")
+              help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
+                   "twice in a row without progress is not restarted again).")
+@spare_hosts_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
@@ -133,7 +137,7 @@ def launch_command(**opts) -> int | None:
     check_text(opts, command)
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
-    spec = with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts))
+    spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
     run_id = opts["run_id"] or new_run_id()
     plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"],
                        sync_max_bytes=opts["sync_max_size"] or DEFAULT_SYNC_MAX_BYTES)
@@ -145,12 +149,21 @@ def launch_command(**opts) -> int | None:
         out = sys.stdout
         for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
             out.write(piece)
+        if spec.spares and not opts["as_json"]:
+            out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
         out.flush()
         return
 
+    import dataclasses
+
     from launcher.launch import launch
 
-    return launch(plans, launch_options_from(opts, run_id, spec))
+    def replan(changed):
+        return make_plans(changed, run_id, host_naming(opts), slurm=slurm is not None,
+                          max_restarts=opts["max_restarts"], sync_max_bytes=opts["sync_max_size"] or DEFAULT_SYNC_MAX_BYTES)
+
+    return launch(plans, dataclasses.replace(launch_options_from(opts, run_id, spec), spec=spec, replan=replan,
+                                             argv=tuple(sys.argv[1:])))
 
 
 # ---------------------------------------------------------------------------
@@ -269,6 +282,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 
 
 @cli.command("check", help=CHECK_HELP)
+@spare_hosts_option
 @cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
@@ -282,15 +296,17 @@ def check_command(**opts) -> None:
 
     command = opts.pop("command")
     check_text(opts, command)
-    spec = with_task_settings(with_command_line(read_spec(hosts_request(opts)), command), task_settings(opts))
+    spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts_request(opts)), command),
+                                               task_settings(opts)), opts)
     plans = make_plans(spec, run_id="check", naming=host_naming(opts))
+    spare_plans = spare_check_plans(spec, "check", host_naming(opts))
     ssh_backend = None
-    if any(not plan.local for plan in plans):
+    if any(not plan.local for plan in [*plans, *spare_plans]):
         from launcher.launch import make_ssh_backend
 
         ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:
-        reports = check_hosts(plans, ssh_backend, local_tensorflow_version())
+        reports = check_hosts([*plans, *spare_plans], ssh_backend, local_tensorflow_version())
         # Only hosts that passed can run the reachability probe (it needs their Python and ports).
         reachability = probe_reachability(plans, ssh_backend) if all(r.ok for r in reports) else Reachability((), {})
     finally:

@@ -84,6 +84,9 @@ def ssh_options(func):
         keep_host_names_option,
         click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
                      metavar="SECONDS", help="Timeout for each SSH connection."),
+        click.option("--keepalive", type=params.Seconds(0.1), default=None, metavar="SECONDS",
+                     help="Seconds between SSH keepalives; a host that answers none of 3 in a row counts as lost. "
+                          "[default: 15]"),
     ]
     for option in reversed(options):
         func = option(func)
@@ -163,8 +166,23 @@ def ssh_options_from(opts: dict) -> SshOptions:
         accept_new_host_keys=bool(opts.get("accept_new_host_keys")),
         ssh_config=opts.get("ssh_config") or None,
         connect_timeout=float(opts.get("connect_timeout") or defaults.connect_timeout),
+        keepalive=float(opts.get("keepalive") or defaults.keepalive),
         debug=debug_flag(click.get_current_context(silent=True)),
     )
+
+
+spare_hosts_option = click.option(
+    "--spare-hosts", type=params.HOST_LIST, metavar="HOST,...",
+    help="Hosts that take the tasks of a host lost during the run (same task types and indices), "
+         "in this order; checked like the others (spec: `spares:`).")
+
+
+def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
+    """The spec with the command line's --spare-hosts, which win over the spec file's `spares:`."""
+    from launcher.config.spec import with_spares
+
+    spares = opts.get("spare_hosts")
+    return with_spares(spec, spares if spares is not None else spec.spares)
 
 
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:

@@ -11,7 +11,7 @@ import click
 
 from launcher.config.spec import MAX_SECONDS
 from launcher.config.addresses import (
-    parse_endpoint, parse_env_assignment, parse_env_name, parse_port, parse_run_id,
+    parse_endpoint, parse_env_assignment, parse_env_name, parse_host_list, parse_port, parse_run_id,
     parse_slots_list, parse_task_selector, parse_worker_list,
 )
 
@@ -117,6 +117,7 @@ def _byte_size(text: str) -> int:
 BYTE_SIZE = ParsedParam("size", _byte_size)
 ENDPOINT = ParsedParam("[user@]host[:port]", parse_endpoint)
 ENDPOINT_LIST = ParsedParam("host:port,...", parse_worker_list)
+HOST_LIST = ParsedParam("host,...", parse_host_list)
 SLOTS_LIST = ParsedParam("host:slots,...", parse_slots_list)
 PORT = ParsedParam("port", parse_port)
 ENV_ASSIGNMENT = ParsedParam("NAME=VALUE", parse_env_assignment)

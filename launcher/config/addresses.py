@@ -63,6 +63,14 @@ def parse_port(text: str) -> int:
     return port
 
 
+def parse_host_list(text: str) -> tuple[str, ...]:
+    """Comma-separated host names or addresses, each once."""
+    hosts = tuple(parse_host(part.strip()) for part in text.split(","))
+    if len(set(hosts)) != len(hosts):
+        raise ValueError("a host is listed twice")
+    return hosts
+
+
 def parse_host(text: str) -> str:
     """A hostname, an IPv4 address or a bare IPv6 address (without brackets)."""
     if not text:

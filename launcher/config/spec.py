@@ -78,6 +78,8 @@ class ClusterSpec:
     # A shell command run once on every host, in the workdir, before the tasks (`--setup`).
     setup: str | None = None
     setup_timeout: float | None = None
+    # Hosts that take the tasks of a host left out during a run (`--spare-hosts`, spec `spares:`), in order.
+    spares: tuple[str, ...] = ()
 
 
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash
@@ -193,3 +195,23 @@ def slurm_tasks(nodes: Sequence[str], tasks_per_node: Sequence[int], port: int, 
     evaluator = Endpoint(endpoints.pop().host) if with_evaluator else None
     chief = endpoints.pop(0) if with_chief else None
     return build_tasks(chief, endpoints, evaluator, None)
+
+
+def with_spares(spec: ClusterSpec, spares: tuple[str, ...]) -> ClusterSpec:
+    """The spec with these spare hosts; UsageError for a spare that runs a task already."""
+    used = sorted({task.host for task in spec.tasks} & set(spares))
+    if used:
+        from launcher.errors import UsageError
+
+        raise UsageError(f"spare host {used[0]} already runs a task; a spare must be a host the run does not use")
+    return dataclasses.replace(spec, spares=tuple(dict.fromkeys(spares)))
+
+
+def with_host_replaced(spec: ClusterSpec, host: str, spare: str) -> ClusterSpec:
+    """The spec with the tasks of `host` on `spare` (same roles, ports and SSH settings, so the same
+    types and indices), and `spare` no longer a spare."""
+    return dataclasses.replace(
+        spec,
+        tasks=tuple(dataclasses.replace(task, host=spare) if task.host == host else task for task in spec.tasks),
+        spares=tuple(h for h in spec.spares if h != spare),
+    )

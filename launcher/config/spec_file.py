@@ -20,7 +20,7 @@ from launcher.errors import SpecError
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
-    "sync", "setup", "setup_timeout",
+    "sync", "setup", "setup_timeout", "spares",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -135,7 +135,23 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         sync=read.optional(top, "sync", read.string),
         setup=read.optional(top, "setup", read.string),
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),
+        spares=_spares(read, top.get("spares", [])),
     )
+
+
+def _spares(read: _Reader, value: object) -> tuple[str, ...]:
+    """`spares:`, a list of hosts that take the tasks of a host left out during a run."""
+    if not isinstance(value, list):
+        read.fail("spares must be a list of hosts")
+    hosts = []
+    for item in value:
+        try:
+            hosts.append(parse_host(read.string(item, "spares")))
+        except ValueError as e:
+            read.fail(f"spares: {e}")
+    if len(set(hosts)) != len(hosts):
+        read.fail("spares: a host is listed twice")
+    return tuple(hosts)
 
 
 def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:

@@ -170,6 +170,21 @@ def make_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None,
     )
 
 
+def spare_plans(spec: ClusterSpec, run_id: str, naming: HostNaming | None = None) -> list:
+    """For `mgpu check`: the tasks each spare host would run in place of the last host of the
+    cluster (same program, ports and settings), so that the checks look at the spares too."""
+    from launcher.config.spec import with_host_replaced
+
+    if not spec.spares or not spec.tasks:
+        return []
+    replaced = spec.tasks[-1].host
+    plans = []
+    for spare in spec.spares:
+        changed = with_host_replaced(spec, replaced, spare)
+        plans.extend(plan for plan in make_plans(changed, run_id, naming) if plan.host == spare)
+    return plans
+
+
 def ssh_config_addresses(spec: ClusterSpec, local_hosts: frozenset[str], naming: HostNaming) -> dict[str, str]:
     """Remote host name -> the ssh config's HostName for it (I/O: reads the config file)."""
     if naming.keep_host_names:

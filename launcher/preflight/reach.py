@@ -67,6 +67,8 @@ class Reachability:
     # Per task: the interface that holds the address the other tasks dial (None where no
     # interface of its host holds it, e.g. a NAT address, or where the probe could not run).
     interfaces: Mapping[str, str | None]
+    # Each pair of hosts where the first could not connect to a task of the second, in order found.
+    cut: tuple[tuple[str, str], ...] = ()
 
 
 def _probe(host: _Host, targets: Sequence[str], expected: int, shell: HostShell) -> dict:
@@ -91,6 +93,7 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachabil
     except MgpuError as e:
         return Reachability((str(e),), {})
     problems = []
+    cut = []
     interfaces = {}
     for host, result in zip(hosts, results):
         for port, reason in sorted(result.get("listen_errors", {}).items()):
@@ -105,11 +108,12 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachabil
                 problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
             else:
                 problems.append(f"{host.names} on {host.first.host} cannot connect to {peer.name} at {target}: {outcome}")
+            cut.append((host.first.host, peer.host))
     for i, (host, result) in enumerate(zip(hosts, results)):
         others = [view for j, view in enumerate(results) if j != i] or [result]  # a lone host: its own view
         for plan in host.plans:
             interfaces[plan.name] = _interface(_target(plan), others, result)
-    return Reachability(tuple(problems), interfaces)
+    return Reachability(tuple(problems), interfaces, tuple(dict.fromkeys(cut)))
 
 
 def _interface(target: str, views: Sequence[dict], own: dict) -> str | None:

@@ -339,6 +339,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     # TCPStore) torn down at exit while still in use.
     KnownFailure(re.compile(r"terminate called without an active exception"), ABORTED_AT_EXIT),
 )
+# Known failures that may be the network's: the reachability test is run again to tell.
+NETWORK_FAILURES = frozenset({GLOO_CANNOT_CONNECT, HEARTBEATS_STOPPED, PEER_UNREACHABLE})
 
 
 def known_failures(lines: Iterable[str]) -> list[str]:

@@ -18,9 +18,17 @@ The rules of one attempt:
   the stall timeout is a stall (0: no stall watchdog). The clock is stall.StallClock.
 - A stop signal received stops the attempt (`Stop(INTERRUPTED)`), before anything else is looked at.
 
-Between attempts: a task that ended with protocol.EXIT_PREEMPTED restarts the whole cluster within
-the preemption budget, without using up max_restarts; any other failure, stall or start timeout
-restarts it within max_restarts; an interrupted run never restarts.
+Between attempts, from the attempt's cause (causes.py) and the progress its tasks reported:
+- A preempted attempt (exit code protocol.EXIT_PREEMPTED, or SIGTERM from outside) restarts the
+  whole cluster within the preemption budget, without using up max_restarts.
+- A host charged with host-lost or network is left out for the rest of the run (`Restart.leave_out`:
+  the supervisor gives its tasks to a spare, or stops); so is a host charged with the same killed,
+  stalled or start-timeout failure in two attempts in a row.
+- Restarts must make progress: an attempt that fails with the same program error as the attempt
+  before it, having reported no step beyond that attempt's, ends the run whatever max_restarts
+  says (`GiveUp.reason` names the error).
+- Any other failure, stall or start timeout restarts the cluster within max_restarts; an
+  interrupted run never restarts.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import signal
 from typing import Iterable, Sequence, Union
 
 from launcher import protocol
-from launcher.supervise import runrecord
+from launcher.supervise import causes, runrecord
 from launcher.supervise.stall import StallClock
 from launcher.supervise.summary import describe_exit
 
@@ -136,11 +144,12 @@ class Stop:
 @dataclasses.dataclass(frozen=True)
 class Restart:
     notice: str
+    leave_out: str | None = None  # a host left out for the rest of the run: its tasks go to a spare
 
 
 @dataclasses.dataclass(frozen=True)
 class GiveUp:
-    pass
+    reason: str = ""  # why the run stops before its restarts are spent (the repeated error)
 
 
 Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
@@ -161,6 +170,7 @@ class Policy:
         self.grace_period = grace_period  # only said in the notice of a stop signal
         self.restarts = 0
         self.preemptions = 0
+        self._previous: tuple[causes.Cause, int | None] | None = None  # the last failed attempt's
         self._roles: dict[str, TaskRole] = {}
 
     # -- one attempt -----------------------------------------------------------------------
@@ -305,15 +315,29 @@ class Policy:
 
     # -- between attempts ------------------------------------------------------------------
 
-    def after(self, stop: Stop) -> Restart | GiveUp:
-        """The attempt stopped so: restart the cluster, or give up with that stop's cause."""
+    def after(self, stop: Stop, cause: causes.Cause | None = None, progress: int | None = None) -> Restart | GiveUp:
+        """The attempt stopped so, for `cause` (causes.classify), its tasks having reported steps up
+        to `progress` (None: none reported): restart the cluster (leaving a host out), or give up."""
         if stop.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):
             return GiveUp()
-        if stop.returncode == protocol.EXIT_PREEMPTED and self.preemptions < self.rules.max_preemption_restarts:
+        previous, self._previous = self._previous, (cause, progress) if cause is not None else None
+        preempted = cause.kind == causes.PREEMPTED if cause is not None else stop.returncode == protocol.EXIT_PREEMPTED
+        if preempted and self.preemptions < self.rules.max_preemption_restarts:
             self.preemptions += 1
             return Restart(f"restarting all tasks after preemption ({self.preemptions} of at most "
                            f"{self.rules.max_preemption_restarts})")
+        leave_out = None
+        if cause is not None and not preempted:
+            repeated = previous is not None and cause.same_failure(previous[0])
+            progressed = progress is not None and (previous is None or previous[1] is None or progress > previous[1])
+            if cause.kind == causes.PROGRAM_ERROR and repeated and not progressed:
+                return GiveUp(f"the same error twice in a row without progress: {cause.detail}")
+            if cause.host is not None and (cause.kind in causes.HOST_CAUSES or (
+                    repeated and cause.kind in (causes.KILLED, causes.STALLED, causes.START_TIMEOUT))):
+                leave_out = cause.host
         if self.restarts < self.rules.max_restarts:
             self.restarts += 1
-            return Restart(f"restarting all tasks (restart {self.restarts} of {self.rules.max_restarts})")
+            without = f" without {leave_out}" if leave_out else ""
+            return Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
+                           leave_out=leave_out)
         return GiveUp()

@@ -19,7 +19,10 @@ Layout:
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
       host, pid, log, started_at, ready_at, ended_at, exit_code, signal,
-      failure_ignored, last_line, progress: {step, total, rate, eta_s, at}}}}]
+      failure_ignored, last_line, progress: {step, total, rate, eta_s, at}}},
+      ready_at (every training task ready), progress ({last_step, gained}, where reported),
+      time_lost_s, and for a failed attempt: cause (causes.py), task, host, detail}],
+  costs: {restarts, left_out: [{host, cause, at, replaced_by}], time_lost_s, wall_s, goodput}
 exit_code is the task's exit status; when it died by a signal, exit_code is
 null and signal holds its name ("SIGKILL"). failure_ignored is true for a
 sidecar (the evaluator) that failed while training went on without it.
@@ -61,6 +64,11 @@ LAUNCHER_DIED = "launcher-died"
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def utc(epoch: float) -> str:
+    """Seconds since the epoch as the record writes times."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def signal_name(signum: int) -> str:
@@ -181,6 +189,23 @@ class RunRecord:
             if task is not None and (task.get("last_line"), task.get("progress")) != (last_line, progress):
                 task.update(last_line=last_line, progress=progress)
                 self._dirty = True
+
+    def attempt_cause(self, cause: dict[str, Any]) -> None:
+        """Why the last attempt failed (causes.Cause.to_dict): its cause, task, host and detail."""
+        with self._lock:
+            self._data["attempts"][-1].update(cause)
+            self._write()
+
+    def attempt_costs(self, **costs: Any) -> None:
+        """What the last attempt cost: when all its tasks were ready, its progress, the time it lost."""
+        with self._lock:
+            self._data["attempts"][-1].update(costs)
+            self._write()
+
+    def run_costs(self, totals: dict[str, Any]) -> None:
+        """What failures cost the run in all: restarts, hosts left out, time lost, goodput."""
+        with self._lock:
+            self._data["costs"] = totals
 
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:

@@ -6,12 +6,13 @@ Pure text building from what the supervisor saw; what task output means comes fr
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import pathlib
 from typing import Sequence
 
 from launcher import protocol
 from launcher.error_file import TaskError
-from launcher.supervise import diagnosis, fixes, runrecord, stacks
+from launcher.supervise import causes, diagnosis, fixes, runrecord, stacks
 from launcher.supervise.console_text import console_safe
 
 
@@ -82,7 +83,7 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     failed (its error file, else exception and frame, first error line, or its last lines), what
     `failed` reported when the fault was a peer's, known-failure hints, and where the logs are.
     """
-    verdict = diagnosis.blame(failed.end(failed), failed.hint_lines(), [peer.end(failed) for peer in peers])
+    verdict = _verdict(failed, peers)
     if verdict.reason == diagnosis.REPORTER:
         return _one_task_summary(failed.head() + after, failed)
     at_fault = next(peer for peer in peers if peer.name == verdict.task)
@@ -107,6 +108,25 @@ def failure_summary(failed: TaskView, peers: Sequence[TaskView] = (), after: str
     lines.append(f"log: {at_fault.log_path}")
     lines.append(f"log: {failed.log_path}")
     return "\n".join(lines)
+
+
+def _verdict(failed: TaskView, peers: Sequence[TaskView]) -> diagnosis.Blame:
+    return diagnosis.blame(failed.end(failed), failed.hint_lines(), [peer.end(failed) for peer in peers])
+
+
+def at_fault(failed: TaskView, peers: Sequence[TaskView] = ()) -> TaskView:
+    """The task a failure is charged to: the one failure_summary names first."""
+    verdict = _verdict(failed, peers)
+    return next((peer for peer in peers if peer.name == verdict.task), failed)
+
+
+def program_error(task: TaskView) -> str | None:
+    """The task's program error in one line (its error file, else its exception and frame, else its
+    first error line); None when its output says nothing of one."""
+    title, shown = task.cause()
+    if title.startswith("last ") or not shown:
+        return None
+    return " ".join(shown)
 
 
 def _one_task_summary(head: str, task: TaskView) -> str:
@@ -196,11 +216,49 @@ def _telling_frames(frames: Sequence[stacks.Frame]) -> list[stacks.Frame]:
     return [frames[0], *own[:SHOWN_FRAMES - 1]]
 
 
-def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path) -> str:
-    """One line on success: tasks, wall time, restarts, and where logs and run.json are."""
-    counted = f"{tasks} tasks succeeded" if succeeded == tasks else f"{succeeded} of {tasks} tasks succeeded"
-    if attempt == 0:
-        restarts = "no restarts"
+def duration(seconds: float) -> str:
+    """"41.3 s", "12 min 5 s", "21 h 4 min"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60)} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> str:
+    """One failure that was restarted, in a few words: "h2 lost at 17:41: SSH keepalives
+    unanswered; h5 took worker:1". `at`: seconds since the epoch, shown in local time."""
+    when = datetime.datetime.fromtimestamp(at).strftime("%H:%M")
+    if cause.kind == causes.HOST_LOST:
+        story = f"{cause.host} lost at {when}: {cause.detail}"
+    elif cause.kind == causes.NETWORK:
+        story = f"{cause.host} unreachable at {when}: {cause.detail}"
+    elif cause.kind == causes.PREEMPTED:
+        story = f"{cause.task} preempted at {when}"
+    elif cause.kind == causes.KILLED:
+        story = f"{cause.task} on {cause.host} killed at {when} (likely out of memory)"
+    elif cause.kind == causes.PROGRAM_ERROR:
+        story = f"{cause.task} failed at {when}: {cause.detail}"
     else:
-        restarts = f"attempt {attempt + 1} succeeded after {attempt} restart{'s' if attempt > 1 else ''}"
-    return f"done: {counted} in {wall_s:.1f} s, {restarts}; logs and run.json in {run_dir}/"
+        story = f"{cause.kind} at {when}"
+    return f"{story}; {took}" if took else story
+
+
+def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path,
+                 restarts: Sequence[str] = (), lost_s: float = 0.0) -> str:
+    """One line on success: tasks, wall time, restarts (`restarts`: restart_story of each) and the
+    time they lost, and where logs and run.json are."""
+    counted = f"{tasks} tasks succeeded" if succeeded == tasks else f"{succeeded} of {tasks} tasks succeeded"
+    where = f"logs and run.json in {run_dir}/"
+    if attempt == 0:
+        return f"done: {counted} in {duration(wall_s)}, no restarts; {where}"
+    count = f"{attempt} restart{'s' if attempt > 1 else ''}"
+    shown = [console_safe(story) for story in restarts[:MAX_STORIES]]
+    if len(restarts) > MAX_STORIES:
+        shown.append(f"{len(restarts) - MAX_STORIES} more in run.json")
+    told = f" ({', '.join(shown)})" if shown else ""
+    return f"done: {counted} in {duration(wall_s)}; {count}{told}; {duration(lost_s)} lost; {where}"
+
+
+MAX_STORIES = 3  # restarts told in the closing line; run.json has them all

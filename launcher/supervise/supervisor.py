@@ -23,7 +23,14 @@ The rules:
 - Restarts: after a failure the whole cluster restarts (a multi-worker strategy
   needs every worker back), up to max_restarts times. A task exiting with
   protocol.EXIT_PREEMPTED restarts the cluster without using up max_restarts,
-  up to max_preemption_restarts times.
+  up to max_preemption_restarts times. Each failed attempt gets a cause
+  (causes.py) charged to a task and its host, gathered here (the blame rules, the
+  task's program error, a lost connection and a fresh login, the reachability test
+  run again); the policy then stops a run whose restarts make no progress, and
+  leaves a failing host out: HostActions gives its tasks to a spare host and plans
+  again, or the run stops naming the host and the command that relaunches without it.
+- Costs: per attempt, when all were ready, the progress reported and the time lost;
+  in all, restarts, hosts left out, time lost and goodput (run.json, the closing line).
 - Stalls: once every task is ready, a run in which no training task makes
   progress (output, or CPU use: stall.py) for the stall timeout is stalled:
   every task gets SIGABRT, on which faulthandler (PYTHONFAULTHANDLER, set for
@@ -59,10 +66,10 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
-from launcher.supervise import policy, stacks
+from launcher.supervise import causes, diagnosis, policy, stacks
 from launcher.supervise.rundir import CONSOLE_LOG, RunDir, make_run_dir
 from launcher.supervise.summary import (
-    TaskView, closing_line, failure_summary, stall_summary, start_timeout_summary,
+    TaskView, at_fault, closing_line, restart_story, failure_summary, program_error, stall_summary, start_timeout_summary,
 )
 from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
@@ -76,6 +83,24 @@ DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take 
 STACKS_TIMEOUT = 30.0
 
 
+@dataclasses.dataclass(frozen=True)
+class HostActions:
+    """What the launcher can do about a run's hosts between attempts (launch.py makes them; the
+    supervisor knows hosts only through these)."""
+
+    # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
+    login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
+    # The plans with a spare host (one that passed the checks) in place of a host left out, and that
+    # spare; None when no spare is left. Its second argument takes notices (a spare failing its checks).
+    replace: Callable[[str, Callable[[str], None]], tuple[Sequence[TaskPlan], str] | None] = \
+        lambda host, notice: None
+    # The reachability test run again on the plans' hosts: the first pair of hosts where the first
+    # cannot connect to a task of the second; None when every pair connects (or it cannot tell).
+    unreachable: Callable[[Sequence[TaskPlan]], tuple[str, str] | None] = lambda plans: None
+    # The command that relaunches the run without a host; None when it cannot be written.
+    relaunch: Callable[[str], str | None] = lambda host: None
+
+
 def supervise(
     plans: Sequence[TaskPlan],
     backend: Backend,
@@ -84,6 +109,7 @@ def supervise(
     clock: Callable[[], float] = time.monotonic,
     detach: Callable[[], None] | None = None,
     run_dir: RunDir | None = None,
+    hosts: HostActions = HostActions(),
 ) -> None:
     """Run the tasks until all exit 0 (return), one fails (TaskFailed) or a signal arrives (Interrupted).
 
@@ -102,7 +128,7 @@ def supervise(
     if run_dir is None:
         run_dir = make_run_dir(options)
     try:
-        _Supervisor(plans, backend, options, console, run_dir, clock, detach).run()
+        _Supervisor(plans, backend, options, console, run_dir, clock, detach, hosts).run()
     finally:
         run_dir.close()
 
@@ -121,11 +147,22 @@ class _Task:
     returncode: int | None = None
     ended_at: float | None = None  # when its end was seen, seconds since the epoch
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
+    ready_at: float | None = None  # when it was recorded ready, seconds since the epoch
 
     @property
     def started_by_joining(self) -> bool:
         """Ready once it joins the cluster: a program without the ready line, in the cluster."""
         return not self.plan.waits_for_ready and self.plan.port is not None
+
+
+@dataclasses.dataclass
+class _Cost:
+    """A failed attempt that was restarted: why, when, the time it lost, the host left out."""
+    cause: causes.Cause
+    at: float  # seconds since the epoch
+    lost: float
+    left_out: bool = False
+    took: str | None = None  # "h5 took worker:1": the spare that took the left-out host's tasks
 
 
 class _RunFailed(Exception):
@@ -147,10 +184,15 @@ class _Supervisor:
         run_dir: RunDir,
         clock: Callable[[], float] = time.monotonic,
         detach: Callable[[], None] | None = None,
+        hosts: HostActions = HostActions(),
     ):
         self.clock = clock
         self.detach = detach
         self.console_moved = False
+        self.hosts = hosts
+        self.best_step: int | None = None  # the highest step any attempt reported
+        self.costs: list[_Cost] = []  # one per failed attempt that was restarted
+        self._codes_at_stop: dict[str, int | None] = {}
         self.plans = list(plans)
         self.backend = backend
         self.options = options
@@ -199,7 +241,10 @@ class _Supervisor:
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
                 succeeded = sum(t.returncode == 0 for t in tasks)
-                self.output.notice(closing_line(len(tasks), succeeded, time.monotonic() - started, attempt, self.run_dir.path))
+                wall = time.monotonic() - started
+                stories = [restart_story(c.cause, c.at, c.took) for c in self.costs]
+                lost = sum(c.lost for c in self.costs)
+                self.output.notice(closing_line(len(tasks), succeeded, wall, attempt, self.run_dir.path, stories, lost))
         except Interrupted as e:
             final = (runrecord.INTERRUPTED, str(e), e.exit_code)
             raise
@@ -211,6 +256,7 @@ class _Supervisor:
             raise
         finally:
             try:
+                self.record.run_costs(self._totals(time.monotonic() - started))
                 self.record.finish(*final)
             finally:
                 try:
@@ -223,14 +269,34 @@ class _Supervisor:
     def _attempts(self) -> tuple[str, None, int]:
         attempt = 0
         while True:
+            started = time.time()
             stop = self._attempt(attempt)
+            progress = self._progress()
+            lost = self._record_cost(started, stop, progress)
             if stop.status == runrecord.SUCCEEDED:
                 return runrecord.SUCCEEDED, None, 0
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
-            after = self.policy.after(stop)
+            cause = self._cause(stop)
+            if cause is not None:
+                self.record.attempt_cause(cause.to_dict())
+                self.output.notice(f"attempt {attempt + 1} failed: {cause.kind}"
+                                   f"{f' ({cause.task} on {cause.host})' if cause.task else ''}: {cause.detail}")
+            after = self.policy.after(stop, cause, progress)
+            if progress is not None:
+                self.best_step = max(progress, self.best_step or 0)
+            if isinstance(after, policy.Restart) and cause is not None:
+                self.costs.append(_Cost(cause, time.time(), lost))
+            # This machine is never left out: the launcher runs on it.
+            if isinstance(after, policy.Restart) and any(p.host == after.leave_out and not p.local for p in self.plans):
+                self._leave_out(after.leave_out, stop, cause, attempt)
             if isinstance(after, policy.GiveUp):
-                raise _RunFailed(stop.status, TaskFailed(self._summary(stop, attempt)))
+                summary = self._summary(stop, attempt)
+                if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
+                    summary = f"{summary}\ncause: {cause.kind}: {cause.detail}"
+                if after.reason:
+                    summary = f"{summary}\nstopped restarting: {after.reason}"
+                raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
             attempt += 1
 
@@ -252,6 +318,8 @@ class _Supervisor:
             return stop
         finally:
             self._last_attempt = (attempt, tasks)
+            # How each task had ended when the attempt stopped: what mgpu's own signals did after is not theirs.
+            self._codes_at_stop = {t.plan.name: t.returncode for t in tasks}
             self._stop(tasks)
             self._release(tasks)
             if begun is not None:
@@ -332,6 +400,7 @@ class _Supervisor:
             if isinstance(decision, policy.Notice):
                 self.output.notice(decision.text)
             elif isinstance(decision, policy.Ready):
+                by_name[decision.name].ready_at = time.time()
                 self.record.task_ready(by_name[decision.name].plan)
             elif isinstance(decision, policy.FailureIgnored):
                 self.record.task_failure_ignored(by_name[decision.name].plan)
@@ -473,6 +542,122 @@ class _Supervisor:
             task.proc.close()
             task.output.close()
             self.record.task_progress(task.plan, *task.output.progress.snapshot())  # as the task left it
+
+    # -- hosts left out --------------------------------------------------------------
+
+    def _leave_out(self, host: str, stop: policy.Stop, cause: causes.Cause | None, attempt: int) -> None:
+        """Give the tasks of `host` to a spare and plan again, or stop the run naming the host."""
+        moved = [plan.name for plan in self.plans if plan.host == host]
+        why = f"{cause.kind}: {cause.detail}" if cause is not None else "failed"
+        replaced = self.hosts.replace(host, self.output.notice)
+        if replaced is None:
+            relaunch = self.hosts.relaunch(host)
+            head = (f"{host} left out ({why}) and no spare host to take {', '.join(moved)}"
+                    + (f"; relaunch without it:\n  {relaunch}" if relaunch else ""))
+            raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
+        plans, spare = replaced
+        took = f"{spare} took {', '.join(moved)}"
+        self.output.notice(f"{host} left out for the rest of the run ({why}); {took}")
+        self.plans = list(plans)
+        self.coordinator_port = self.plans[0].coordinator_port
+        if self.costs:
+            self.costs[-1].left_out, self.costs[-1].took = True, took
+
+    # -- what failures cost ---------------------------------------------------------
+
+    def _record_cost(self, started: float, stop: policy.Stop, progress: int | None) -> float:
+        """The last attempt's ready time, progress and time lost, into its record; returns the time lost.
+
+        A failed attempt loses the time since its last new step (the work after it is redone), or
+        all of it when it reported no step beyond the best before it."""
+        _, tasks = self._last_attempt
+        ended = time.time()
+        training = [t for t in tasks if not t.sidecar] or tasks
+        ready_times = [t.ready_at for t in training]
+        ready = max(ready_times) if ready_times and None not in ready_times else None
+        gained = None
+        if progress is not None:
+            gained = max(0, progress - (self.best_step or 0))
+        lost = 0.0
+        if stop.status not in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):  # an interrupted run was ended on purpose
+            last_new = None
+            if gained:
+                last_new = max((t.output.progress.step_at for t in tasks if t.output.progress.step == progress),
+                               default=None)
+            lost = max(0.0, ended - (last_new or started))
+        self.record.attempt_costs(
+            ready_at=runrecord.utc(ready) if ready is not None else None,
+            progress={"last_step": progress, "gained": gained} if progress is not None else None,
+            time_lost_s=round(lost, 3))
+        return lost
+
+    def _totals(self, wall: float) -> dict:
+        lost = sum(c.lost for c in self.costs)
+        return {
+            "restarts": len(self.costs),
+            "left_out": [{"host": c.cause.host, "cause": c.cause.kind, "at": runrecord.utc(c.at),
+                          "replaced_by": c.took} for c in self.costs if c.left_out],
+            "time_lost_s": round(lost, 3),
+            "wall_s": round(wall, 3),
+            "goodput": round(max(0.0, wall - lost) / wall, 4) if wall > 0 else None,
+        }
+
+    # -- why an attempt failed ------------------------------------------------------
+
+    def _progress(self) -> int | None:
+        """The highest step the last attempt's tasks reported; None if none did."""
+        _, tasks = self._last_attempt
+        steps = [t.output.progress.step for t in tasks if t.output.progress.step is not None]
+        return max(steps) if steps else None
+
+    def _cause(self, stop: policy.Stop) -> causes.Cause | None:
+        """The cause of the last attempt's failure, charged to a task and its host."""
+        _, tasks = self._last_attempt
+        by_name = {t.plan.name: t for t in tasks}
+        charged: _Task | None = None
+        if stop.status == runrecord.FAILED and stop.failed in by_name:
+            failed = by_name[stop.failed]
+            peers = [t for t in tasks if t is not failed and not t.sidecar]
+            view = at_fault(self._view(failed), [self._view(t) for t in peers])
+            charged = by_name[view.name]
+        elif stop.status == runrecord.START_TIMEOUT and stop.missing:
+            charged = by_name.get(stop.missing[0])
+        # A task whose host stopped answering is charged before any other: the others' failures follow from it.
+        lost = next((t for t in tasks if t.proc.lost() is not None), None)
+        if lost is not None and stop.status != runrecord.INTERRUPTED:
+            charged = lost
+        if charged is None:
+            return causes.classify(causes.Evidence(stop.status, progress=self._progress()))
+        reason = charged.proc.lost()
+        login_ok = None
+        code = self._codes_at_stop.get(charged.plan.name)
+        if reason is None and charged is not by_name.get(stop.failed) and code is None \
+                and stop.status == runrecord.FAILED:
+            reason = f"{charged.plan.name} stopped answering its peers"  # blamed by them, its own end unseen
+            login_ok = self.hosts.login_ok(charged.plan)
+            if login_ok is not False:
+                reason = None
+        elif reason is not None:
+            login_ok = self.hosts.login_ok(charged.plan)
+        view = self._view(charged)
+        unreachable = None
+        said = view.hint_lines() + (self._view(by_name[stop.failed]).hint_lines() if stop.failed in by_name else [])
+        if reason is None and diagnosis.NETWORK_FAILURES & set(diagnosis.known_failures(said)):
+            # The task says it could not reach a peer: the reachability test, run again, names the pair.
+            unreachable = self.hosts.unreachable(self.plans)
+            if unreachable is not None:
+                charged = next((t for t in tasks if t.plan.host == unreachable[1]), charged)
+                code = self._codes_at_stop.get(charged.plan.name)
+                view = self._view(charged)
+        if code not in (None, 0):
+            error = program_error(view)
+        elif stop.failed in by_name and by_name[stop.failed] is not charged:  # blamed by the task that failed
+            error = program_error(self._view(by_name[stop.failed]))
+        else:
+            error = None
+        return causes.classify(causes.Evidence(
+            stop.status, charged.plan.name, charged.plan.host, code, error=error,
+            lost=reason, login_ok=login_ok, unreachable=unreachable, progress=self._progress()))
 
     # -- the failure summary -------------------------------------------------------
 

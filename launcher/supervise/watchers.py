@@ -195,8 +195,10 @@ LAST_LINE_CHARS = 300
 
 
 class ProgressWatcher(LineWatcher):
-    """The task's last line and its last progress line (protocol.py), for `mgpu status`: step,
-    total, the rate since its first progress line and the time left at that rate."""
+    """The task's last line and its progress lines (protocol.py). For `mgpu status`: step, total,
+    the rate since its first progress line and the time left at that rate. For the restart rules:
+    the first and the highest step reported, and when (time.time()) the highest was first reached,
+    which tell whether a restart made progress and what a failure cost."""
 
     name = "progress watcher"
 
@@ -206,6 +208,9 @@ class ProgressWatcher(LineWatcher):
         self._last_line: str | None = None
         self._first: tuple[float, int] | None = None  # (when, step) of the first progress line
         self._last: tuple[float, float, int, int] | None = None  # (when, wall time, step, total)
+        self.first: int | None = None  # the first step reported
+        self.step: int | None = None  # the highest
+        self.step_at: float | None = None
 
     def line(self, line: Line) -> None:
         parsed = protocol.parse_progress(line.text) if line.stdout else None
@@ -216,6 +221,10 @@ class ProgressWatcher(LineWatcher):
                     self._last_line = console_safe(line.text[:LAST_LINE_CHARS])
                 return
             step, total = parsed
+            if self.first is None:
+                self.first = step
+            if self.step is None or step > self.step:
+                self.step, self.step_at = step, time.time()
             if self._first is None or step < self._first[1]:
                 self._first = (now, step)
             self._last = (now, time.time(), step, total)

@@ -314,3 +314,96 @@ def test_each_attempt_starts_afresh():
     started(p, now=50.0)
     assert isinstance(last(p.on([ReadyLineSeen("worker:0")], 59.0)), Watch)
     assert last(p.on([], 60.5)) == Stop(runrecord.START_TIMEOUT, missing=("worker:1",))
+
+
+# -- causes and the rules between attempts ---------------------------------------------------------
+
+from launcher.supervise import causes  # noqa: E402
+from launcher.supervise.causes import Cause, Evidence, classify  # noqa: E402
+
+
+@pytest.mark.parametrize("evidence, kind", [
+    (Evidence(runrecord.FAILED, "worker:1", "h2", 1, error="ValueError: bad at train.py:3"), causes.PROGRAM_ERROR),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", 3), causes.PROGRAM_ERROR),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", 255, lost="SSH keepalives unanswered", login_ok=False),
+     causes.HOST_LOST),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", 255, lost="SSH keepalives unanswered", login_ok=True), causes.NETWORK),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", 1, unreachable=("h1", "h2")), causes.NETWORK),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", -signal.SIGKILL), causes.KILLED),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", protocol.EXIT_PREEMPTED), causes.PREEMPTED),
+    (Evidence(runrecord.FAILED, "worker:1", "h2", -signal.SIGTERM), causes.PREEMPTED),
+    (Evidence(runrecord.START_TIMEOUT, "worker:1", "h2"), causes.START_TIMEOUT),
+    (Evidence(runrecord.STALLED), causes.STALLED),
+])
+def test_each_failed_attempt_gets_a_cause_charged_to_its_task_and_host(evidence, kind):
+    cause = classify(evidence)
+    assert (cause.kind, cause.task, cause.host) == (kind, evidence.task, evidence.host)
+
+
+def test_a_kill_mgpu_did_not_send_is_likely_out_of_memory():
+    assert "likely out of memory" in classify(Evidence(runrecord.FAILED, "worker:0", "h1", -signal.SIGKILL)).detail
+
+
+@pytest.mark.parametrize("status", [runrecord.SUCCEEDED, runrecord.INTERRUPTED])
+def test_no_cause_without_a_failure(status):
+    assert classify(Evidence(status)) is None
+
+
+def failed_attempt(p, now, code=1):
+    """One attempt, driven by the clock: both workers ready, worker:1 ends with `code` 30 s later."""
+    all_ready(p, now=now)
+    return last(p.on([TaskEnded("worker:1", code)], now + 30.0))
+
+
+def raised(error="ValueError: bad at train.py:3 in main", host="h2"):
+    return Cause(causes.PROGRAM_ERROR, "worker:1", host, error, error=error)
+
+
+def test_the_same_error_twice_without_progress_stops_whatever_max_restarts_says():
+    p = policy(max_restarts=5)
+    assert p.after(failed_attempt(p, 0.0), raised(), None) == Restart("restarting all tasks (restart 1 of 5)")
+    decision = p.after(failed_attempt(p, 100.0), raised(), None)
+    assert decision == GiveUp("the same error twice in a row without progress: ValueError: bad at train.py:3 in main")
+
+
+def test_the_same_error_after_progress_is_restarted():
+    p = policy(max_restarts=3)
+    for attempt, step in enumerate([10, 20, 30]):
+        assert isinstance(p.after(failed_attempt(p, 100.0 * attempt), raised(), step), Restart)
+    assert p.after(failed_attempt(p, 400.0), raised(), 30) == GiveUp(
+        "the same error twice in a row without progress: ValueError: bad at train.py:3 in main")
+
+
+def test_a_different_error_is_not_a_repeat():
+    p = policy(max_restarts=5)
+    assert isinstance(p.after(failed_attempt(p, 0.0), raised("KeyError: 'x'"), None), Restart)
+    assert isinstance(p.after(failed_attempt(p, 100.0), raised(), None), Restart)
+
+
+def test_preemptions_are_restarted_each_time_without_progress():
+    p = policy(max_restarts=0, max_preemption_restarts=5)
+    preempted = Cause(causes.PREEMPTED, "worker:1", "h2", "exited with code 42 (preempted)")
+    for attempt in range(5):
+        stop = failed_attempt(p, 100.0 * attempt, protocol.EXIT_PREEMPTED)
+        assert p.after(stop, preempted, None) == Restart(
+            f"restarting all tasks after preemption ({attempt + 1} of at most 5)")
+
+
+def test_a_lost_host_is_left_out_at_once():
+    p = policy(max_restarts=2)
+    lost = Cause(causes.HOST_LOST, "worker:1", "h2", "SSH keepalives unanswered; a fresh login fails")
+    assert p.after(failed_attempt(p, 0.0, 255), lost, 50) == Restart(
+        "restarting all tasks without h2 (restart 1 of 2)", leave_out="h2")
+    network = Cause(causes.NETWORK, "worker:0", "h1", "h1 cannot reach h3")
+    assert p.after(failed_attempt(p, 100.0), network, 60).leave_out == "h1"
+
+
+def test_a_host_with_the_same_failure_twice_in_a_row_is_left_out():
+    p = policy(max_restarts=5)
+    killed = Cause(causes.KILLED, "worker:1", "h2", "killed by SIGKILL")
+    assert p.after(failed_attempt(p, 0.0, -9), killed, 10).leave_out is None
+    assert p.after(failed_attempt(p, 100.0, -9), killed, 20).leave_out == "h2"
+    # The same error of the program on one host is the program's: no host is left out for it.
+    p = policy(max_restarts=5)
+    assert p.after(failed_attempt(p, 0.0), raised(), 10).leave_out is None
+    assert p.after(failed_attempt(p, 100.0), raised(), 20).leave_out is None

@@ -59,3 +59,18 @@ def test_a_frozen_peer_shows_no_last_lines_but_what_its_reporter_said():
     assert text[1:3] == ["worker:0 reported:", "  " + report[0]]
     [hint] = [line for line in text if line.startswith("hint: ")]
     assert hint.startswith("hint: a task stopped sending or answering heartbeats")
+
+
+def test_the_closing_line_tells_each_restart_and_the_time_lost():
+    import datetime
+    import pathlib
+
+    from launcher.supervise.causes import HOST_LOST, Cause
+    from launcher.supervise.summary import closing_line, duration, restart_story
+
+    assert [duration(s) for s in (41.34, 725, 75840)] == ["41.3 s", "12 min 5 s", "21 h 4 min"]
+    at = datetime.datetime(2026, 1, 2, 17, 41).timestamp()
+    story = restart_story(Cause(HOST_LOST, "worker:1", "h2", "SSH keepalives unanswered"), at, "h5 took worker:1")
+    assert closing_line(4, 4, 75840, 1, pathlib.Path("runs/r"), [story], 540) == (
+        "done: 4 tasks succeeded in 21 h 4 min; 1 restart (h2 lost at 17:41: SSH keepalives unanswered; "
+        "h5 took worker:1); 9 min 0 s lost; logs and run.json in runs/r/")

@@ -119,6 +119,12 @@ class SshTaskProcess(TaskProcess):
             return EXIT_CONNECTION_LOST
         return None
 
+    def lost(self) -> str | None:
+        """Lost: the connection ended without the task's exit status (see _status)."""
+        if self._conn.active or self._status() != EXIT_CONNECTION_LOST or self._chan.exit_status >= 0:
+            return None
+        return self._conn.lost_reason or "SSH connection lost"
+
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""
         if self.poll() is not None or not self._conn.active:

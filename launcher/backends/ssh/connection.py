@@ -50,6 +50,7 @@ class Connection:
         self._signals: list[tuple[int, int]] = []  # (process group, signal) not sent yet
         self._signalling = False
         self.keepalives_answered = 0
+        self.lost_reason: str | None = None  # why the keepalives closed it
         if keepalive > 0:
             threading.Thread(target=self._keep_alive, args=(keepalive,), daemon=True, name=f"ssh-keepalive {target.alias}").start()
 
@@ -101,6 +102,7 @@ class Connection:
 
             threading.Thread(target=ping, daemon=True).start()
             if not answered.wait(interval * _KEEPALIVE_COUNT_MAX):
+                self.lost_reason = "SSH keepalives unanswered"
                 self.transport.close()
                 return
 

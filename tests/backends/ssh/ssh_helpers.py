@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import pathlib
 import shutil
@@ -300,6 +301,7 @@ def remove_namespace(name: str) -> None:
 
 
 NETNS_PREFIX = "mgpu"
+_LAB_NUMBERS = itertools.count()
 
 
 def remove_stale_namespaces() -> None:
@@ -329,7 +331,10 @@ class Netns:
     @classmethod
     def create(cls, names=("h1", "h2")) -> "Netns":
         remove_stale_namespaces()
-        prefix = f"{NETNS_PREFIX}{os.getpid()}"
+        # A lab of its own per call: a deleted namespace's links may linger a moment, so a second lab
+        # of this process must not reuse the first one's names.
+        lab_number = next(_LAB_NUMBERS)
+        prefix = f"{NETNS_PREFIX}{os.getpid()}" + (f"-{lab_number}" if lab_number else "")
         subnet = None
         for third in range(200, 250):
             if not ip("route", "show", f"10.213.{third}.0/24").stdout.strip() and \
@@ -340,7 +345,7 @@ class Netns:
         lab = cls(prefix, subnet, {n: f"{subnet}.{11 + i}" for i, n in enumerate(names)},
                   {n: f"{prefix}-{n}" for n in names})
         bridge_ns = f"{prefix}-br"
-        root_if = f"mg{os.getpid()}r"[:15]
+        root_if = f"mg{os.getpid()}r{lab_number or ''}"[:15]
         try:
             ip("netns", "add", bridge_ns)
             ip("-n", bridge_ns, "link", "add", "br0", "type", "bridge")

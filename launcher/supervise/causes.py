@@ -1,0 +1,112 @@
+"""Why an attempt failed: one cause per failed attempt, charged to a task and its host.
+
+Pure: the supervisor gathers what it saw of the attempt (how it stopped, the task at fault by the
+blame rules of diagnosis.py, that task's exit, its program error, whether its host's connection was
+lost and whether the host answered a fresh login afterwards) into `Evidence`; `classify` names the
+cause. The policy (policy.py) decides from the causes what to do next: restart, leave a host out,
+or stop.
+
+The causes:
+- program-error: the program failed by itself (an exception, an error it reported, an exit code);
+- host-lost: the connection to the task's host (its SSH keepalives) was lost, or its tasks vanished
+  without an exit status, and the host then failed a fresh login;
+- network: the connection was lost but the host answers a fresh login, or the tasks could not
+  reach each other;
+- killed: SIGKILL that mgpu did not send (usually the kernel's out-of-memory killer);
+- preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside;
+- start-timeout, stalled: the supervisor's own deadlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+from launcher import protocol
+from launcher.supervise import runrecord
+
+PROGRAM_ERROR = "program-error"
+HOST_LOST = "host-lost"
+NETWORK = "network"
+KILLED = "killed"
+PREEMPTED = "preempted"
+START_TIMEOUT = "start-timeout"
+STALLED = "stalled"
+CAUSES = (PROGRAM_ERROR, HOST_LOST, NETWORK, KILLED, PREEMPTED, START_TIMEOUT, STALLED)
+
+# Causes that say the host is at fault, not the program: its host is left out at once.
+HOST_CAUSES = (HOST_LOST, NETWORK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What the supervisor saw of a failed attempt."""
+
+    status: str  # the runrecord status the attempt stopped with
+    task: str | None = None  # the task at fault (diagnosis.blame), or the first missing / stalled one
+    host: str | None = None  # that task's host
+    returncode: int | None = None  # that task's exit (negative: a signal); None while it ran
+    error: str | None = None  # its program error in one line ("ValueError: bad at train.py:3 in main")
+    lost: str | None = None  # why its host's connection was lost ("SSH keepalives unanswered"); None: not lost
+    login_ok: bool | None = None  # whether the host answered a fresh login after the loss; None: not tried
+    unreachable: tuple[str, str] | None = None  # a pair of hosts the reachability probe found cut
+    progress: int | None = None  # the highest step the attempt's tasks reported; None: none reported
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    kind: str  # one of CAUSES
+    task: str | None
+    host: str | None
+    detail: str  # one line for people: what happened
+    error: str | None = None  # the program error, for telling whether two failures are the same
+
+    def same_failure(self, other: Cause) -> bool:
+        """The same cause and the same program error (or, for what is not the program's, the same host)."""
+        if self.kind != other.kind:
+            return False
+        if self.kind == PROGRAM_ERROR:
+            return self.error == other.error
+        return self.host == other.host
+
+    def to_dict(self) -> dict:
+        return {"cause": self.kind, "task": self.task, "host": self.host, "detail": self.detail}
+
+
+def classify(evidence: Evidence) -> Cause | None:
+    """The cause of a failed attempt; None for one that succeeded or was interrupted."""
+    e = evidence
+    if e.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED, runrecord.RUNNING):
+        return None
+    if e.status == runrecord.STALLED:
+        return Cause(STALLED, e.task, e.host, "no progress from any training task")
+    if e.status == runrecord.START_TIMEOUT:
+        return Cause(START_TIMEOUT, e.task, e.host, f"{e.task} not ready in time" if e.task else "not ready in time")
+    if e.unreachable is not None:
+        a, b = e.unreachable
+        return Cause(NETWORK, e.task, e.host, f"{a} cannot reach {b}")
+    if e.lost is not None:
+        if e.login_ok is False:
+            return Cause(HOST_LOST, e.task, e.host, f"{e.lost}; a fresh login fails")
+        if e.login_ok is True:
+            return Cause(NETWORK, e.task, e.host, f"{e.lost}, but the host answers a fresh login")
+        return Cause(HOST_LOST, e.task, e.host, e.lost)
+    code = e.returncode
+    if code == protocol.EXIT_PREEMPTED:
+        return Cause(PREEMPTED, e.task, e.host, f"exited with code {code} (preempted)")
+    if code == -signal.SIGTERM:
+        return Cause(PREEMPTED, e.task, e.host, "SIGTERM from outside mgpu (preempted)")
+    if code == -signal.SIGKILL:
+        return Cause(KILLED, e.task, e.host, "killed by SIGKILL that mgpu did not send (likely out of memory)")
+    if e.error:
+        return Cause(PROGRAM_ERROR, e.task, e.host, e.error, error=e.error)
+    what = describe(code)
+    return Cause(PROGRAM_ERROR, e.task, e.host, what, error=what)
+
+
+def describe(returncode: int | None) -> str:
+    if returncode is None:
+        return "stopped answering its peers"
+    if returncode < 0:
+        return f"killed by {runrecord.signal_name(-returncode)}"
+    return f"exited with code {returncode}"

@@ -1,0 +1,213 @@
+"""A host lost in the middle of a run: three hosts in network namespaces of their own, each with its
+own sshd. h2 dies (its link goes down and every process in its namespace is killed); with a spare,
+h3 takes its task and the run resumes from its checkpoint; without one, the run stops and says how
+to relaunch without h2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from launching import finish, start_mgpu, wait_for
+from ssh_helpers import PYTHON, REPO, Netns, SshLab, ip, run_processes, start_sshd, unique_run_id
+from test_netns import require_namespaces
+
+pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
+
+# Each worker listens on its TF_CONFIG port (how mgpu knows it joined), then steps in lockstep with
+# the other through files in a shared folder (as a collective would: a worker whose peer is gone
+# waits), worker 0 checkpointing the step; a restart resumes from the checkpoint.
+PROGRAM = r"""
+import json, os, pathlib, socket, sys, time
+folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+tf = json.loads(os.environ["TF_CONFIG"])
+index, attempt = tf["task"]["index"], os.environ["MGPU_ATTEMPT"]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(tf["cluster"]["worker"][index].rsplit(":", 1)[1])))
+server.listen()
+checkpoint = folder / "step"
+start = int(checkpoint.read_text()) if checkpoint.exists() else 0
+print(f"start step {start}", flush=True)
+mine, peer = folder / f"a{attempt}-w{index}", folder / f"a{attempt}-w{1 - index}"
+for step in range(start + 1, total + 1):
+    for _ in range(1200):  # the peer's step before this one, 120 s at most
+        if peer.exists() and int(peer.read_text() or 0) >= step - 1 or step == start + 1:
+            break
+        time.sleep(0.1)
+    else:
+        sys.exit(3)
+    time.sleep(0.05)
+    if index == 0:
+        (folder / "step.tmp").write_text(str(step))
+        (folder / "step.tmp").replace(checkpoint)
+    tmp = mine.with_suffix(".tmp")
+    tmp.write_text(str(step))
+    tmp.replace(mine)
+    print(f"MGPU_PROGRESS {step}/{total}", flush=True)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def lab_of_three(ssh_lab: SshLab, tmp_path_factory):
+    require_namespaces()
+    directory = tmp_path_factory.mktemp("spares")
+    lab = Netns.create(names=("h1", "h2", "h3"))
+    servers = {}
+    try:
+        for name, address in lab.hosts.items():
+            servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
+                                       netns=lab.namespaces[name])
+        known = directory / "known_hosts"
+        known.write_text("".join(s.known_hosts_line() for s in servers.values()))
+        config = directory / "ssh_config"
+        config.write_text("".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
+                                  for n, a in lab.hosts.items()) + f"Host *\n  User {ssh_lab.user}\n")
+        yield lab, known, config, servers, directory, ssh_lab
+    finally:
+        for server in servers.values():
+            server.stop()
+        lab.destroy()
+
+
+@pytest.fixture
+def three_hosts(lab_of_three):
+    """The lab, with h2 brought back after the test (its link up, a new sshd with the same host key)."""
+    lab, known, config, servers, directory, ssh_lab = lab_of_three
+    yield lab, known, config
+    ip("-n", lab.namespaces["h2"], "link", "set", "eth0", "up")
+    if servers["h2"].proc.poll() is not None:
+        servers["h2"] = start_sshd(directory, "h2", ssh_lab.authorized_keys, address=lab.hosts["h2"], port=22,
+                                   netns=lab.namespaces["h2"])
+
+
+def lose(lab: Netns, name: str) -> None:
+    """The host dies: its link goes down, then every process in its namespace is killed."""
+    namespace = lab.namespaces[name]
+    ip("-n", namespace, "link", "set", "eth0", "down")
+    for pid in ip("netns", "pids", namespace).stdout.split():
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+
+
+def run_losing_h2(three_hosts, tmp_path, *spares: str):
+    """Launch on h1 and h2, lose h2 once the checkpoint is past step 10; (exit code, output, run.json)."""
+    lab, known, config = three_hosts
+    run_id = unique_run_id("spare")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
+                      "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
+                      "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
+                      "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "40",
+                      cwd=tmp_path, env=env)
+    try:
+        checkpoint = folder / "step"
+        wait_for(lambda: checkpoint.exists() and int(checkpoint.read_text() or 0) >= 10 or proc.poll() is not None,
+                 120, "step 10")
+        lose(lab, "h2")
+        code, out = finish(proc, 180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    assert not run_processes(run_id)
+    return code, out, record, tmp_path / "mgpu-runs" / run_id
+
+
+def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_path):
+    code, out, record, run_dir = run_losing_h2(three_hosts, tmp_path, "--spare-hosts", "h3")
+    assert code == 0, out[-4000:]
+    first, second = record["attempts"]
+    assert (first["cause"], first["task"], first["host"]) == ("host-lost", "worker:1", "h2"), first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert [(c["host"], c["cause"], c["replaced_by"]) for c in record["costs"]["left_out"]] == [
+        ("h2", "host-lost", "h3 took worker:1")]
+    # The second attempt resumed from the checkpoint, past step 0.
+    resumed = [line for line in (run_dir / "worker-1.log").read_text().splitlines() if line.startswith("start step")]
+    assert len(resumed) == 2 and int(resumed[1].split()[-1]) >= 10, resumed
+    closing = out.splitlines()[-1]
+    assert closing.startswith("[mgpu] done: 2 tasks succeeded in ") and "; 1 restart (h2 lost at " in closing, closing
+    assert "h3 took worker:1)" in closing, closing
+
+
+def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_command(three_hosts, tmp_path):
+    code, out, record, _ = run_losing_h2(three_hosts, tmp_path)
+    assert code == 1, out[-4000:]
+    report = out[out.index("mgpu: error: "):].splitlines()
+    assert report[0].startswith("mgpu: error: h2 left out (host-lost: ") and \
+        report[0].endswith(" and no spare host to take worker:1; relaunch without it:"), report
+    assert report[1].startswith("  mgpu launch --workers h1:2222 --max-restarts 2 "), report
+    assert "--run-id" not in report[1]
+    assert [a["cause"] for a in record["attempts"]] == ["host-lost"]
+
+
+def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
+    lab, known, config = three_hosts
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    args = ["check", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config), "--known-hosts", str(known),
+            "--connect-timeout", "6", "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
+    done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()} >= {"h1", "h2", "h3"}, done.stdout
+    ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "down")  # a spare that cannot be reached fails the check
+    try:
+        done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "up")
+    assert done.returncode == 1 and "h3" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+# Worker 0 dials worker 1, which listens; a refused or dropped connection is reported in gRPC's words.
+DIAL = r"""
+import json, os, socket, sys, time
+tf = json.loads(os.environ["TF_CONFIG"])
+index = tf["task"]["index"]
+host, port = tf["cluster"]["worker"][1].rsplit(":", 1)
+if index == 1:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(port)))
+    server.listen()
+    time.sleep(60)
+else:
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as e:
+        sys.exit(f"failed to connect to all addresses: {host}:{port}: {e}")
+"""
+
+
+def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tmp_path):
+    lab, known, config = three_hosts
+    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222", "-j", "DROP"]
+    iptables = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
+    subprocess.run([*iptables, "-A", *rule], check=True)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("SSH_AUTH_SOCK", None)
+        run_id = unique_run_id("network")
+        done = subprocess.run(
+            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
+             "--ssh-config", str(config), "--known-hosts", str(known), "--grace-period", "2", "--run-id", run_id,
+             "--", PYTHON, "-c", DIAL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run([*iptables, "-D", *rule], check=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    first = record["attempts"][0]
+    assert (first["cause"], first["task"], first["host"], first["detail"]) == (
+        "network", "worker:1", "h2", "h1 cannot reach h2"), first
+    assert "mgpu: error: h2 left out (network: h1 cannot reach h2) and no spare host to take worker:1" in done.stderr
+    assert not run_processes(run_id)
