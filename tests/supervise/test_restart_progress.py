@@ -67,7 +67,8 @@ def test_what_failures_cost_is_in_run_json_and_the_closing_line(run_id, tmp_path
     assert attempts[0]["time_lost_s"] >= 0 and attempts[2]["time_lost_s"] == 0
     costs = result.run["costs"]
     assert costs["restarts"] == 2 and costs["left_out"] == []
-    assert costs["time_lost_s"] == round(attempts[0]["time_lost_s"] + attempts[1]["time_lost_s"], 3)
+    # Each figure is rounded to the millisecond on its own: the sum of two may be 1 ms off the total's.
+    assert abs(costs["time_lost_s"] - (attempts[0]["time_lost_s"] + attempts[1]["time_lost_s"])) <= 0.0021
     assert 0 < costs["goodput"] <= 1
     closing = result.console.splitlines()[-1]
     assert re.fullmatch(r"\[mgpu\] done: 1 tasks succeeded in \S+ s; 2 restarts \(worker:0 failed at \d\d:\d\d: "

@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 from launching import finish, start_mgpu, wait_for
-from ssh_helpers import PYTHON, REPO, Netns, SshLab, ip, run_processes, start_sshd, unique_run_id
+from launching import REPO
+from ssh_helpers import PYTHON, Netns, SshLab, ip, run_processes, start_sshd, unique_run_id
 from test_netns import require_namespaces
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
