@@ -21,6 +21,11 @@ ENV_RUN_ID = "MGPU_RUN_ID"  # tags every process of a run, so none can be left b
 ENV_TASK_TYPE = "MGPU_TASK_TYPE"
 ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
+# A random value of one launch, set at start (not in the plan). A run id may be used again once its
+# launcher is gone (killed, or on another machine), so whatever stops processes by their tags (the
+# sweeps, the reaper, a remote task's hang-up guard) looks for the run id and this value together:
+# it never takes a later launch's processes for its own.
+ENV_LAUNCH_ID = "MGPU_LAUNCH_ID"
 # Where a failing task may write why it failed, as JSON (launcher/error_file.py); one path per task
 # and attempt, in the run dir. Set at start for tasks on this machine only, not in the plan.
 ENV_ERROR_FILE = "MGPU_ERROR_FILE"

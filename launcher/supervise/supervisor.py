@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import secrets
 import signal
 import sys
 import time
@@ -158,6 +159,8 @@ class _Supervisor:
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
+        # Tags this launch's processes beside the run id (protocol.ENV_LAUNCH_ID).
+        self.launch_id = secrets.token_hex(8)
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
@@ -175,7 +178,7 @@ class _Supervisor:
         try:
             with self.signals:
                 # The record's guard, for every run: if the launcher dies, run.json still says so.
-                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
+                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir, self.launch_id)
                 self.backend.check_ports(self.plans)
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
@@ -241,7 +244,7 @@ class _Supervisor:
     def _start(self, begun: Attempt, plan: TaskPlan, attempt: int) -> _Task:
         output = self.output.open_task(plan, attempt)
         try:
-            proc = begun.start(self._with_error_file(plan, attempt))
+            proc = begun.start(self._with_start_env(plan, attempt))
         except BaseException:
             output.close()
             raise
@@ -366,7 +369,7 @@ class _Supervisor:
         """TERM every task's tree and every tagged process, KILL after the grace period,
         then scan for anything of the run still alive. Also run after success."""
         signals_seen = len(self.signals.received)
-        strays = self.backend.strays(self.options.run_id)
+        strays = self.backend.strays(self.options.run_id, self.launch_id)
         for task in tasks:
             task.proc.signal_tree(signal.SIGTERM)
         strays.signal(signal.SIGTERM)
@@ -394,7 +397,7 @@ class _Supervisor:
                 time.sleep(POLL_INTERVAL)
                 self._poll(tasks)
 
-        leftovers = self.backend.sweep(self.options.run_id, self.options.grace_period)
+        leftovers = self.backend.sweep(self.options.run_id, self.options.grace_period, self.launch_id)
         if leftovers:
             self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
 
@@ -426,14 +429,16 @@ class _Supervisor:
         peers = [self._view(t) for t in tasks if t is not task and not t.sidecar]
         return failure_summary(self._view(task), peers, after)
 
-    def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
-        """The plan with protocol.ENV_ERROR_FILE added for a task on this machine (whose path the
-        task can write to; the run dir is not on SSH or Slurm hosts)."""
-        if not self.backend.writes_here(plan):
-            return plan
-        # Absolute: the task's workdir may not be the launcher's.
-        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
-        return dataclasses.replace(plan, env=collections.ChainMap({protocol.ENV_ERROR_FILE: str(path)}, plan.env))
+    def _with_start_env(self, plan: TaskPlan, attempt: int) -> TaskPlan:
+        """The plan with the launch's id (protocol.ENV_LAUNCH_ID) added, and protocol.ENV_ERROR_FILE
+        for a task on this machine (whose path the task can write to; the run dir is not on SSH or
+        Slurm hosts)."""
+        added = {protocol.ENV_LAUNCH_ID: self.launch_id}
+        if self.backend.writes_here(plan):
+            # Absolute: the task's workdir may not be the launcher's.
+            path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
+            added[protocol.ENV_ERROR_FILE] = str(path)
+        return dataclasses.replace(plan, env=collections.ChainMap(added, plan.env))
 
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan
