@@ -2,8 +2,11 @@
 
 import os
 import re
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -14,6 +17,8 @@ from launcher.host import ports
 from launcher.supervise import diagnosis
 from launcher.errors import UsageError
 from launcher.supervise.output import Console
+from launching import REPO
+from needs import missing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,6 +81,42 @@ def test_pick_free_ports_are_distinct_and_bindable():
         assert not probe.port_in_use(port)
 
 
+def test_picked_ports_are_outside_the_ephemeral_range():
+    """Where outgoing connections take their local ports: a port picked there may be some
+    connection's by the time the task binds it."""
+    low, high = ports.ephemeral_range()
+    assert all(not low <= port <= high and port >= 1024 for port in ports.pick_free_ports(20))
+
+
+# Picks two ports as a launch of `--local 2` does (claimed for as long as it runs), prints them, and
+# keeps them until its stdin closes.
+PICKER = ("import os, sys\nfrom launcher.host.ports import pick_free_ports\nfrom launcher.supervise.run_lock import claim_port\n"
+          "os.write(1, ('%d %d\\n' % tuple(pick_free_ports(2, claim=claim_port))).encode())\nsys.stdin.read()\n")
+
+
+@pytest.mark.netns
+def test_concurrent_launches_never_pick_the_same_port_even_with_a_tiny_ephemeral_range(tmp_path):
+    """Ten launches at once, each picking two ports, in a network namespace whose ephemeral
+    range has ten ports (the range is the namespace's own): twenty distinct ports, none in it."""
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        missing("needs unshare and ip (util-linux, iproute2)")
+    script = ("ip link set lo up && echo '40000 40009' > /proc/sys/net/ipv4/ip_local_port_range || exit 99\n"
+              "exec 3<&0\n"
+              f"for i in 1 2 3 4 5 6 7 8 9 10; do {sys.executable} -c \"$PICKER\" <&3 & done\n"
+              "wait\n")
+    env = {**os.environ, "PICKER": PICKER, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(["unshare", "--net", "sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, env=env) as proc:
+        try:
+            lines = [proc.stdout.readline() for _ in range(10)]  # all ten hold their ports now
+        finally:
+            proc.stdin.close()  # now they end
+            assert proc.wait(30) == 0
+    picked = [int(port) for line in lines for port in line.split()]
+    assert len(picked) == 20 and len(set(picked)) == 20, picked
+    assert not any(40000 <= port <= 40009 for port in picked)
+
+
 def test_port_in_use_sees_a_listener():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -89,6 +130,11 @@ def test_bind_failure_recognises_tensorflow_messages():
     assert diagnosis.bind_failure(tf_line) == 37891
     assert diagnosis.bind_failure("tensorflow...UnknownError: Could not start gRPC server") == 0
     assert diagnosis.bind_failure("OSError: [Errno 98] Address already in use") == 0
+    # PyTorch's TCPStore on MASTER_PORT (torch 2.x)
+    torch_line = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                  "address. port: 40251, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert diagnosis.bind_failure(torch_line) == 40251
+    assert diagnosis.known_failures([torch_line]) == [diagnosis.PORT_TAKEN]
     assert diagnosis.bind_failure("epoch 1 loss 0.3") is None
 
 
