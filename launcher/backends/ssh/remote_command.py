@@ -56,8 +56,9 @@ ENV_END = "MGPU_ENV_END"
 # The launch's id first: the guard's first search is for it, the rarest of them.
 TAG_NAMES = (ENV_LAUNCH_ID, ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
-# $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or all
-# five NAME=value tags (TAG_NAMES).
+# $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or the
+# NAME=value tags (TAG_NAMES, the launch's id first where the task has one), all of which a process
+# must carry.
 # The guard is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
 # for its stacks when a run stalls), and its final KILL goes to the tagged processes first: kill
 # signals its operands in order, and signalling the group ends the guard itself. Its own
@@ -66,12 +67,15 @@ _HANGUP_GUARD = r"""trap '' INT TERM HUP ABRT
 cat >/dev/null
 g=$1; t=$2; shift 2
 tagged() {
-  [ "$#" = 5 ] || return 0
+  [ "$#" -gt 0 ] || return 0
   for f in $(grep -l -F -e "$1" /proc/[0-9]*/environ 2>/dev/null); do
     d=${f%/environ}
     [ -O "$d" ] || continue
-    n=$(tr '\0' '\n' <"$f" 2>/dev/null | grep -c -F -x -e "$1" -e "$2" -e "$3" -e "$4" -e "$5")
-    [ "$n" = 5 ] && echo "${d#/proc/}"
+    n=0
+    for tag in "$@"; do
+      tr '\0' '\n' <"$f" 2>/dev/null | grep -q -F -x -e "$tag" && n=$((n+1))
+    done
+    [ "$n" = "$#" ] && echo "${d#/proc/}"
   done
 }
 kill -TERM "-$g" $(tagged "$@") 2>/dev/null
@@ -150,8 +154,9 @@ def task_command(
     if not argv:
         raise ValueError("empty argv")
     names = [parse_env_name(name) for name in env]
+    # A task without the launch's id (started by hand, not by the supervisor) is found by the others.
     tags = [shlex.quote(f"{name}={env[name]}") for name in TAG_NAMES if name in env]
-    tags = tags if len(tags) == len(TAG_NAMES) else []
+    tags = tags if all(name in env for name in TAG_NAMES[1:]) else []
     lines = [
         "exec 3<&0 </dev/null",
         f'echo "{PGID_MARKER} $$" >&2',
