@@ -69,9 +69,9 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
 
 
 def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
-    """Every live process of this user whose environment carries MGPU_RUN_ID=run_id (and
-    MGPU_LAUNCH_ID=launch_id, if given: that launch's only, not another launch's with the same run
-    id) and that is in process group `pgid`, if given.
+    """Every live process of this user whose environment carries MGPU_RUN_ID=run_id (and, if
+    `launch_id` is given, MGPU_LAUNCH_ID=launch_id or none: not another launch's with the same run
+    id; a Slurm step's processes carry none) and that is in process group `pgid`, if given.
 
     Only this user's: anyone can put any MGPU_RUN_ID in their own processes' environment, and a
     launcher running as root must neither kill those nor let them block its run id.
@@ -89,7 +89,8 @@ def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None
                 continue
             env = proc.environ()
             if (env.get(protocol.ENV_RUN_ID) == run_id
-                    and (launch_id is None or env.get(protocol.ENV_LAUNCH_ID) == launch_id) and is_alive(proc)):
+                    and (launch_id is None or env.get(protocol.ENV_LAUNCH_ID, launch_id) == launch_id)
+                    and is_alive(proc)):
                 found.append(proc)
         except (psutil.Error, ProcessLookupError):  # gone, zombie, or not ours to read
             continue

@@ -5,7 +5,7 @@ The supervisor starts one reaper per run, whatever runs its tasks, and keeps the
 stdin. Nothing is ever written until the launcher finishes cleanly and sends
 DONE. If the launcher dies instead (even by SIGKILL), the kernel closes the pipe,
 the reaper reads end-of-file and stops every process tagged with the run id and the
-launch's id (protocol.ENV_LAUNCH_ID: not a later launch's that reuses the run id):
+launch's id, or no launch id (protocol.ENV_LAUNCH_ID: not a later launch's that reuses the run id):
 TERM, a grace period, then KILL; then it writes the run's final status to run.json
 (launcher-died). The reaper lives in its own session, so a terminal's Ctrl-C or
 hang-up does not reach it. It inherits the run dir's descriptor, so it writes
