@@ -65,7 +65,13 @@ def main(tasks: int, megabytes: int) -> None:
         wall = time.monotonic() - started
         errors = proc.stderr.read().decode(errors="replace")
         expected = b"".join(line(i) for i in range(lines))
-        differ = [i for i in range(tasks) if (lab / "runs" / run_id / f"worker-{i}.log").read_bytes() != expected]
+        differ = []
+        for i in range(tasks):
+            log = (lab / "runs" / run_id / f"worker-{i}.log").read_bytes()
+            if log != expected:  # cut short, or with a login shell's lines in it
+                foreign = [x for x in log.split(b"\n") if x and not (x[:8].isdigit() and x[8:] == b" " + b"x" * 90)]
+                differ.append(f"worker-{i}: {len(log)} of {len(expected)} bytes"
+                              + (f", lines not the task's: {foreign[:2]!r}" if foreign else ""))
         print(f"tasks={tasks} MB/task={len(expected) / 1e6:g} exit={proc.returncode} peak_rss={peak / 2**20:.0f} MiB "
               f"wall={wall:.1f} s throughput={tasks * len(expected) / 1e6 / wall:.1f} MB/s "
               f"logs_differing={differ or 'none'}")
