@@ -23,6 +23,11 @@ ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
 # One hash of the files --sync copied (config/sync.py): the same in every task of a run that ran the same files.
 ENV_SYNC_DIGEST = "MGPU_SYNC_DIGEST"
+# A random value of one launch, set at start (not in the plan). A run id may be used again once its
+# launcher is gone (killed, or on another machine), so whatever stops processes by their tags (the
+# sweeps, the reaper, a remote task's hang-up guard) looks for the run id and this value together:
+# it never takes a later launch's processes for its own.
+ENV_LAUNCH_ID = "MGPU_LAUNCH_ID"
 # Where a failing task may write why it failed, as JSON (launcher/error_file.py); one path per task
 # and attempt, in the run dir. Set at start for tasks on this machine only, not in the plan.
 ENV_ERROR_FILE = "MGPU_ERROR_FILE"

@@ -120,12 +120,14 @@ class Backend(abc.ABC):
         """Raise TaskFailed when a port planned for one of `tasks` (this backend's) is already
         taken. A backend that cannot tell before starting does nothing (its tasks say so)."""
 
-    def strays(self, run_id: str) -> Strays:
-        """The run's processes outside its tasks' trees, found now."""
+    def strays(self, run_id: str, launch_id: str | None = None) -> Strays:
+        """The run's processes outside its tasks' trees, found now (of the launch `launch_id`
+        only, if given: protocol.ENV_LAUNCH_ID)."""
         return Strays()
 
-    def sweep(self, run_id: str, grace: float) -> int:
-        """Stop whatever of the run is still alive after its tasks were stopped; how many were found."""
+    def sweep(self, run_id: str, grace: float, launch_id: str | None = None) -> int:
+        """Stop whatever of the run (of the launch `launch_id`, if given) is still alive after its
+        tasks were stopped; how many were found."""
         return 0
 
     def writes_here(self, task: TaskPlan) -> bool:
@@ -171,11 +173,11 @@ class Routed(Backend):
         for backend, own in self._by_backend(tasks).items():
             backend.check_ports(own)
 
-    def strays(self, run_id: str) -> Strays:
-        return _AllStrays([backend.strays(run_id) for backend in self.backends])
+    def strays(self, run_id: str, launch_id: str | None = None) -> Strays:
+        return _AllStrays([backend.strays(run_id, launch_id) for backend in self.backends])
 
-    def sweep(self, run_id: str, grace: float) -> int:
-        return sum(backend.sweep(run_id, grace) for backend in self.backends)
+    def sweep(self, run_id: str, grace: float, launch_id: str | None = None) -> int:
+        return sum(backend.sweep(run_id, grace, launch_id) for backend in self.backends)
 
     def writes_here(self, task: TaskPlan) -> bool:
         return self._route(task).writes_here(task)

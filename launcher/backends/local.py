@@ -21,9 +21,11 @@ from launcher.backends.pipes import close_pipe_readers, pipe_reader
 class LocalTaskProcess(TaskProcess):
     """A task process in its own session (so a terminal's Ctrl-C reaches only the launcher)."""
 
-    def __init__(self, popen: subprocess.Popen, run_id: str | None, stdout: io.BufferedReader, stderr: io.BufferedReader):
+    def __init__(self, popen: subprocess.Popen, run_id: str | None, stdout: io.BufferedReader, stderr: io.BufferedReader,
+                 launch_id: str | None = None):
         self._popen = popen
         self._run_id = run_id
+        self._launch_id = launch_id
         self.pid = popen.pid
         self.stdout = stdout
         self.stderr = stderr
@@ -51,7 +53,7 @@ class LocalTaskProcess(TaskProcess):
         elif self._run_id is not None:
             # Once the leader is reaped, the id may name another program's group:
             # only the members that carry the run id are the task's.
-            members = proctree.tagged_processes(self._run_id, pgid=self.pid)
+            members = proctree.tagged_processes(self._run_id, pgid=self.pid, launch_id=self._launch_id)
         proctree.send(members, signum)
 
     def dump_stacks(self) -> None:
@@ -111,11 +113,11 @@ class LocalBackend(Backend):
     def writes_here(self, task: TaskPlan) -> bool:
         return True
 
-    def strays(self, run_id: str) -> Strays:
-        return _TaggedStrays(proctree.tagged_processes(run_id))
+    def strays(self, run_id: str, launch_id: str | None = None) -> Strays:
+        return _TaggedStrays(proctree.tagged_processes(run_id, launch_id=launch_id))
 
-    def sweep(self, run_id: str, grace: float) -> int:
-        return proctree.stop_run(run_id, grace)
+    def sweep(self, run_id: str, grace: float, launch_id: str | None = None) -> int:
+        return proctree.stop_run(run_id, grace, launch_id=launch_id)
 
     def start(self, task: TaskPlan, attempt: int) -> LocalTaskProcess:
         env = dict(os.environ)
@@ -142,4 +144,5 @@ class LocalBackend(Backend):
         finally:
             os.close(out_write)
             os.close(err_write)
-        return LocalTaskProcess(popen, task.env.get(protocol.ENV_RUN_ID), pipe_reader(out_read), pipe_reader(err_read))
+        return LocalTaskProcess(popen, task.env.get(protocol.ENV_RUN_ID), pipe_reader(out_read), pipe_reader(err_read),
+                                task.env.get(protocol.ENV_LAUNCH_ID))

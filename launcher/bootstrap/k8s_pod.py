@@ -17,9 +17,9 @@ import os
 import socket
 import sys
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
-from launcher.config.k8s_env import ENV_DNS_TIMEOUT, read_pod
+from launcher.config.k8s_env import dns_timeout, read_pod
 from launcher.errors import EXIT_USAGE, UsageError
 from launcher.host.probe import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
@@ -57,14 +57,6 @@ def wait_for_names(hosts: Sequence[str], timeout: float, resolve: Callable[[str]
         sleep(min(DNS_RETRY, max(0.0, deadline - clock())))
 
 
-def _dns_timeout(environ: Mapping[str, str]) -> float:
-    text = environ.get(ENV_DNS_TIMEOUT, "")
-    try:
-        return float(text) if text else DNS_TIMEOUT
-    except ValueError:
-        raise UsageError(f"{ENV_DNS_TIMEOUT} {text!r} is not a number of seconds") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
@@ -72,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         pod = read_pod(os.environ)
         plan = pod_plan(pod, args, sys.executable)
-        timeout = _dns_timeout(os.environ)
+        timeout = dns_timeout(os.environ, DNS_TIMEOUT)
     except UsageError as exc:
         print(f"mgpu: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE

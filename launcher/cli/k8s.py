@@ -10,7 +10,7 @@ import click
 from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import check_text, task_settings
-from launcher.config.k8s_env import PodJob
+from launcher.config.k8s_env import RESERVED_ENV, PodJob
 from launcher.intake.load import HostsRequest, read_spec, with_command_line, with_task_settings
 from launcher.config.spec import EVALUATOR, MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS_PER_TASK, ClusterSpec
 from launcher.errors import UsageError
@@ -35,9 +35,21 @@ Examples:
   mgpu k8s --spec cluster.yaml --image my/train:1 --name resnet-run7
 """
 
-# A DNS label (RFC 1123): the Job's name is the first part of every pod's hostname.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes' names: a Service's is a DNS-1035 label (it starts with a letter), a namespace's a
+# DNS-1123 label. The Job's name is also the first part of every pod's hostname.
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_LABEL = 63
+# An image reference as container runtimes parse it (the distribution project's grammar): an
+# optional registry host[:port], path components of lower-case letters and digits joined by
+# '.', '_', '__' or dashes, then an optional :tag and @digest. The kubelet refuses others
+# (InvalidImageName) only once a pod is scheduled.
+_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+                    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
+                    r":[0-9A-Fa-f]{32,})?")
+MAX_IMAGE_NAME = 255  # the registry and path, without tag and digest
 
 
 @cli.command("k8s", help=K8S_HELP)
@@ -75,6 +87,12 @@ def k8s_command(**opts) -> None:
     tasks = len(spec.tasks)
     chief = spec.tasks[0].role != "worker"
     _check_name(opts["name"], tasks)
+    _check_namespace(opts["namespace"])
+    _check_image(opts["image"])
+    for name in RESERVED_ENV:
+        if name in spec.env:
+            raise UsageError(f"environment variable {name} is set by Kubernetes for each pod and cannot be given "
+                             "(set in the manifest, it would make every pod pod 0)")
     pod = PodJob(opts["name"], opts["name"], tasks, chief, opts["port"], 0, spec.threads_per_task)
     # Planned as the pods will plan it: bad env names and commands fail here, before any manifest.
     plan = plan_tasks(ClusterSpec(tasks=pod.cluster_spec(()).tasks, command=spec.command,
@@ -110,6 +128,23 @@ def _spec(opts: dict) -> ClusterSpec:
 
 def _check_name(name: str, tasks: int) -> None:
     longest = f"{name}-{tasks - 1}"
-    if not _DNS_LABEL.match(name) or len(longest) > MAX_LABEL:
-        raise UsageError(f"--name {name!r}: the pods' hostnames ({longest}) must be DNS labels: lower-case letters, "
-                         f"digits and '-', at most {MAX_LABEL} characters, starting and ending with a letter or digit")
+    if not _DNS_1035_LABEL.fullmatch(name) or len(longest) > MAX_LABEL:
+        raise UsageError(f"--name {name[:80]!r}: the Service's name and the pods' hostnames ({longest[:80]}) must be "
+                         f"DNS labels: lower-case letters, digits and '-', at most {MAX_LABEL} characters, starting "
+                         "with a letter and ending with a letter or digit")
+
+
+def _check_namespace(namespace: str | None) -> None:
+    if namespace is not None and not (_DNS_1123_LABEL.fullmatch(namespace) and len(namespace) <= MAX_LABEL):
+        raise UsageError(f"--namespace {namespace[:80]!r}: a namespace is a DNS label: lower-case letters, digits "
+                         f"and '-', at most {MAX_LABEL} characters, starting and ending with a letter or digit")
+
+
+def _check_image(image: str) -> None:
+    name = image.partition("@")[0]
+    if ":" in name.rpartition("/")[2]:
+        name = name.rpartition(":")[0]
+    if not _IMAGE.fullmatch(image) or len(name) > MAX_IMAGE_NAME:
+        raise UsageError(f"--image {image[:120]!r} is not an image reference such as registry.example.com/team/"
+                         f"train:1 (lower-case path, optional :tag and @sha256:digest, at most {MAX_IMAGE_NAME} "
+                         "characters before the tag)")

@@ -9,10 +9,12 @@ layout. With the Service as the pods' subdomain, Kubernetes' DNS names pod i
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping
 
 from launcher.config.addresses import is_number
-from launcher.config.spec import CHIEF, WORKER, ClusterSpec, TaskSpec
+from launcher.config.hostlist import MAX_TASKS
+from launcher.config.spec import CHIEF, MAX_SECONDS, WORKER, ClusterSpec, TaskSpec
 from launcher.errors import UsageError
 
 ENV_INDEX = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
@@ -24,6 +26,11 @@ ENV_PORT = "MGPU_K8S_PORT"
 ENV_THREADS = "MGPU_K8S_THREADS"  # optional: threads per task, as --threads-per-task
 ENV_DNS_TIMEOUT = "MGPU_K8S_DNS_TIMEOUT"  # optional: seconds a pod waits for the others' names
 POD_ENV = (ENV_JOB, ENV_SERVICE, ENV_TASKS, ENV_CHIEF, ENV_PORT)
+# Set by Kubernetes only where the container does not set it: a manifest that did would make every pod pod 0.
+RESERVED_ENV = (ENV_INDEX,)
+# The numbers of a pod's environment: a pod index, a task count, a port, threads. Longer ones are
+# mistakes, and int() of thousands of digits is slow or refused.
+MAX_DIGITS = 9
 
 NOT_IN_A_POD = (
     "not in a pod of an `mgpu k8s` job: {name} is not set (Kubernetes sets JOB_COMPLETION_INDEX in "
@@ -85,13 +92,39 @@ def read_pod(env: Mapping[str, str]) -> PodJob:
     for name in (ENV_INDEX, ENV_TASKS, ENV_PORT, ENV_THREADS):
         if name == ENV_THREADS and not env.get(name):
             continue
-        if not is_number(env[name]):
-            raise UsageError(f"{name} {env[name]!r} is not a number (ASCII digits)")
-        numbers[name] = int(env[name])
+        text = env[name]
+        if not is_number(text):
+            raise UsageError(f"{name} {_shown(text)} is not a number (ASCII digits)")
+        if len(text) > MAX_DIGITS:
+            raise UsageError(f"{name} {_shown(text)} has more than {MAX_DIGITS} digits")
+        numbers[name] = int(text)
     tasks, index, port = numbers[ENV_TASKS], numbers[ENV_INDEX], numbers[ENV_PORT]
+    if not 1 <= tasks <= MAX_TASKS:
+        raise UsageError(f"{ENV_TASKS} {tasks} is not between 1 and {MAX_TASKS}, the most tasks mgpu runs")
     if not 1 <= port <= 65535:
         raise UsageError(f"{ENV_PORT} {port} is not a TCP port (1-65535)")
     if not 0 <= index < tasks:
         raise UsageError(f"{ENV_INDEX} {index} is out of range: the job has {tasks} pods (0-{tasks - 1})")
     return PodJob(env[ENV_JOB], env[ENV_SERVICE], tasks, env[ENV_CHIEF] == "1", port, index,
                   numbers.get(ENV_THREADS) or None)
+
+
+def dns_timeout(env: Mapping[str, str], default: float) -> float:
+    """MGPU_K8S_DNS_TIMEOUT in seconds (`default` when unset): a finite number from 0 to a month."""
+    text = env.get(ENV_DNS_TIMEOUT, "")
+    if not text:
+        return default
+    try:
+        if not text.isascii():  # float() also reads '٣'
+            raise ValueError(text)
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(f"{ENV_DNS_TIMEOUT} {_shown(text)} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+        raise UsageError(f"{ENV_DNS_TIMEOUT} {_shown(text)} is not between 0 and {MAX_SECONDS:.0f} seconds (30 days)")
+    return seconds
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A value for an error line: quoted, and cut short."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"

@@ -1,27 +1,87 @@
-"""Free ports for local tasks. Whether a port is free: launcher.host.probe."""
+"""Free ports for local tasks. Whether a port is free: launcher.host.probe.
+
+Not the kernel's choice (binding port 0): that comes from the ephemeral range
+(/proc/sys/net/ipv4/ip_local_port_range), where every outgoing connection of the machine
+also draws its local port. A port picked there and bound by the task seconds later may
+meanwhile be the local end of some connection (then the task cannot bind it), or, when a
+task dials a peer's port before the peer listens, the kernel may give the dialling socket
+that very port and connect it to itself. So ports are drawn at random from outside the
+ephemeral range, and each is claimed (see pick_free_ports) so that concurrent launches never
+pick the same one.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+from typing import Callable
 
+FIRST_UNPRIVILEGED = 1024
+LAST_PORT = 65535
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)  # Linux's default
+MAX_TRIES = 2000
 
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
 
 
-def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct ports that were free on `host` a moment ago.
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (and for port 0)."""
+    try:
+        with open(path) as f:
+            low, high = (int(n) for n in f.read().split())
+        if 1 <= low <= high <= LAST_PORT:
+            return low, high
+    except (OSError, ValueError):
+        pass
+    return DEFAULT_EPHEMERAL_RANGE
 
-    Every socket stays bound until all are picked, so the kernel cannot hand out
-    the same port twice. Another program may still take one before the task binds
-    it; the supervisor then reports "port in use".
+
+def _candidates(ephemeral: tuple[int, int]) -> list[int]:
+    """The unprivileged ports outside the ephemeral range, in random order."""
+    low, high = ephemeral
+    ports = [p for p in range(FIRST_UNPRIVILEGED, LAST_PORT + 1) if not low <= p <= high]
+    random.SystemRandom().shuffle(ports)
+    return ports
+
+
+def _bind(family: socket.AddressFamily, port: int) -> socket.socket | None:
+    """A socket bound to `port` on every address (no SO_REUSEADDR: a port with connections of any
+    state is not taken), or None when it cannot be."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def pick_free_ports(n: int, host: str = "127.0.0.1", claim: Callable[[int], bool] = lambda port: True) -> list[int]:
+    """`n` distinct ports, outside the ephemeral range, that were free on this machine a moment
+    ago and that `claim(port)` claimed (it returns False for a port another launch claimed; the
+    claim lasts as long as the caller needs the port).
+
+    Every socket stays bound until all are picked. Another program may still take one before the
+    task binds it; the supervisor then reports "port in use". Where the ephemeral range leaves no
+    port outside it, the kernel picks them (port 0).
     """
     family = _family(host)
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
+        ports: list[int] = []
+        for port in _candidates(ephemeral_range())[:MAX_TRIES]:
+            if len(ports) == n:
+                break
+            sock = _bind(family, port)
+            if sock is None:
+                continue
+            stack.enter_context(sock)
+            if claim(port):
+                ports.append(port)
+        while len(ports) < n:
             sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])

@@ -68,9 +68,10 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
     return total
 
 
-def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Process]:
-    """Every live process of this user whose environment carries MGPU_RUN_ID=run_id
-    (and that is in process group `pgid`, if given).
+def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
+    """Every live process of this user whose environment carries MGPU_RUN_ID=run_id (and, if
+    `launch_id` is given, MGPU_LAUNCH_ID=launch_id or none: not another launch's with the same run
+    id; a Slurm step's processes carry none) and that is in process group `pgid`, if given.
 
     Only this user's: anyone can put any MGPU_RUN_ID in their own processes' environment, and a
     launcher running as root must neither kill those nor let them block its run id.
@@ -86,7 +87,10 @@ def tagged_processes(run_id: str, pgid: int | None = None) -> list[psutil.Proces
                 continue
             if pgid is not None and os.getpgid(proc.pid) != pgid:
                 continue
-            if proc.environ().get(protocol.ENV_RUN_ID) == run_id and is_alive(proc):
+            env = proc.environ()
+            if (env.get(protocol.ENV_RUN_ID) == run_id
+                    and (launch_id is None or env.get(protocol.ENV_LAUNCH_ID, launch_id) == launch_id)
+                    and is_alive(proc)):
                 found.append(proc)
         except (psutil.Error, ProcessLookupError):  # gone, zombie, or not ours to read
             continue
@@ -132,14 +136,14 @@ def stop_processes(procs: Iterable[psutil.Process], grace: float) -> None:
     wait_gone(survivors, 5.0)
 
 
-def stop_run(run_id: str, grace: float, rounds: int = 3) -> int:
-    """Stop every process tagged with `run_id`; return how many were found.
+def stop_run(run_id: str, grace: float, rounds: int = 3, launch_id: str | None = None) -> int:
+    """Stop every process tagged with `run_id` (and `launch_id`, if given); return how many were found.
 
     Rescans a few times, because a dying process may have just forked.
     """
     seen: set[int] = set()
     for _ in range(rounds):
-        procs = tagged_processes(run_id)
+        procs = tagged_processes(run_id, launch_id=launch_id)
         if not procs:
             break
         seen.update(p.pid for p in procs)

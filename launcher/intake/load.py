@@ -88,9 +88,10 @@ def read_spec(request: HostsRequest) -> ClusterSpec:
         return dataclasses.replace(spec, ssh_defaults=request.ssh_defaults.merged_over(spec.ssh_defaults))
     if request.local is not None:
         from launcher.host.ports import pick_free_ports
+        from launcher.supervise.run_lock import claim_port
 
         with_chief = request.chief is THIS_MACHINE
-        return ClusterSpec(tasks=local_tasks(pick_free_ports(request.local + with_chief), with_chief,
+        return ClusterSpec(tasks=local_tasks(pick_free_ports(request.local + with_chief, claim=claim_port), with_chief,
                                              with_evaluator=request.evaluator is THIS_MACHINE))
     if request.hostfile:
         workers = expand_slots(parse_hostfile(read_text(request.hostfile, "--hostfile"), request.hostfile), request.port)

@@ -38,9 +38,32 @@ class K8sJob:
     dns_timeout: float | None = None  # seconds a pod waits for the others' names; None: the bootstrap's default
 
 
+class _Quoted(str):
+    """A string value, written in double quotes."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Quoted, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                                                                 style='"'))
+
+
+def _quoted(node):
+    """`node` with every string value quoted (mapping keys, all of them mgpu's, stay plain): YAML 1.1
+    readers such as kubectl's take a plain y, n, yes or off for a boolean, and refuse the manifest."""
+    if isinstance(node, dict):
+        return {key: _quoted(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_quoted(value) for value in node]
+    return _Quoted(node) if isinstance(node, str) else node
+
+
 def render_manifest(job: K8sJob) -> str:
     """The Service and the Job as one YAML stream (`kubectl apply -f -` takes it)."""
-    return yaml.safe_dump_all([_service(job), _job(job)], sort_keys=False, default_flow_style=False)
+    return yaml.dump_all([_quoted(_service(job)), _quoted(_job(job))], Dumper=_Dumper, sort_keys=False,
+                         default_flow_style=False, allow_unicode=False)
 
 
 def _metadata(job: K8sJob) -> dict:

@@ -29,8 +29,11 @@ from launcher.error_file import TaskError
 # What TensorFlow's gRPC server prints when its port is taken (TF 2.21), and the
 # classic wording of older releases and other servers.
 _NO_ADDRESS = re.compile(r"No address added out of total [0-9]+ resolved for '[^']{0,1000}?:([0-9]+)'")
+# PyTorch's TCPStore (MASTER_PORT; torch 2.x): "The server socket has failed to listen on any local
+# network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use".
+_TORCH_NO_LISTEN = re.compile(r"failed to listen on any local network address\. port: ([0-9]+)\b.{0,200}EADDRINUSE")
 MAX_PORT = 65535
-_BIND_FAILURE = re.compile(r"Address already in use|Failed to bind|Could not start gRPC server")
+_BIND_FAILURE = re.compile(r"(?i:address already in use)|EADDRINUSE|Failed to bind|Could not start gRPC server")
 
 # A C++ log record: absl style "I1123 12:00:05.123 1234 file.cc:12] text" (TF 2.21 writes
 # "I0000 00:00:1795436902.221261" before absl's clock is set up),
@@ -82,7 +85,7 @@ class TaskLine(NamedTuple):
 def bind_failure(line: str) -> int | None:
     """The port a line of task output says could not be bound: its number, or 0
     when the line reports a bind failure without naming the port; None otherwise."""
-    match = _NO_ADDRESS.search(line)
+    match = _NO_ADDRESS.search(line) or _TORCH_NO_LISTEN.search(line)
     if match:  # a number that is no port (e.g. thousands of digits, past int()'s limit) names none
         digits = match.group(1)
         return int(digits) if len(digits) <= 5 and int(digits) <= MAX_PORT else 0
@@ -315,8 +318,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
                  JAX_PROCESSES_MISSING),
     # PyTorch's Gloo process group, listening on an address its peers cannot reach.
     KnownFailure(re.compile(r"Gloo connectFullMesh failed"), GLOO_CANNOT_CONNECT),
-    KnownFailure(re.compile(r"Address already in use|No address added out of total \d+ resolved|Failed to bind"),
-                 PORT_TAKEN),
+    KnownFailure(re.compile(r"(?i:address already in use)|EADDRINUSE|No address added out of total \d+ resolved"
+                            r"|Failed to bind"), PORT_TAKEN),
     KnownFailure(re.compile(r"stopped sending heartbeats|heartbeat timeout"
                             r"|^\s*RPC: /tensorflow\.CoordinationService/Heartbeat\s*$"), HEARTBEATS_STOPPED),
     KnownFailure(

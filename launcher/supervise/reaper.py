@@ -4,13 +4,14 @@ run's processes on this machine are stopped.
 The supervisor starts one reaper per run, whatever runs its tasks, and keeps the write end of a pipe to its
 stdin. Nothing is ever written until the launcher finishes cleanly and sends
 DONE. If the launcher dies instead (even by SIGKILL), the kernel closes the pipe,
-the reaper reads end-of-file and stops every process tagged with the run id:
+the reaper reads end-of-file and stops every process tagged with the run id and the
+launch's id, or no launch id (protocol.ENV_LAUNCH_ID: not a later launch's that reuses the run id):
 TERM, a grace period, then KILL; then it writes the run's final status to run.json
 (launcher-died). The reaper lives in its own session, so a terminal's Ctrl-C or
 hang-up does not reach it. It inherits the run dir's descriptor, so it writes
 there as the launcher does: by name under that descriptor, never through a path.
 
-Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR
+Run as: python -m launcher.supervise.reaper RUN_ID GRACE_SECONDS RUN_DIR_FD RUN_DIR [LAUNCH_ID]
 
 A program of its own: the one module of supervise/ that looks at this machine's processes itself
 (host/proctree), since the launcher, and with it the backends, is gone when it acts.
@@ -38,13 +39,15 @@ class Reaper:
         self._proc = proc
 
     @classmethod
-    def start(cls, run_id: str, grace: float, run_dir: RunDir) -> "Reaper":
-        """A reaper for the run, logging to reaper.log in `run_dir`."""
+    def start(cls, run_id: str, grace: float, run_dir: RunDir, launch_id: str | None = None) -> "Reaper":
+        """A reaper for the run (for the launch `launch_id`'s processes only, if given), logging to
+        reaper.log in `run_dir`."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
         with open(run_dir.create(LOG_NAME, append=True), "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path)],
+                [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path),
+                 *([launch_id] if launch_id else [])],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=log,
@@ -75,14 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.host import proctree
     from launcher.supervise import runrecord  # the record is the launcher's to write, but it is gone
 
-    run_id, grace, run_dir_fd, run_dir_path = (argv or sys.argv[1:])[:4]
+    args = argv or sys.argv[1:]
+    run_id, grace, run_dir_fd, run_dir_path = args[:4]
+    launch_id = args[4] if len(args) > 4 else None
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     message = sys.stdin.buffer.read()  # returns when the launcher closes the pipe or dies
     if message == DONE:
         return 0
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    stopped = proctree.stop_run(run_id, float(grace))
+    stopped = proctree.stop_run(run_id, float(grace), launch_id=launch_id)
     print(f"{started} launcher gone (reaper pid {os.getpid()}); stopped {stopped} processes of run {run_id}", flush=True)
     runrecord.record_launcher_died(
         RunDir(pathlib.Path(run_dir_path), int(run_dir_fd)),

@@ -182,3 +182,33 @@ def holder(run_id: str) -> int | None:
         return None
     finally:
         os.close(fd)
+
+
+_port_claims: dict[int, int] = {}  # port -> the descriptor of its locked file, in this process
+
+
+def claim_port(port: int) -> bool:
+    """Claim a port for this machine's tasks of this launcher, as long as it lives (host.ports'
+    pick_free_ports takes it): a lock file per port beside the run ids' (port:N.lock, a name no
+    run id has). False when another live launch of this user holds it, or this one already does.
+    The kernel drops the claim when the launcher ends, however it ends."""
+    if port in _port_claims:
+        return False
+    try:
+        dir_fd = _open_lock_dir()
+    except UsageError:  # the run id's claim, which needs the folder too, says what is wrong with it
+        return True
+    try:
+        fd = os.open(f"port:{int(port)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE,
+                     dir_fd=dir_fd)
+    except OSError:
+        return True
+    finally:
+        os.close(dir_fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _port_claims[port] = fd
+    return True

@@ -54,6 +54,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import secrets
 import signal
 import sys
 import time
@@ -214,6 +215,8 @@ class _Supervisor:
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
+        # Tags this launch's processes beside the run id (protocol.ENV_LAUNCH_ID).
+        self.launch_id = secrets.token_hex(8)
         self.output = RunOutput(run_dir, console, options.timestamps, options.show, options.show_tf_logs)
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, recorded_options, options.show_secrets,
                                           report=self.output.notice)
@@ -233,7 +236,7 @@ class _Supervisor:
         try:
             with self.signals:
                 # The record's guard, for every run: if the launcher dies, run.json still says so.
-                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir)
+                reaper = Reaper.start(self.options.run_id, self.options.grace_period, self.run_dir, self.launch_id)
                 self.backend.check_ports(self.plans)
                 if self.detach is not None:
                     self._move_console()
@@ -331,7 +334,7 @@ class _Supervisor:
     def _start(self, begun: Attempt, plan: TaskPlan, attempt: int) -> _Task:
         output = self.output.open_task(plan, attempt)
         try:
-            proc = begun.start(self._with_error_file(plan, attempt))
+            proc = begun.start(self._with_start_env(plan, attempt))
         except BaseException:
             output.close()
             raise
@@ -467,7 +470,7 @@ class _Supervisor:
         """TERM every task's tree and every tagged process, KILL after the grace period,
         then scan for anything of the run still alive. Also run after success."""
         signals_seen = len(self.signals.received)
-        strays = self.backend.strays(self.options.run_id)
+        strays = self.backend.strays(self.options.run_id, self.launch_id)
         for task in tasks:
             task.proc.signal_tree(signal.SIGTERM)
         strays.signal(signal.SIGTERM)
@@ -497,7 +500,7 @@ class _Supervisor:
                 time.sleep(POLL_INTERVAL)
                 self._poll(tasks)
 
-        leftovers = self.backend.sweep(self.options.run_id, self.options.grace_period)
+        leftovers = self.backend.sweep(self.options.run_id, self.options.grace_period, self.launch_id)
         if leftovers:
             self.output.notice(f"stopped {leftovers} leftover processes of run {self.options.run_id}")
 
@@ -677,16 +680,18 @@ class _Supervisor:
         peers = [self._view(t) for t in tasks if t is not task and not t.sidecar]
         return failure_summary(self._view(task), peers, after)
 
-    def _with_error_file(self, plan: TaskPlan, attempt: int) -> TaskPlan:
-        """The plan with its error file added for a task on this machine (whose path the task can
-        write to; the run dir is not on SSH or Slurm hosts), under mgpu's name and torch's, so that
-        torch's `@record` writes there too (error_file.parse reads either format)."""
-        if not self.backend.writes_here(plan):
-            return plan
-        # Absolute: the task's workdir may not be the launcher's.
-        path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
-        files = {protocol.ENV_ERROR_FILE: str(path), protocol.ENV_TORCHELASTIC_ERROR_FILE: str(path)}
-        return dataclasses.replace(plan, env=collections.ChainMap(files, plan.env))
+    def _with_start_env(self, plan: TaskPlan, attempt: int) -> TaskPlan:
+        """The plan with the launch's id (protocol.ENV_LAUNCH_ID) added, and for a task on this machine
+        (whose path the task can write to; the run dir is not on SSH or Slurm hosts) its error file,
+        under mgpu's name and torch's, so that torch's `@record` writes there too (error_file.parse
+        reads either format)."""
+        added = {protocol.ENV_LAUNCH_ID: self.launch_id}
+        if self.backend.writes_here(plan):
+            # Absolute: the task's workdir may not be the launcher's.
+            path = (self.run_dir / error_file.file_name(plan.type, plan.index, attempt)).absolute()
+            added[protocol.ENV_ERROR_FILE] = str(path)
+            added[protocol.ENV_TORCHELASTIC_ERROR_FILE] = str(path)
+        return dataclasses.replace(plan, env=collections.ChainMap(added, plan.env))
 
     def _view(self, task: _Task) -> TaskView:
         plan = task.plan

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from launcher.config.k8s_env import pod_env, read_pod
+from launcher.config.k8s_env import dns_timeout, pod_env, read_pod
 from launcher.errors import UsageError
 from launcher.bootstrap.k8s_pod import wait_for_names
 from launcher.plan.planner import pod_plan
@@ -49,6 +49,11 @@ def test_each_pod_plans_its_own_task_from_its_index():
     ({"JOB_COMPLETION_INDEX": "3"}, "JOB_COMPLETION_INDEX 3 is out of range: the job has 3 pods (0-2)"),
     ({"MGPU_K8S_TASKS": "²"}, "MGPU_K8S_TASKS '²' is not a number"),
     ({"MGPU_K8S_PORT": "70000"}, "MGPU_K8S_PORT 70000 is not a TCP port"),
+    ({"JOB_COMPLETION_INDEX": "\u0663"}, "JOB_COMPLETION_INDEX '\u0663' is not a number"),
+    ({"JOB_COMPLETION_INDEX": "1" * 5000}, "JOB_COMPLETION_INDEX '1111111111111111111111111111111111111111'... "
+                                          "(5000 characters) has more than 9 digits"),
+    ({"MGPU_K8S_TASKS": "200000"}, "MGPU_K8S_TASKS 200000 is not between 1 and 100000"),
+    ({"MGPU_K8S_TASKS": "0"}, "MGPU_K8S_TASKS 0 is not between 1 and 100000"),
 ])
 def test_a_pod_environment_that_is_not_whole_is_named(change, message):
     env = environ(0)
@@ -60,6 +65,33 @@ def test_a_pod_environment_that_is_not_whole_is_named(change, message):
     with pytest.raises(UsageError, match=None) as caught:
         read_pod(env)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nan", "is not between 0 and 2592000 seconds (30 days)"),
+    ("inf", "is not between 0 and 2592000 seconds (30 days)"),
+    ("-1", "is not between 0 and 2592000 seconds (30 days)"),
+    ("1e9", "is not between 0 and 2592000 seconds (30 days)"),
+    ("\u0663", "is not a number of seconds"),
+    ("soon", "is not a number of seconds"),
+])
+def test_a_dns_timeout_that_is_not_a_finite_number_of_seconds_is_refused(text, message):
+    with pytest.raises(UsageError) as caught:
+        dns_timeout({"MGPU_K8S_DNS_TIMEOUT": text}, 600)
+    assert f"MGPU_K8S_DNS_TIMEOUT {text!r} {message}" == str(caught.value)
+
+
+def test_a_dns_timeout_is_read_in_seconds():
+    assert dns_timeout({}, 600) == 600 and dns_timeout({"MGPU_K8S_DNS_TIMEOUT": "2.5"}, 600) == 2.5
+    assert dns_timeout({"MGPU_K8S_DNS_TIMEOUT": "0"}, 600) == 0
+
+
+def test_a_pod_with_a_dns_timeout_of_nan_says_so_and_exits_2(tmp_path):
+    env = {**os.environ, **environ(0), "MGPU_K8S_DNS_TIMEOUT": "nan", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "launcher.bootstrap.k8s_pod", "--", "true"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "mgpu: error: MGPU_K8S_DNS_TIMEOUT 'nan' is not between 0 and 2592000 seconds (30 days)\n"
 
 
 def test_the_wait_for_names_is_bounded_and_says_once_what_it_waits_for():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import pytest
 import yaml
@@ -90,8 +91,59 @@ def test_trainer_arguments_go_to_the_built_in_trainer(mgpu):
      "an evaluator is not supported on Kubernetes"),
     (["--spec", str(REPO / "cluster_specs" / "two_workers.yaml"), "--workers", "2", "--image", IMAGE],
      "either --spec or --workers"),
+    (["--workers", "2", "--image", IMAGE, "--env", "JOB_COMPLETION_INDEX=0"],
+     "JOB_COMPLETION_INDEX is set by Kubernetes for each pod"),
+    (["--workers", "2", "--image", IMAGE, "--name", "1job"], "starting with a letter"),
+    (["--workers", "2", "--image", IMAGE, "--name", "job-"], "must be DNS labels"),
+    (["--workers", "2", "--image", IMAGE, "--namespace", "ML_team"], "--namespace 'ML_team': a namespace is a DNS label"),
+    (["--workers", "2", "--image", IMAGE, "--namespace", "-ml"], "a namespace is a DNS label"),
+    (["--workers", "2", "--image", IMAGE, "--namespace", "n" * 64], "a namespace is a DNS label"),
+    (["--workers", "2", "--image", "Registry.example.com/Train:1"], "is not an image reference"),
+    (["--workers", "2", "--image", "train:1 --privileged"], "is not an image reference"),
+    (["--workers", "2", "--image", ""], "is not an image reference"),
+    (["--workers", "2", "--image", "train:"], "is not an image reference"),
+    (["--workers", "2", "--image", "a/" * 130 + "b"], "is not an image reference"),
 ])
 def test_bad_input_is_one_line_and_exit_2(mgpu, args, message):
     result = mgpu("k8s", *args)
     assert result.exit_code == 2, result.stdout + result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+@pytest.mark.parametrize("image", ["train", "train:1", "my/train:1.0-rc_2", "localhost:5000/a/b__c", "a.b-c.io/x.y/z",
+                                   "reg.example.com/train@sha256:" + "0" * 64, "Reg.Example.com:443/t:latest"])
+def test_image_references_as_runtimes_take_them_are_accepted(mgpu, image):
+    result = mgpu("k8s", "--workers", "2", "--image", image)
+    assert result.exit_code == 0, result.stderr
+
+
+def test_a_spec_files_env_cannot_set_the_pod_index(mgpu, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("cluster:\n  worker: [a:2222, b:2222]\nenv:\n  JOB_COMPLETION_INDEX: '0'\n")
+    result = mgpu("k8s", "--spec", str(spec), "--image", IMAGE)
+    assert result.exit_code == 2 and "JOB_COMPLETION_INDEX is set by Kubernetes" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+class Yaml11Loader(yaml.SafeLoader):
+    """Booleans as YAML 1.1 has them, y and n included (PyYAML leaves those out; kubectl's reader,
+    and so the API server's, takes them)."""
+
+
+Yaml11Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"),
+    list("yYnNtTfFoO"))
+
+
+def test_every_string_stays_a_string_for_a_yaml_1_1_reader(mgpu):
+    values = ["y", "n", "Yes", "off", "ON", "~", "null", "0x1f", "1e3", "012", "1_000", ".inf", "2001-12-14", "é", ""]
+    env = [arg for i, value in enumerate(values) for arg in ("--env", f"V{i}={value}")]
+    result = mgpu("k8s", "--workers", "2", "--image", IMAGE, "--name", "n", *env, "--", "y", *values)
+    assert result.exit_code == 0, result.stderr
+    service, job = yaml.load_all(result.stdout, Loader=Yaml11Loader)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][4:] == ["y", *values]
+    assert {item["name"]: item["value"] for item in container["env"]}.items() >= {
+        f"V{i}": value for i, value in enumerate(values)}.items()
+    assert job["metadata"]["name"] == service["metadata"]["name"] == "n"

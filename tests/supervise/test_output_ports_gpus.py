@@ -2,8 +2,12 @@
 
 import os
 import re
+import shlex
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -14,6 +18,8 @@ from launcher.host import ports
 from launcher.supervise import diagnosis
 from launcher.errors import UsageError
 from launcher.supervise.output import Console
+from launching import MGPU, REPO, mgpu_env, wait_for
+from needs import missing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,6 +82,90 @@ def test_pick_free_ports_are_distinct_and_bindable():
         assert not probe.port_in_use(port)
 
 
+def test_picked_ports_are_outside_the_ephemeral_range():
+    """Where outgoing connections take their local ports: a port picked there may be some
+    connection's by the time the task binds it."""
+    low, high = ports.ephemeral_range()
+    assert all(not low <= port <= high and port >= 1024 for port in ports.pick_free_ports(20))
+
+
+# Picks two ports as a launch of `--local 2` does (claimed for as long as it runs), prints them, and
+# keeps them until its stdin closes.
+PICKER = ("import os, sys\nfrom launcher.host.ports import pick_free_ports\nfrom launcher.supervise.run_lock import claim_port\n"
+          "os.write(1, ('%d %d\\n' % tuple(pick_free_ports(2, claim=claim_port))).encode())\nsys.stdin.read()\n")
+
+
+@pytest.mark.netns
+def test_concurrent_launches_never_pick_the_same_port_even_with_a_tiny_ephemeral_range(tmp_path):
+    """Ten launches at once, each picking two ports, in a network namespace whose ephemeral
+    range has ten ports (the range is the namespace's own): twenty distinct ports, none in it."""
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        missing("needs unshare and ip (util-linux, iproute2)")
+    script = ("ip link set lo up && echo '40000 40009' > /proc/sys/net/ipv4/ip_local_port_range || exit 99\n"
+              "exec 3<&0\n"
+              f"for i in 1 2 3 4 5 6 7 8 9 10; do {sys.executable} -c \"$PICKER\" <&3 & done\n"
+              "wait\n")
+    env = {**os.environ, "PICKER": PICKER, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(["unshare", "--net", "sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, env=env) as proc:
+        try:
+            lines = [proc.stdout.readline() for _ in range(10)]  # all ten hold their ports now
+        finally:
+            proc.stdin.close()  # now they end
+            assert proc.wait(30) == 0
+    picked = [int(port) for line in lines for port in line.split()]
+    assert len(picked) == 20 and len(set(picked)) == 20, picked
+    assert not any(40000 <= port <= 40009 for port in picked)
+
+
+# A task that listens on its own port, as TensorFlow's server does, says so with a file, and stays
+# until the file GO exists.
+LISTENER = r"""
+import json, os, pathlib, socket, sys, time
+cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]
+port = int(cluster[int(os.environ["MGPU_TASK_INDEX"])].rsplit(":", 1)[1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", port))
+server.listen()
+pathlib.Path(sys.argv[1], f"{port}-{os.getpid()}").touch()
+deadline = time.monotonic() + 120
+while not pathlib.Path(sys.argv[2]).exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.netns
+def test_ten_concurrent_local_launches_with_a_tiny_ephemeral_range_all_listen(tmp_path):
+    """Ten `mgpu launch --local 2` at once in a network namespace whose ephemeral range has ten
+    ports: each of the twenty tasks listens on its own port, and every launch succeeds."""
+    if not shutil.which("unshare"):
+        missing("needs unshare (util-linux)")
+    up, go = tmp_path / "up", tmp_path / "go"
+    up.mkdir()
+    launch = " ".join(shlex.quote(a) for a in [*MGPU, "launch", "--local", "2", "--no-check", "--log-dir", str(tmp_path),
+                                                "--", sys.executable, "-c", LISTENER, str(up), str(go)])
+    script = ("ip link set lo up && echo '40000 40009' > /proc/sys/net/ipv4/ip_local_port_range || exit 99\n"
+              f"for i in 0 1 2 3 4 5 6 7 8 9; do {launch} > {shlex.quote(str(tmp_path))}/mgpu-$i.out 2>&1 & pids=\"$pids $!\"\n"
+              "done\nfail=0\nfor pid in $pids; do wait $pid || fail=1; done\nexit $fail\n")
+    proc = subprocess.Popen(["unshare", "--net", "sh", "-c", script], env=mgpu_env())
+    try:
+        def settled() -> bool:  # all up, or one launch has failed
+            return len(list(up.iterdir())) == 20 or proc.poll() is not None or any(
+                "stopping all tasks" in out.read_text(errors="replace") for out in tmp_path.glob("mgpu-*.out"))
+
+        wait_for(settled, 180, what="twenty tasks listening")
+        go.touch()
+        assert proc.wait(120) == 0, "\n".join(f.read_text()[-600:] for f in sorted(tmp_path.glob("mgpu-*.out")))
+    finally:
+        go.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ports = {name.name.split("-")[0] for name in up.iterdir()}
+    assert len(ports) == 20 and not any(40000 <= int(port) <= 40009 for port in ports)
+
+
 def test_port_in_use_sees_a_listener():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -89,6 +179,11 @@ def test_bind_failure_recognises_tensorflow_messages():
     assert diagnosis.bind_failure(tf_line) == 37891
     assert diagnosis.bind_failure("tensorflow...UnknownError: Could not start gRPC server") == 0
     assert diagnosis.bind_failure("OSError: [Errno 98] Address already in use") == 0
+    # PyTorch's TCPStore on MASTER_PORT (torch 2.x)
+    torch_line = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                  "address. port: 40251, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert diagnosis.bind_failure(torch_line) == 40251
+    assert diagnosis.known_failures([torch_line]) == [diagnosis.PORT_TAKEN]
     assert diagnosis.bind_failure("epoch 1 loss 0.3") is None
 
 

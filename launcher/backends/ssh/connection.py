@@ -21,8 +21,12 @@ from launcher.backends.ssh.transport import LOG_CHANNEL, SignalStatusTransport
 EXIT_CONNECTION_LOST = 255
 # Unanswered keepalives before a connection counts as dead (ssh's ServerAliveCountMax).
 _KEEPALIVE_COUNT_MAX = 3
-# Channel window: large enough that a chatty task never waits for us between reads.
-_WINDOW_SIZE = 8 * 1024 * 1024
+# Channel window: how much of a session's output the remote host sends ahead of what the launcher
+# has read. It is what the launcher may hold unread per session, so it bounds the launcher's memory
+# (with 8 MiB, 32 flooding tasks took hundreds of MiB) and what is still in flight when a task ends;
+# a task that writes faster waits on its host. Eight of paramiko's 32 KiB packets: far more than
+# a LAN's round trip needs.
+_WINDOW_SIZE = 256 * 1024
 
 
 def _describe_os_error(e: BaseException) -> str:

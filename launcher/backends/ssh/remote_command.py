@@ -14,8 +14,9 @@ POSIX sh running a small wrapper, which:
   finished, the launcher closed the channel, or the connection dropped
   (launcher killed, network gone). The guard then sends SIGTERM to the group
   and to every process of the same user whose environment carries the task's
-  tags (MGPU_RUN_ID, MGPU_ATTEMPT, MGPU_TASK_TYPE, MGPU_TASK_INDEX: this catches
-  processes that left the group with setsid or setpgid), waits up to the grace
+  tags (MGPU_LAUNCH_ID, MGPU_RUN_ID, MGPU_ATTEMPT, MGPU_TASK_TYPE, MGPU_TASK_INDEX:
+  this catches processes that left the group with setsid or setpgid; the launch's
+  id keeps it off a later launch's tasks that reuse the run id), waits up to the grace
   period for them to go, and sends SIGKILL. So no remote process outlives its
   SSH session;
 - exports the environment, changes to the workdir and execs argv with stdin
@@ -45,17 +46,19 @@ import signal
 from typing import Iterable, Mapping, Sequence
 
 from launcher.config.addresses import parse_env_name
-from launcher.protocol import ENV_ATTEMPT, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
+from launcher.protocol import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
 from launcher.shell import one_line, safe_workdir, sh
 
 PGID_MARKER = "MGPU_REMOTE_PGID"
 # The login shell gets the command as one argument, and Linux caps one argument at 128 KiB.
 MAX_COMMAND_BYTES = 128 * 1024 - 1
 ENV_END = "MGPU_ENV_END"
-TAG_NAMES = (ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
+# The launch's id first: the guard's first search is for it, the rarest of them.
+TAG_NAMES = (ENV_LAUNCH_ID, ENV_RUN_ID, ENV_ATTEMPT, ENV_TASK_TYPE, ENV_TASK_INDEX)
 
-# $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or all
-# four NAME=value tags (TAG_NAMES).
+# $1 = process group, $2 = grace seconds (whole: it waits in sleeps of 1 s), then no tags or the
+# NAME=value tags (TAG_NAMES, the launch's id first where the task has one), all of which a process
+# must carry.
 # The guard is in the group too, so it ignores the TERM it sends (and the ABRT that asks the task
 # for its stacks when a run stalls), and its final KILL goes to the tagged processes first: kill
 # signals its operands in order, and signalling the group ends the guard itself. Its own
@@ -64,12 +67,15 @@ _HANGUP_GUARD = r"""trap '' INT TERM HUP ABRT
 cat >/dev/null
 g=$1; t=$2; shift 2
 tagged() {
-  [ "$#" = 4 ] || return 0
+  [ "$#" -gt 0 ] || return 0
   for f in $(grep -l -F -e "$1" /proc/[0-9]*/environ 2>/dev/null); do
     d=${f%/environ}
     [ -O "$d" ] || continue
-    n=$(tr '\0' '\n' <"$f" 2>/dev/null | grep -c -F -x -e "$1" -e "$2" -e "$3" -e "$4")
-    [ "$n" = 4 ] && echo "${d#/proc/}"
+    n=0
+    for tag in "$@"; do
+      tr '\0' '\n' <"$f" 2>/dev/null | grep -q -F -x -e "$tag" && n=$((n+1))
+    done
+    [ "$n" = "$#" ] && echo "${d#/proc/}"
   done
 }
 kill -TERM "-$g" $(tagged "$@") 2>/dev/null
@@ -148,8 +154,9 @@ def task_command(
     if not argv:
         raise ValueError("empty argv")
     names = [parse_env_name(name) for name in env]
+    # A task without the launch's id (started by hand, not by the supervisor) is found by the others.
     tags = [shlex.quote(f"{name}={env[name]}") for name in TAG_NAMES if name in env]
-    tags = tags if len(tags) == len(TAG_NAMES) else []
+    tags = tags if all(name in env for name in TAG_NAMES[1:]) else []
     lines = [
         "exec 3<&0 </dev/null",
         f'echo "{PGID_MARKER} $$" >&2',

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from launcher.host.ports import pick_free_ports
@@ -303,3 +304,87 @@ def test_ssh_user_port_and_identity_options_win_over_the_ssh_config(ssh_lab, tmp
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert f"logged in on {ssh_lab.a.port} as {ssh_lab.user}" in out.decode()
+
+
+# The old launch's task: it ignores SIGTERM and stays until the test creates RELEASE. The remote
+# hosts are this machine, where the new launcher's check for live processes of the run id would
+# see it; a task on another machine is out of that check's sight, and so this one is made: it
+# execs itself without mgpu's tags in its environment, keeping its pid, its group and its session.
+OLD_TASK = r"""
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+env = {k: v for k, v in os.environ.items() if not k.startswith("MGPU_")}
+os.execve(sys.executable, [sys.executable, "-c", '''
+import os, pathlib, sys, time
+print("old-up", os.getpgid(0), flush=True)
+deadline = time.monotonic() + 120
+while not pathlib.Path(sys.argv[1]).exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+''', sys.argv[1]], env)
+"""
+
+NEW_TASK = r"""
+import pathlib, sys, time
+print("new-up", flush=True)
+deadline = time.monotonic() + 120
+while not pathlib.Path(sys.argv[1]).exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+sys.exit(0 if pathlib.Path(sys.argv[1]).exists() else 3)
+"""
+
+
+def read_until(proc, text: bytes) -> bytes:
+    """The first line of mgpu's stdout with `text` in it (at most 500 lines)."""
+    for _ in range(500):
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read().decode()
+        if text in line:
+            return line
+    raise AssertionError(f"no {text!r} in mgpu's output")
+
+
+def guards_of(pgid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and "mgpu-guard" in p.cmdline():
+                found.append(p)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found
+
+
+def test_a_run_id_used_again_after_its_launcher_was_killed_keeps_the_new_tasks(ssh_lab, tmp_path):
+    """kill -9 of a launcher of an SSH run, then a new launch with the same run id: the old task's
+    hang-up guard waits out its grace period for the old task (which ignores SIGTERM), then kills
+    what carries its tags; the new launch's task, with the same run id, attempt, type and index,
+    is not among them."""
+    run_id = unique_run_id("reused")
+    release, done = tmp_path / "release", tmp_path / "done"
+    port_old, port_new = pick_free_ports(2)
+    common = [*ssh_args(ssh_lab), "--run-id", run_id, "--no-check"]
+    old = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_old}", *common, "--log-dir", "old",
+               "--grace-period", "30", "--", PYTHON, "-c", OLD_TASK, str(release))
+    new = None
+    try:
+        old_pgid = int(read_until(old, b"old-up").split()[-1])
+        assert guards_of(old_pgid)
+        old.kill()
+        old.wait(10)
+        new = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_new}", *common, "--log-dir", "new",
+                   "--", PYTHON, "-c", NEW_TASK, str(done))
+        read_until(new, b"new-up")
+        release.touch()  # the old task goes; its guard ends (having killed what it found with its tags)
+        wait_for(lambda: not guards_of(old_pgid), 60, "the old guard to end")
+        done.touch()
+        new.wait(60)
+        assert new.returncode == 0, new.stdout.read().decode() + new.stderr.read().decode()
+    finally:
+        release.touch()
+        done.touch()
+        for proc in (old, new):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+                proc.stdout.close()
+                proc.stderr.close()

@@ -214,8 +214,9 @@ def test_a_login_shells_unfinished_line_before_the_pgid_line_stays_in_the_stream
     assert remote_command.split_pgid_line(b"MGPU_REMOTE_PGID 42 and more\n") == (b"MGPU_REMOTE_PGID 42 and more\n", None)
 
 
-def tags(run_id: str) -> dict[str, str]:
-    return {"MGPU_RUN_ID": run_id, "MGPU_ATTEMPT": "0", "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "0"}
+def tags(run_id: str, launch_id: str = "0123456789abcdef") -> dict[str, str]:
+    return {"MGPU_LAUNCH_ID": launch_id, "MGPU_RUN_ID": run_id, "MGPU_ATTEMPT": "0", "MGPU_TASK_TYPE": "worker",
+            "MGPU_TASK_INDEX": "0"}
 
 
 def test_env_values_never_reach_a_command_line_another_user_can_read():
@@ -458,3 +459,28 @@ def test_the_join_reporter_ignores_other_sessions_sockets():
         outsider.close()
         other.close()
         coordinator.close()
+
+
+SLEEPER = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n"
+
+
+def test_the_guard_of_a_gone_launch_spares_a_later_launch_with_the_same_run_id():
+    """The old launch's task ignores SIGTERM, so its guard keeps looking for the task's tagged
+    processes for the whole grace period, then kills them. The new launch's task carries the same
+    run id, attempt, type and index; only the launch's id tells them apart."""
+    run_id = "reused-" + os.urandom(4).hex()
+    old = start_like_sshd(remote_command.task_command([sys.executable, "-c", STUBBORN_TREE],
+                                                      tags(run_id, "a" * 16), None, 2))
+    new = start_like_sshd(remote_command.task_command([sys.executable, "-c", SLEEPER], tags(run_id, "b" * 16), None, 2))
+    old_pgid, new_pgid = read_pgid(old), read_pgid(new)
+    try:
+        old.stdout.readline()  # the old task's child is up
+        new_task = psutil.Process(int(new.stdout.readline()))
+        old.stdin.close()  # the old launcher's connection is gone
+        assert wait_group_gone(old_pgid, 15) == []  # its guard has had its grace period, and killed
+        assert new_task.is_running() and new_task.status() != psutil.STATUS_ZOMBIE
+    finally:
+        new.stdin.close()
+        assert wait_group_gone(new_pgid, 15) == []
+        old.wait(5)
+        new.wait(5)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 
 import psutil
 import pytest
@@ -642,3 +643,36 @@ def test_a_login_shells_unfinished_line_before_the_wrapper_stays_and_the_task_st
     finally:
         runner.close()
         server.stop()
+
+
+FLOOD = "import sys\nsys.stdout.buffer.write(bytes(range(256)) * 16384)\n"  # 4 MiB, then exit 0
+
+
+def blocked_writing(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return "pipe_write" in f.read()  # pipe_write, anon_pipe_write: the kernel's name for it
+    except OSError:
+        return False
+
+
+def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(runner):
+    """A task that writes faster than the launcher reads is held back by the channel's window, not
+    buffered here: the launcher holds at most that window of unread output per task."""
+    proc = runner.start(plan("sshd-a", [PYTHON, "-c", FLOOD]), attempt=0)
+    chan = proc._chan
+    try:
+        def held_back() -> bool:  # blocked writing, and nothing more arrives here
+            if proc.poll() is not None or not blocked_writing(proc.pid):
+                return proc.poll() is not None
+            before = len(chan.in_buffer)
+            time.sleep(0.5)
+            return blocked_writing(proc.pid) and len(chan.in_buffer) == before
+        wait_for(held_back, 60, "the remote writer held back", interval=0.05)
+        assert proc.poll() is None, "the whole 4 MiB was taken in while nothing read it"
+        assert len(chan.in_buffer) <= 1024 * 1024
+        out, _ = drain(proc)
+        assert out == bytes(range(256)) * 16384
+        assert wait_exit(proc) == 0
+    finally:
+        proc.close()
