@@ -195,7 +195,7 @@ def claim_port(port: int) -> bool:
     if port in _port_claims:
         return False
     try:
-        dir_fd = _open_lock_dir()
+        dir_fd = _open_lock_dir(run_id_lock_dir())
     except UsageError:  # the run id's claim, which needs the folder too, says what is wrong with it
         return True
     try:
