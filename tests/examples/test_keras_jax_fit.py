@@ -85,8 +85,10 @@ def assert_one_job_with_equal_weights(results, processes):
     assert len({r["loss"] for r in results.values()}) == 1, results
 
 
-def test_two_workers_train_one_job_and_end_with_equal_weights(tmp_path, launches):
-    launch = launches(tmp_path, "two", ["--local", "2"])
+def test_two_workers_train_one_job_seen_ready_before_its_first_epoch_and_end_with_equal_weights(tmp_path, launches):
+    # Only process 0 listens; process 1 is seen joining by its connection to it. No ready line.
+    # A start timeout far past any join: a slow machine does not fail it.
+    launch = launches(tmp_path, "two", ["--local", "2", "--start-timeout", "120"], ["--epochs", "2"])
     code, out = launch.finish()
     assert code == 0, out[-3000:]
     results = launch.results(["worker:0", "worker:1"])
@@ -94,14 +96,6 @@ def test_two_workers_train_one_job_and_end_with_equal_weights(tmp_path, launches
     assert results["worker:0"]["process_id"] == 0  # worker 0 coordinates when there is no chief
     assert results["worker:0"]["accuracy"] > 0.5  # it learned: the synthetic set is learnable
     assert launch.record()["status"] == "succeeded"
-
-
-def test_a_fit_is_seen_ready_before_its_first_epoch(tmp_path, launches):
-    # Only process 0 listens; process 1 is seen joining by its connection to it. No ready line.
-    # A start timeout far past any join: a slow machine does not fail it.
-    launch = launches(tmp_path, "ready", ["--local", "2", "--start-timeout", "120"], ["--epochs", "2"])
-    code, out = launch.finish()
-    assert code == 0, out[-3000:]
     lines = out.splitlines()
     ready = next(i for i, line in enumerate(lines) if line.startswith("[mgpu] all 2 tasks ready after"))
     assert ready < min(i for i, line in enumerate(lines) if "Epoch 1/2" in line), out[-3000:]

@@ -183,14 +183,15 @@ def test_ready_tasks_pass_the_start_deadline(run_id, tmp_path):
     assert protocol.READY_LINE in (result.run_dir / "worker-0.log").read_text()
 
 
-def test_fifty_megabytes_of_output_do_not_block(run_id, tmp_path):
-    plans = make_plans(run_id, ["--print-mb", "50", "--lines", "2"])
+def test_sixteen_megabytes_of_output_do_not_block(run_id, tmp_path):
+    # 256 times what a pipe holds, from each of two tasks at once.
+    plans = make_plans(run_id, ["--print-mb", "16", "--lines", "2"])
     result = supervise_plans(plans, run_id, tmp_path)
     assert result.error is None
     for plan in plans:
         log_size = (result.run_dir / f"worker-{plan.index}.log").stat().st_size
-        assert log_size >= 50 * 1024 * 1024
-        assert f"{plan.name} printed 50.0 MB" in result.log(plan.name)
+        assert log_size >= 16 * 1024 * 1024
+        assert f"{plan.name} printed 16.0 MB" in result.log(plan.name)
 
 
 def test_long_line_without_newline_is_shown_in_pieces(run_id, tmp_path):

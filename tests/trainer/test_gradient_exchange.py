@@ -2,10 +2,11 @@
 
 The seed CNN trains a few SGD steps on synthetic data under each exchange, from the same
 initial weights and on the same batches (dropout masks come from the same seeds), so the
-weights may differ only by rounding: float32 factors by float sums in another order,
-bfloat16 factors by the precision of bfloat16, int8 factors by their 8 bits per value. Where the
-factors' all-gather goes on the wire (early, during back-propagation, or together with the
-other gradients after it) changes nothing but the time.
+weights may differ only by rounding: bfloat16 factors by the precision of bfloat16, int8 factors
+by their 8 bits per value. Where the factors' all-gather goes on the wire (early, during
+back-propagation, or together with the other gradients after it) changes nothing but the time.
+float32 factors, which differ by float sums in another order only, are held to a single worker's
+weights in test_training.py.
 """
 
 import pytest
@@ -53,8 +54,6 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exchange")
     return {
         "allreduce": run_two_workers(tmp, "allreduce", ["--gradient-exchange", "allreduce"]),
-        "float32": run_two_workers(tmp, "float32", ["--gradient-exchange", "factors",
-                                                    "--factor-dtype", "float32"]),
         "bfloat16": run_two_workers(tmp, "bfloat16", ["--factor-dtype", "bfloat16", "--factor-gather", "together"]),
         "bfloat16-early": run_two_workers(tmp, "bfloat16-early", ["--factor-dtype", "bfloat16",
                                                                   "--factor-gather", "early"]),
@@ -65,7 +64,7 @@ def runs(tmp_path_factory):
 # Measured (SGD, 20 steps): float32 factors 3e-5, bfloat16 factors 0.10, int8 factors 0.105 of
 # the last 10 steps' update, early against together 0; a kernel gradient off by a factor or
 # taken from the wrong rows gives ~1.
-FLOAT32_TOLERANCE = 1e-3
+SAME_TOLERANCE = 1e-3  # float sums in another order at most
 BFLOAT16_TOLERANCE = 0.3
 INT8_TOLERANCE = 0.3
 
@@ -83,12 +82,11 @@ def relative_difference(runs, name: str, reference_name: str = "allreduce") -> f
 def test_auto_chooses_int8_factors_for_the_cnn_on_two_workers_and_the_log_names_the_exchange(runs):
     assert "gradient exchange: factors int8 (dense 3136x1024, 1024x10), together all-gather" in runs["default"]["log"]
     assert "gradient exchange: allreduce float32" in runs["allreduce"]["log"]
-    assert "gradient exchange: factors float32 (dense 3136x1024, 1024x10)" in runs["float32"]["log"]
     assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10), together all-gather" in runs["bfloat16"]["log"]
     assert "gradient exchange: factors bfloat16 (dense 3136x1024, 1024x10), early all-gather" in runs["bfloat16-early"]["log"]
 
 
-@pytest.mark.parametrize("name", ["allreduce", "float32", "bfloat16", "bfloat16-early", "default"])
+@pytest.mark.parametrize("name", ["allreduce", "bfloat16", "bfloat16-early", "default"])
 def test_workers_end_with_identical_weights(runs, name):
     metrics = runs[name]["metrics"]
     assert metrics["global_step"] == STEPS and metrics["num_replicas"] == 2
@@ -96,8 +94,8 @@ def test_workers_end_with_identical_weights(runs, name):
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
 
 
-@pytest.mark.parametrize("name, tolerance", [("float32", FLOAT32_TOLERANCE), ("bfloat16", BFLOAT16_TOLERANCE),
-                                             ("default", INT8_TOLERANCE)])
+# float32 factors: test_training.py holds them to the single worker's weights at 1e-4, closer than here.
+@pytest.mark.parametrize("name, tolerance", [("bfloat16", BFLOAT16_TOLERANCE), ("default", INT8_TOLERANCE)])
 def test_factors_stay_close_to_the_allreduce(runs, name, tolerance):
     error = relative_difference(runs, name)
     print(f"{name} factors vs all-reduce: {error:.2e} of the last 10 steps' update")
@@ -107,7 +105,7 @@ def test_factors_stay_close_to_the_allreduce(runs, name, tolerance):
 def test_the_factors_all_gather_early_or_together_gives_the_same_weights(runs):
     error = relative_difference(runs, "bfloat16", reference_name="bfloat16-early")
     print(f"factors gathered together vs early: {error:.2e} of the last 10 steps' update")
-    assert error < FLOAT32_TOLERANCE
+    assert error < SAME_TOLERANCE
 
 
 def test_auto_factors_a_dense_layer_only_when_the_cost_model_finds_factors_cheaper():
