@@ -40,12 +40,15 @@ def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
     return DEFAULT_EPHEMERAL_RANGE
 
 
-def _candidates(ephemeral: tuple[int, int]) -> list[int]:
-    """The unprivileged ports outside the ephemeral range, in random order."""
+def _candidates(ephemeral: tuple[int, int], count: int) -> list[int]:
+    """Up to `count` distinct unprivileged ports outside the ephemeral range, in random order
+    (drawn without listing the tens of thousands there are)."""
     low, high = ephemeral
-    ports = [p for p in range(FIRST_UNPRIVILEGED, LAST_PORT + 1) if not low <= p <= high]
-    random.SystemRandom().shuffle(ports)
-    return ports
+    below = max(0, min(low, LAST_PORT + 1) - FIRST_UNPRIVILEGED)  # FIRST_UNPRIVILEGED .. low - 1
+    above_first = max(high + 1, FIRST_UNPRIVILEGED)
+    above = max(0, LAST_PORT + 1 - above_first)  # above_first .. LAST_PORT
+    picks = random.SystemRandom().sample(range(below + above), min(count, below + above))
+    return [FIRST_UNPRIVILEGED + i if i < below else above_first + i - below for i in picks]
 
 
 def _bind(family: socket.AddressFamily, port: int) -> socket.socket | None:
@@ -72,7 +75,7 @@ def pick_free_ports(n: int, host: str = "127.0.0.1", claim: Callable[[int], bool
     family = _family(host)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
-        for port in _candidates(ephemeral_range())[:MAX_TRIES]:
+        for port in _candidates(ephemeral_range(), MAX_TRIES):
             if len(ports) == n:
                 break
             sock = _bind(family, port)
