@@ -83,7 +83,7 @@ def ssh_options(func):
                           "A changed key is always refused."),
         keep_host_names_option,
         click.option("--connect-timeout", type=params.Seconds(0.1), default=10.0, show_default=True,
-                     metavar="SECONDS", help="Timeout for each SSH connection."),
+                     metavar="SECONDS", help="Timeout for each SSH connection (the remote login shell then has at least 60 s to start a task)."),
         click.option("--keepalive", type=params.Seconds(0.1), default=None, metavar="SECONDS",
                      help="Seconds between SSH keepalives; a host that answers none of 3 in a row counts as lost. "
                           "[default: 15]"),

@@ -29,6 +29,7 @@ from launcher.backends.ssh.target import SshTarget, load_ssh_config, resolve_tar
 
 # Sessions opened on one connection before another is opened; sshd's MaxSessions defaults to 10.
 _SESSIONS_PER_CONNECTION = 8
+SHELL_START_TIMEOUT = 60.0  # seconds for the remote login shell to start a task and answer
 
 
 class SshTaskProcess(TaskProcess):
@@ -231,7 +232,10 @@ class SshBackend(Backend):
     def _read_pgid(self, chan: paramiko.Channel, stderr: ChannelStream, conn: Connection) -> int:
         """Consume the wrapper's process-group line; lines the login shell printed before it stay in the stream."""
         before: list[bytes] = []
-        chan.settimeout(self.options.connect_timeout)
+        # The login shell runs first: its start-up files (conda, module, pyenv init) may take
+        # seconds on a healthy host, more than a connection does.
+        wait = max(self.options.connect_timeout, SHELL_START_TIMEOUT)
+        chan.settimeout(wait)
         try:
             while True:
                 line = stderr.readline()
@@ -243,7 +247,7 @@ class SshBackend(Backend):
                     return pgid
                 before.append(line)
         except socket.timeout:
-            before.append(f"no answer within {self.options.connect_timeout:g} s".encode())
+            before.append(f"no answer within {wait:g} s".encode())
         finally:
             chan.settimeout(None)
         detail = b"".join(before).decode("utf-8", "replace").strip().splitlines()
