@@ -39,11 +39,12 @@ demo: venv
 		--dataset synthetic --train-steps 200 --log-every 25 --eval-every 100 \
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
 
-# Two pytest processes (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end.
+# Two pytest processes, each given whole files, so that a file's fixtures are made once
+# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end.
 TEST_WORKERS ?= 2
 
 test: venv
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=25
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --durations=25
 
 test-fast: venv
 	$(PY) -m pytest -m fast -q

@@ -112,15 +112,6 @@ def _needs_a_framework(item) -> bool:
         return True  # cannot tell: not fast
 
 
-# `make test` spreads the suite over pytest-xdist workers a file at a time (a file's fixtures are
-# made once), and the files that share a machine-wide lab (one Slurm cluster; network namespaces
-# with their sshds) in one worker, in order.
-SHARED_LABS = {"tests/backends/slurm/": "slurm-lab", "tests/backends/ssh/test_netns.py": "netns-lab",
-               "tests/backends/ssh/test_sync.py": "netns-lab",
-               "tests/backends/ssh/test_spare_hosts.py": "netns-lab",
-               "tests/bootstrap/test_k8s_pod.py": "netns-lab"}
-
-
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
@@ -128,6 +119,3 @@ def pytest_collection_modifyitems(config, items):
         if (relative.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST_MARKS)
                 and not _needs_a_framework(item)):
             item.add_marker(pytest.mark.fast)
-        if config.pluginmanager.hasplugin("xdist"):
-            group = next((lab for prefix, lab in SHARED_LABS.items() if relative.startswith(prefix)), relative)
-            item.add_marker(pytest.mark.xdist_group(group))
