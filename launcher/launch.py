@@ -10,11 +10,12 @@ import sys
 from typing import Callable, Sequence
 
 from launcher.config.addresses import parse_endpoint
+from launcher.config.slurm_env import read_allocation
 from launcher.config.spec import with_host_replaced
 from launcher.errors import MgpuError, UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces
-from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
+from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan, in_step_order
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability, probe_reachability
@@ -235,11 +236,33 @@ def _launch_slurm(plans: Sequence[TaskPlan], options: LaunchOptions) -> None:
     """Every task in one srun step of the allocation this launcher runs in."""
 
     _warn_about_exposure(plans, None, options)
-    backend = SlurmBackend(plans)
+    nodes = read_allocation(os.environ).nodes
+    backend = SlurmBackend(plans, allocation_nodes=nodes)
     try:
-        supervise(plans, backend, options.supervise)
+        supervise(plans, backend, options.supervise, hosts=_slurm_node_actions(nodes, options))
     finally:
         backend.close()
+
+
+def _slurm_node_actions(nodes: Sequence[str], options: LaunchOptions) -> HostActions:
+    """Under Slurm, a node left out gives its tasks to a spare node of the allocation (one that no
+    task uses): the plans are made again, ranked in the allocation's node order, and the next step
+    excludes the node. Slurm checks its nodes itself: no login or reachability probe here."""
+    spec = options.spec
+
+    def replace(node: str, notice: Callable[[str], None]) -> tuple[list[TaskPlan], str] | None:
+        nonlocal spec
+        if spec is None or options.replan is None or not spec.spares:
+            return None
+        spare = spec.spares[0]
+        spec = with_host_replaced(spec, node, spare)
+        return in_step_order(options.replan(spec), nodes), spare
+
+    def relaunch(node: str) -> str | None:
+        command = relaunch_command(options.argv, node)
+        return f"{command}  (in an allocation without {node}: sbatch or salloc --exclude={node})" if command else None
+
+    return HostActions(replace=replace, relaunch=relaunch)
 
 
 def _warn_about_exposure(plans: Sequence[TaskPlan], resolve, options: LaunchOptions) -> None:

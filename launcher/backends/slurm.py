@@ -64,14 +64,19 @@ def task_status(text: str) -> int | None:
     return -_SIGNAL_BY_TEXT[text] if text in _SIGNAL_BY_TEXT else None
 
 
-def srun_argv(plans: Sequence[TaskPlan], python: str) -> list[str]:
+def srun_argv(plans: Sequence[TaskPlan], python: str, allocation_nodes: Sequence[str] = ()) -> list[str]:
+    """The step's srun. The nodes of the allocation (`allocation_nodes`) that no task uses (spares,
+    and nodes left out) are excluded: srun would otherwise pick the step's nodes among them."""
+    nodes = list(dict.fromkeys(plan.host for plan in plans))
+    exclude = [node for node in allocation_nodes if node not in nodes]
     # A sidecar evaluator may fail without stopping training, so Slurm's own fail-fast only
     # guards steps without one; the supervisor stops the step on any training task's failure.
     has_sidecar = any(plan.type not in protocol.TRAINING_TASK_TYPES for plan in plans)
     return [
         "srun", "--label", "--verbose", "--export=ALL", "--input=none", "--distribution=block",
         f"--kill-on-bad-exit={0 if has_sidecar else 1}",
-        f"--ntasks={len(plans)}", f"--nodes={len(dict.fromkeys(plan.host for plan in plans))}",
+        f"--ntasks={len(plans)}", f"--nodes={len(nodes)}",
+        *([f"--exclude={','.join(exclude)}"] if exclude else []),
         python, "-m", BOOTSTRAP_MODULE,
     ]
 
@@ -306,13 +311,19 @@ class SlurmAttempt(Attempt):
 class SlurmBackend(Backend):
     """Starts every task of an attempt as one step (SlurmAttempt); owns the step."""
 
-    def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable):
-        """Checks that the plans can be handed to a step; nothing starts until begin_attempt()."""
+    def __init__(self, plans: Sequence[TaskPlan], python: str = sys.executable, allocation_nodes: Sequence[str] = ()):
+        """Checks that the plans can be handed to a step; nothing starts until begin_attempt().
+        `allocation_nodes`: every node of the allocation, those that no task uses left out of the step."""
         self._count = len(plans)
-        self._nodes = list(dict.fromkeys(plan.host for plan in plans))
-        self._argv = srun_argv(plans, python)
-        self._env = step_environment(plans, dict(os.environ))
+        self._python = python
+        self._allocation_nodes = tuple(allocation_nodes)
+        self._step_of(plans)  # refuses plans that a step cannot take, before anything starts
         _allow_open_files(6 * self._count + 256)
+
+    def _step_of(self, plans: Sequence[TaskPlan]) -> tuple[list[str], dict[str, str], list[str]]:
+        """srun's argv and environment for these plans, and the nodes they run on."""
+        nodes = list(dict.fromkeys(plan.host for plan in plans))
+        return srun_argv(plans, self._python, self._allocation_nodes), step_environment(plans, dict(os.environ)), nodes
 
     def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> SlurmAttempt:
         if len(tasks) != self._count:
@@ -320,5 +331,6 @@ class SlurmBackend(Backend):
         for task in tasks:
             if task.slurm_rank is None:
                 raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
-        return SlurmAttempt(SlurmStep(self._argv, self._env, self._count, attempt, self._nodes))
-
+        # A node left out between attempts changes the plans: the step is made from the attempt's.
+        argv, env, nodes = self._step_of(tasks)
+        return SlurmAttempt(SlurmStep(argv, env, self._count, attempt, nodes))

@@ -121,7 +121,8 @@ def hosts_request(opts: dict, local: int | None = None, slurm: SlurmScope | None
         workers=opts.get("workers"), slot_hosts=opts.get("slot_hosts"), hostfile=opts.get("hostfile"),
         spec_file=opts.get("spec_file"), local=local, slurm=slurm, chief=chief, evaluator=evaluator,
         port=opts.get("port", 2222),
-        ssh_defaults=SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"), identity_file=opts.get("identity")))
+        ssh_defaults=SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"), identity_file=opts.get("identity")),
+        spares=tuple(opts.get("spare_hosts") or ()) if slurm else ())
 
 
 def check_text(opts: dict, command: tuple[str, ...] = ()) -> None:

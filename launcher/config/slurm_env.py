@@ -72,6 +72,19 @@ def read_allocation(env: Mapping[str, str], step: bool = False) -> Allocation:
     return Allocation(job_id, nodes, counts, _gpus_per_task(env.get("SLURM_GPUS_PER_TASK")))
 
 
+def without_nodes(allocation: Allocation, nodes: tuple[str, ...]) -> Allocation:
+    """The allocation less `nodes`, which its tasks leave free (spares, under `--spare-hosts`);
+    UsageError for a node the allocation does not have, or when no node would be left."""
+    missing = [node for node in nodes if node not in allocation.nodes]
+    if missing:
+        raise UsageError(f"spare host {missing[0]} is not a node of Slurm job {allocation.job_id} "
+                         f"({', '.join(allocation.nodes)})")
+    kept = [(node, count) for node, count in zip(allocation.nodes, allocation.tasks_per_node) if node not in nodes]
+    if not kept:
+        raise UsageError(f"Slurm job {allocation.job_id}: every node is a spare; none is left to run the tasks")
+    return dataclasses.replace(allocation, nodes=tuple(n for n, _ in kept), tasks_per_node=tuple(c for _, c in kept))
+
+
 def _first(env: Mapping[str, str], names: list[str]) -> str | None:
     return next((env[name] for name in names if env.get(name)), None)
 

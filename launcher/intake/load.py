@@ -20,7 +20,7 @@ import time
 from launcher.config.addresses import is_loopback
 from launcher.config.envfile import parse_env_file
 from launcher.config.hostfile import parse_hostfile
-from launcher.config.slurm_env import read_allocation
+from launcher.config.slurm_env import read_allocation, without_nodes
 from launcher.config.spec import ClusterSpec, SshSettings, build_tasks, expand_slots, local_tasks, slurm_tasks
 from launcher.config.spec_file import load_spec_text
 from launcher.errors import UsageError
@@ -49,6 +49,7 @@ class HostsRequest:
     evaluator: object = None
     port: int = 2222
     ssh_defaults: SshSettings = SshSettings()
+    spares: tuple[str, ...] = ()  # under Slurm: the allocation's nodes that its tasks leave free
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ def read_spec(request: HostsRequest) -> ClusterSpec:
     """The ClusterSpec that the request describes (I/O: spec files, hostfiles, free local ports)."""
     if request.slurm is not None:
         return _slurm_spec(request.port, request.slurm is SlurmScope.STEP, request.chief is THIS_MACHINE,
-                           request.evaluator is THIS_MACHINE)
+                           request.evaluator is THIS_MACHINE, request.spares)
     if request.spec_file:
         spec = load_spec_text(read_text(request.spec_file, "--spec"), request.spec_file)
         # The command line's SSH settings win over the file's `ssh:`.
@@ -103,11 +104,11 @@ def read_spec(request: HostsRequest) -> ClusterSpec:
                        ssh_defaults=request.ssh_defaults)
 
 
-def _slurm_spec(port: int, step: bool, with_chief: bool, with_evaluator: bool) -> ClusterSpec:
-    """The tasks of the Slurm allocation (or job step) this process runs in."""
-    allocation = read_allocation(os.environ, step=step)
+def _slurm_spec(port: int, step: bool, with_chief: bool, with_evaluator: bool, spares: tuple[str, ...] = ()) -> ClusterSpec:
+    """The tasks of the Slurm allocation (or job step) this process runs in, on its nodes but `spares`."""
+    allocation = without_nodes(read_allocation(os.environ, step=step), spares)
     tasks = slurm_tasks(allocation.nodes, allocation.tasks_per_node, port, with_chief, with_evaluator)
-    return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task)
+    return ClusterSpec(tasks=tasks, gpus_per_task=allocation.gpus_per_task, spares=spares)
 
 
 def read_text(path: str, option: str) -> str:

@@ -339,6 +339,16 @@ def _argv(spec: ClusterSpec, default_python: str) -> tuple[str, ...]:
     return (spec.python or default_python, "-m", TRAINER_MODULE, *spec.trainer_args)
 
 
+def in_step_order(plans: Sequence[TaskPlan], nodes: Sequence[str]) -> list[TaskPlan]:
+    """The plans of a Slurm step ranked in the order of their hosts in `nodes` (the allocation's),
+    each node's tasks in their order: srun's block layout gives the first node the first ranks. A
+    spare node that took a node's tasks may come before other nodes; the tasks keep their types
+    and indices, only their ranks follow the layout."""
+    position = {node: i for i, node in enumerate(nodes)}
+    ordered = sorted(plans, key=lambda plan: position.get(plan.host, len(nodes)))
+    return [dataclasses.replace(plan, slurm_rank=rank) for rank, plan in enumerate(ordered)]
+
+
 def select_task(plans: Sequence[TaskPlan], task_type: str, index: int) -> TaskPlan:
     for plan in plans:
         if plan.type == task_type and plan.index == index:

@@ -4,6 +4,7 @@
 """
 
 import json
+import os
 import signal
 
 import pytest
@@ -160,3 +161,45 @@ def test_srun_guards_fail_fast_only_without_a_sidecar(mgpu):
     assert "--ntasks=5" in srun_argv(plans, "python3") and "--nodes=3" in srun_argv(plans, "python3")
     with_evaluator = slurm_plans(mgpu, "--evaluator")
     assert "--kill-on-bad-exit=0" in srun_argv(with_evaluator, "python3")
+
+
+def test_spare_hosts_are_nodes_of_the_allocation_that_no_task_uses(mgpu):
+    tasks = plan_json(mgpu, "--port", "5000", "--spare-hosts", "node10", env=ALLOCATION)
+    assert [(t["type"], t["index"], t["host"]) for t in tasks] == [
+        ("worker", 0, "node9"), ("worker", 1, "node9"), ("worker", 2, "gpu01")]
+    text = mgpu("launch", "--slurm", "--spare-hosts", "node10", "--dry-run", env={**NO_SLURM, **ALLOCATION})
+    assert "spare hosts: node10" in text.stdout
+    result = mgpu("launch", "--slurm", "--spare-hosts", "node11", "--dry-run", env={**NO_SLURM, **ALLOCATION})
+    assert result.exit_code == 2
+    assert "spare host node11 is not a node of Slurm job 77 (node9, node10, gpu01)" in result.stderr
+
+
+def test_a_node_left_out_gives_its_tasks_to_a_spare_node_and_the_step_excludes_it(monkeypatch, tmp_path):
+    """The spare comes first in the allocation, so the tasks it takes get the first ranks: block
+    layout puts them there. The tasks keep their types and indices."""
+    from launcher.cli.options import HostNaming
+    from launcher.config.slurm_env import read_allocation
+    from launcher.intake.load import HostsRequest, SlurmScope, make_plans, read_spec
+    from launcher.launch import _slurm_node_actions
+    from launcher.launch_options import LaunchOptions
+    from launcher.supervise.options import SuperviseOptions
+
+    allocation = {"SLURM_JOB_ID": "78", "SLURM_JOB_NODELIST": "a,b,c", "SLURM_TASKS_PER_NODE": "1(x3)"}
+    for name, value in {**NO_SLURM, **allocation}.items():
+        monkeypatch.setenv(name, value)
+    spec = read_spec(HostsRequest(slurm=SlurmScope.ALLOCATION, spares=("a",)))
+    replan = lambda changed: make_plans(changed, "r1", HostNaming(), slurm=True)  # noqa: E731
+    plans = replan(spec)
+    nodes = read_allocation(os.environ).nodes
+    assert [(p.name, p.host, p.slurm_rank) for p in plans] == [("worker:0", "b", 0), ("worker:1", "c", 1)]
+    assert "--exclude=a" in srun_argv(plans, "python3", nodes) and "--nodes=2" in srun_argv(plans, "python3", nodes)
+
+    actions = _slurm_node_actions(nodes, LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path), spec=spec, replan=replan))
+    replaced, spare = actions.replace("c", print)
+    assert spare == "a"
+    assert [(p.name, p.host, p.slurm_rank) for p in replaced] == [("worker:1", "a", 0), ("worker:0", "b", 1)]
+    assert json.loads(replaced[0].env["TF_CONFIG"])["cluster"]["worker"] == ["b:2222", "a:2222"]
+    argv = srun_argv(replaced, "python3", nodes)
+    assert "--exclude=c" in argv and "--nodes=2" in argv
+    # No spare left: the run stops, naming the node.
+    assert actions.replace("b", print) is None
