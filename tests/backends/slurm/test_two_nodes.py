@@ -1,5 +1,6 @@
-"""Two Slurm nodes as network namespaces of our own (one slurmd each, slurmctld in the root
-namespace): an sbatch job runs `mgpu launch --slurm` and the built-in trainer across them."""
+"""Slurm nodes as network namespaces of our own (one slurmd each, slurmctld in the root
+namespace): an sbatch job runs `mgpu launch --slurm` and the built-in trainer across two of them;
+on three, a node left out gives its task to the spare node of the allocation."""
 
 from __future__ import annotations
 
@@ -21,24 +22,33 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 MGPU = [sys.executable, "-m", "launcher"]
 
 
-@pytest.fixture
-def two_nodes(tmp_path_factory):
+def _slurm_lab(tmp_path_factory, names: tuple[str, ...]):
     require_tools("ip")
     if os.geteuid() != 0:
         if REQUIRE:
             pytest.fail("network namespaces need root and MGPU_REQUIRE_SSHD=1 is set")
         pytest.skip("network namespaces need root")
-    lab = Netns.create(("h1", "h2"))
+    lab = Netns.create(names)
     slurm = None
     try:
         nodes = tuple(Node(name, address, lab.namespaces[name]) for name, address in lab.hosts.items())
-        slurm = start_slurm(tmp_path_factory.mktemp("slurm2"), nodes,
+        slurm = start_slurm(tmp_path_factory.mktemp(f"slurm{len(names)}"), nodes,
                             controller=f"{socket.gethostname()}({lab.subnet}.1)")
         yield slurm
     finally:
         if slurm is not None:
             slurm.stop()
         lab.destroy()
+
+
+@pytest.fixture
+def two_nodes(tmp_path_factory):
+    yield from _slurm_lab(tmp_path_factory, ("h1", "h2"))
+
+
+@pytest.fixture
+def three_nodes(tmp_path_factory):
+    yield from _slurm_lab(tmp_path_factory, ("h1", "h2", "h3"))
 
 
 def test_trainer_across_two_nodes(two_nodes, tmp_path):
@@ -60,3 +70,26 @@ def test_trainer_across_two_nodes(two_nodes, tmp_path):
     assert "[worker:1]" in output and "all 2 tasks ready" in output
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2 and metrics["global_step"] == 4
+
+
+def test_a_node_killed_twice_gives_its_task_to_the_spare_node(three_nodes, tmp_path):
+    """h3 is held back; the task on h1 (the batch script's node) is killed by SIGKILL in each step,
+    so h1 is left out after the second and the third step runs on h2 and h3: srun picks the
+    first nodes of the allocation unless told to exclude the others, and a task on another
+    node than planned would refuse to start."""
+    runs = tmp_path / "runs"
+    program = 'if [ "$SLURMD_NODENAME" = h1 ]; then kill -9 $$; fi; echo "on $SLURMD_NODENAME"'
+    argv = [*MGPU, "launch", "--slurm", "--spare-hosts", "h3", "--max-restarts", "3", "--run-id", "spare-node",
+            "--log-dir", str(runs), "--", "sh", "-c", program]
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
+    done = three_nodes.run("sbatch", "--wait", "--nodes=3", "--ntasks-per-node=1", "--time=10",
+                           f"--output={tmp_path}/job.out", str(script), cwd=tmp_path, timeout=300)
+    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert done.returncode == 0, done.stderr + output[-4000:] + three_nodes.log_tail()
+    record = json.loads((runs / "spare-node" / "run.json").read_text())
+    assert record["status"] == "succeeded", output[-4000:]
+    assert [attempt.get("cause") for attempt in record["attempts"]] == ["killed", "killed", None]
+    assert [(left["host"], left["replaced_by"]) for left in record["costs"]["left_out"]] == [("h1", "h3 took worker:0")]
+    # The spare's task keeps its index; ranked by the allocation's order, it is the step's last task.
+    assert "[worker:0] on h3" in output and "[worker:1] on h2" in output, output[-4000:]
