@@ -175,7 +175,8 @@ def ssh_options_from(opts: dict) -> SshOptions:
 spare_hosts_option = click.option(
     "--spare-hosts", type=params.HOST_LIST, metavar="HOST,...",
     help="Hosts that take the tasks of a host lost during the run (same task types and indices), "
-         "in this order; checked like the others (spec: `spares:`).")
+         "in this order; checked like the others (spec: `spares:`). With --slurm: nodes of the allocation "
+         "that no task uses until then.")
 
 
 def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
