@@ -43,6 +43,7 @@ command that runs in every task with TF_CONFIG set.
 Examples:
   mgpu launch --local 2
   mgpu launch --local 2 --chief --evaluator -- --train-steps 500 --model-dir /tmp/m
+  mgpu launch --local 2 --chief --ps 1 -- python3 ps_train.py
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
   mgpu launch --spec cluster.yaml --max-restarts 2
@@ -61,6 +62,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @cluster_options(no_value_with="--local or --slurm")
 @click.option("--local", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
+@click.option("--ps", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
+              help="With --local: N parameter servers too (ParameterServerStrategy; needs --chief).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
