@@ -185,7 +185,7 @@ TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 --format jax-env    those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
                     JAX_PROCESS_ID (jax.distributed.initialize())
 
-The evaluator is not a member of the job: the last three print nothing for it.
+The evaluator and parameter servers are not members of the job: the last three print nothing for them.
 Hosts appear as `mgpu launch` writes them: an ssh-config alias as its
 HostName, unless --keep-host-names.
 
