@@ -141,6 +141,9 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    if spec.command is None and any(task.role == "ps" for task in spec.tasks):
+        raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
+                         "give your ParameterServerStrategy program after --")
     run_id = opts["run_id"] or new_run_id()
     plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"],
                        sync_max_bytes=opts["sync_max_size"] or DEFAULT_SYNC_MAX_BYTES)

@@ -192,3 +192,5 @@ def test_parameter_servers_from_a_spec_the_command_line_and_tf_config(mgpu, tmp_
     assert json.loads(tf_config.stdout)["task"] == {"type": "ps", "index": 0}
     assert_usage_error(mgpu("launch", "--local", "2", "--ps", "1", "--dry-run"), "parameter servers need a chief")
     assert_usage_error(mgpu("launch", "--workers", "h1:2222", "--ps", "1", "--dry-run"), "--ps N goes with --local")
+    assert_usage_error(mgpu("launch", "--local", "1", "--chief", "--ps", "1", "--dry-run"),
+                       "the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers")
