@@ -5,9 +5,12 @@ Both sides import this module, so it must stay free of heavy imports.
 
 import re
 
-# TF_CONFIG task types mgpu plans, in planning order. The evaluator is not part of the cluster.
-TASK_TYPES = ("chief", "worker", "evaluator")
-TRAINING_TASK_TYPES = ("chief", "worker")
+# TF_CONFIG task types mgpu plans, in planning order. The evaluator is not part of the cluster;
+# parameter servers (ps) are, for ParameterServerStrategy, whose coordinator is the chief.
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+TRAINING_TASK_TYPES = ("chief", "worker", "ps")
+# The task types the built-in trainer (MultiWorkerMirroredStrategy) runs as.
+TRAINER_TASK_TYPES = ("chief", "worker", "evaluator")
 
 # A task that prints this line (alone, on stdout) tells the launcher it is ready:
 # its strategy is built and it has joined the cluster.

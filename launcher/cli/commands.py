@@ -43,6 +43,7 @@ command that runs in every task with TF_CONFIG set.
 Examples:
   mgpu launch --local 2
   mgpu launch --local 2 --chief --evaluator -- --train-steps 500 --model-dir /tmp/m
+  mgpu launch --local 2 --chief --ps 1 -- python3 ps_train.py
   mgpu launch --workers h1:2222,h2:2222 -- python train.py --epochs 3
   mgpu launch --hostfile hosts.txt --port 23456 --dry-run --json
   mgpu launch --spec cluster.yaml --max-restarts 2
@@ -61,6 +62,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @cluster_options(no_value_with="--local or --slurm")
 @click.option("--local", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
               help="Simulate a cluster of N workers as processes on this machine (ports chosen free).")
+@click.option("--ps", type=params.Count(min=1, max=MAX_LOCAL_TASKS), metavar="N",
+              help="With --local: N parameter servers too (ParameterServerStrategy; needs --chief).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation (salloc, sbatch): one task per Slurm task, started as one srun step.")
 @click.option("--dry-run", is_flag=True, help="Print every task's command, env and TF_CONFIG; start nothing.")
@@ -138,6 +141,9 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    if spec.command is None and any(task.role == "ps" for task in spec.tasks):
+        raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
+                         "give your ParameterServerStrategy program after --")
     run_id = opts["run_id"] or new_run_id()
     plans = make_plans(spec, run_id, host_naming(opts), slurm=slurm is not None, max_restarts=opts["max_restarts"],
                        sync_max_bytes=opts["sync_max_size"] or DEFAULT_SYNC_MAX_BYTES)
@@ -182,7 +188,7 @@ TF_CONFIG_HELP = """Print one task's TF_CONFIG, for use under another scheduler.
 --format jax-env    those of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
                     JAX_PROCESS_ID (jax.distributed.initialize())
 
-The evaluator is not a member of the job: the last three print nothing for it.
+The evaluator and parameter servers are not members of the job: the last three print nothing for them.
 Hosts appear as `mgpu launch` writes them: an ssh-config alias as its
 HostName, unless --keep-host-names.
 

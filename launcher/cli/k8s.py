@@ -117,6 +117,9 @@ def _spec(opts: dict) -> ClusterSpec:
         if any(task.role == EVALUATOR for task in spec.tasks):
             raise UsageError(f"--spec {opts['spec_file']}: an evaluator is not supported on Kubernetes yet: "
                              "run it as a Deployment of its own, or drop it from the spec")
+        if any(task.role == "ps" for task in spec.tasks):
+            raise UsageError(f"--spec {opts['spec_file']}: parameter servers are not supported on Kubernetes yet: "
+                             "the pods' Job would wait for them, which serve until stopped")
     elif opts["workers"]:
         roles = ["chief"] * opts["chief"] + ["worker"] * opts["workers"]
         spec = ClusterSpec(tasks=tuple(TaskSpec(role, "pod", opts["port"]) for role in roles))

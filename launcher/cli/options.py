@@ -35,6 +35,9 @@ def cluster_options(no_value_with: str | None):
                           "Slurm hostlists such as node[01-04]:2222 expand."),
         click.option("--chief", type=params.ENDPOINT, **role_option,
                      metavar="HOST:PORT", help="A chief task (task type 'chief')." + no_value),
+        click.option("--ps-hosts", type=params.ENDPOINT_LIST, metavar="HOST[:PORT],...",
+                     help="Parameter servers (task type 'ps') for ParameterServerStrategy; needs a chief, "
+                          "its coordinator."),
         click.option("--evaluator", type=params.ENDPOINT, **role_option,
                      metavar="HOST", help="A sidecar evaluator (not part of the cluster)." + no_value),
         click.option("--port", type=params.PORT, default=2222, show_default=True,
@@ -117,9 +120,19 @@ def hosts_request(opts: dict, local: int | None = None, slurm: SlurmScope | None
                              + ("every task runs on this machine" if local is not None else "the allocation says where"))
     if opts.get("spec_file") and (chief or evaluator):
         raise UsageError("--chief and --evaluator cannot be combined with --spec: put them in the spec file")
+    ps_hosts, ps_count = opts.get("ps_hosts"), opts.get("ps")
+    if ps_count and local is None:
+        raise UsageError("--ps N goes with --local; give the parameter servers' hosts with --ps-hosts "
+                         "(or 'ps:' in a spec's cluster)")
+    if ps_hosts and (local is not None or slurm or opts.get("spec_file")):
+        raise UsageError(f"--ps-hosts cannot be combined with {sources[0]}: "
+                         + ("give --ps N" if local is not None else
+                            "put them in the spec's cluster" if opts.get("spec_file") else
+                            "parameter servers are not planned in a Slurm allocation"))
     return HostsRequest(
         workers=opts.get("workers"), slot_hosts=opts.get("slot_hosts"), hostfile=opts.get("hostfile"),
         spec_file=opts.get("spec_file"), local=local, slurm=slurm, chief=chief, evaluator=evaluator,
+        ps_hosts=ps_hosts or (), ps=ps_count or 0,
         port=opts.get("port", 2222),
         ssh_defaults=SshSettings(user=opts.get("ssh_user"), port=opts.get("ssh_port"), identity_file=opts.get("identity")),
         spares=tuple(opts.get("spare_hosts") or ()) if slurm else ())

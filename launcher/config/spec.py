@@ -13,6 +13,7 @@ from launcher.config.hostlist import check_task_total
 
 CHIEF = "chief"
 WORKER = "worker"
+PS = "ps"
 EVALUATOR = "evaluator"
 ROLES = TASK_TYPES  # also the order tasks are planned and shown in
 
@@ -92,10 +93,8 @@ MAX_LOCAL_TASKS = 4096
 # ---------------------------------------------------------------------------
 # Building task lists from what the user wrote, and checking them.
 
-PS_MESSAGE = (
-    "the 'ps' role is for parameter-server training; MultiWorkerMirroredStrategy uses collective "
-    "all-reduce and has no parameter servers: list those hosts as workers"
-)
+PS_NEEDS_CHIEF = ("parameter servers need a chief: ParameterServerStrategy's coordinator runs as the chief "
+                  "(give --chief, or a 'chief' in the spec's cluster)")
 
 
 def build_tasks(
@@ -104,8 +103,9 @@ def build_tasks(
     evaluator: Endpoint | None,
     default_port: int | None,
     host_ssh: Mapping[str, SshSettings] | None = None,
+    ps: Sequence[Endpoint] = (),
 ) -> tuple[TaskSpec, ...]:
-    """Tasks in planning order (chief, workers, evaluator), checked for consistency.
+    """Tasks in planning order (chief, workers, parameter servers, evaluator), checked for consistency.
 
     A `user@` in an entry and `host_ssh[host]` set that host's SSH settings.
     """
@@ -130,6 +130,9 @@ def build_tasks(
     tasks += [task(WORKER, endpoint) for endpoint in workers]
     if not tasks:
         raise SpecError("the cluster is empty: give at least one worker")
+    if ps and not chief:
+        raise SpecError(PS_NEEDS_CHIEF)
+    tasks += [task(PS, endpoint) for endpoint in ps]
     if evaluator:
         tasks.append(task(EVALUATOR, evaluator))
     _reject_duplicates(tasks)
@@ -157,11 +160,13 @@ def _check_total(total: int) -> None:
         raise SpecError(str(exc)) from None
 
 
-def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool) -> tuple[TaskSpec, ...]:
-    """A cluster simulated on this machine: a chief (if asked) and workers on `ports`, on 127.0.0.1."""
+def local_tasks(ports: Sequence[int], with_chief: bool, with_evaluator: bool, ps: int = 0) -> tuple[TaskSpec, ...]:
+    """A cluster simulated on this machine: a chief (if asked), workers and `ps` parameter servers
+    (the last ports) on `ports`, on 127.0.0.1."""
     endpoints = [Endpoint("127.0.0.1", port) for port in ports]
-    return build_tasks(endpoints[0] if with_chief else None, endpoints[with_chief:],
-                       Endpoint("127.0.0.1") if with_evaluator else None, None)
+    split = len(endpoints) - ps
+    return build_tasks(endpoints[0] if with_chief else None, endpoints[with_chief:split],
+                       Endpoint("127.0.0.1") if with_evaluator else None, None, ps=endpoints[split:])
 
 
 def expand_slots(entries: Iterable[tuple[Endpoint, int]], default_port: int | None) -> tuple[Endpoint, ...]:

@@ -13,7 +13,7 @@ from typing import NoReturn
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, expand_entry
 from launcher.config.spec import (
-    CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS_MESSAGE, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
+    CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
 
@@ -112,7 +112,7 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         read.fail("the file is empty")
     top = read.mapping(data, "the spec", None)
     if "ps" in top:
-        read.fail(PS_MESSAGE)
+        read.fail("the ps list goes under 'cluster:', as in TF_CONFIG")
     if "worker" in top or "chief" in top or "workers" in top:
         read.fail("chief and worker lists go under 'cluster:', as in TF_CONFIG")
     read.mapping(top, "the spec", _TOP_KEYS)
@@ -159,16 +159,15 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     if "cluster" not in top:
         read.fail("missing 'cluster' (a mapping with 'worker' and optionally 'chief')")
     cluster = read.mapping(top["cluster"], "cluster", None)
-    if "ps" in cluster:
-        read.fail(f"cluster.ps: {PS_MESSAGE}")
     if "evaluator" in cluster:
         read.fail("the evaluator must not be inside 'cluster' (it is not part of the TF cluster): "
                   "move it to a top-level 'evaluator' key")
-    read.mapping(cluster, "cluster", {CHIEF, WORKER})
+    read.mapping(cluster, "cluster", {CHIEF, WORKER, PS})
     chiefs = read.endpoints(cluster[CHIEF], "cluster.chief") if CHIEF in cluster else []
     if len(chiefs) > 1:
         read.fail(f"cluster.chief lists {len(chiefs)} hosts; a cluster has at most one chief")
     workers = read.endpoints(cluster.get(WORKER, []), "cluster.worker")
+    ps = read.endpoints(cluster[PS], "cluster.ps") if PS in cluster else []
     evaluators = read.endpoints(top["evaluator"], "evaluator") if "evaluator" in top else []
     if len(evaluators) > 1:
         read.fail(f"evaluator lists {len(evaluators)} hosts; there is at most one evaluator")
@@ -184,7 +183,7 @@ def _tasks(read: _Reader, top: dict) -> tuple[TaskSpec, ...]:
     default_port = read.optional(top, "port", read.port)
     try:
         return build_tasks(chiefs[0] if chiefs else None, workers, evaluators[0] if evaluators else None,
-                           default_port, host_ssh)
+                           default_port, host_ssh, ps=ps)
     except SpecError as exc:
         read.fail(str(exc))
 

@@ -47,6 +47,8 @@ class HostsRequest:
     slurm: SlurmScope | None = None
     chief: object = None  # an Endpoint, THIS_MACHINE (given without a value), or None
     evaluator: object = None
+    ps_hosts: tuple = ()  # parameter servers' endpoints
+    ps: int = 0  # with --local: how many parameter servers
     port: int = 2222
     ssh_defaults: SshSettings = SshSettings()
     spares: tuple[str, ...] = ()  # under Slurm: the allocation's nodes that its tasks leave free
@@ -92,15 +94,16 @@ def read_spec(request: HostsRequest) -> ClusterSpec:
         from launcher.supervise.run_lock import claim_port
 
         with_chief = request.chief is THIS_MACHINE
-        return ClusterSpec(tasks=local_tasks(pick_free_ports(request.local + with_chief, claim=claim_port), with_chief,
-                                             with_evaluator=request.evaluator is THIS_MACHINE))
+        ports = pick_free_ports(request.local + with_chief + request.ps, claim=claim_port)
+        return ClusterSpec(tasks=local_tasks(ports, with_chief, with_evaluator=request.evaluator is THIS_MACHINE,
+                                             ps=request.ps))
     if request.hostfile:
         workers = expand_slots(parse_hostfile(read_text(request.hostfile, "--hostfile"), request.hostfile), request.port)
     elif request.slot_hosts:
         workers = expand_slots(request.slot_hosts, request.port)
     else:
         workers = request.workers
-    return ClusterSpec(tasks=build_tasks(request.chief, workers, request.evaluator, request.port),
+    return ClusterSpec(tasks=build_tasks(request.chief, workers, request.evaluator, request.port, ps=request.ps_hosts),
                        ssh_defaults=request.ssh_defaults)
 
 

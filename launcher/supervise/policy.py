@@ -11,6 +11,10 @@ The rules of one attempt:
 - Sidecars (the evaluator) are not part of the cluster: a sidecar that fails is a notice and
   `FailureIgnored`; once training is done, the attempt waits for them to end by themselves. Without
   training tasks, nothing is a sidecar.
+- Servers (the workers and parameter servers of ParameterServerStrategy, which serve until
+  stopped): the attempt's outcome is the other tasks'. Once those have ended (the chief, its
+  coordinator, with 0), the attempt succeeds and the servers still running are stopped; a server
+  that fails before then fails the attempt like any training task.
 - Readiness: a task is ready by its sign (the ready line, or having joined the cluster, which the
   supervisor probes when asked), or by ending (a training task that ended 0 had joined; a sidecar
   that ended cannot get ready any more). Every training task must be ready by the start deadline.
@@ -55,6 +59,7 @@ class TaskRole:
     sidecar: bool = False  # its failure does not stop training
     ready_when_started: bool = False  # nothing to wait for, or no way to tell: counts as ready at once
     ready_by_joining: bool = False  # ready once a probe finds it joined (no ready line, a port)
+    serves: bool = False  # serves until stopped: done once the tasks that do not serve have ended
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +233,12 @@ class Policy:
         if all(self._ended(role) for role in self._roles.values()):
             decisions += self._mark_ready(signs)  # a task that ended before any sign is ready too
             return self._stop(decisions, Stop(runrecord.SUCCEEDED))
+        serving = [name for name, role in self._roles.items() if role.serves and name not in self._returncodes]
+        if serving and all(self._ended(role) for role in self._roles.values() if not role.serves):
+            decisions += self._mark_ready(signs | set(serving))  # a server that was still there served
+            done = ", ".join(name for name, role in self._roles.items() if not role.serves and not role.sidecar)
+            return self._stop(decisions + [Notice(f"{done} ended; stopping the servers ({', '.join(serving)}), "
+                                                  f"which serve until stopped")], Stop(runrecord.SUCCEEDED))
 
         if not self._all_ready:
             decisions += self._mark_ready(signs)

@@ -207,6 +207,8 @@ class _Supervisor:
             if any(p.type in protocol.TRAINING_TASK_TYPES for p in self.plans)
             else frozenset()
         )
+        # ParameterServerStrategy: the chief coordinates; its workers and parameter servers serve until stopped.
+        self.server_types = frozenset({"worker", "ps"}) if any(p.type == "ps" for p in self.plans) else frozenset()
         recorded_options = {
             "grace_period": options.grace_period,
             "start_timeout": options.start_timeout,
@@ -243,7 +245,8 @@ class _Supervisor:
                     self.detach()
                 final = self._attempts()
                 attempt, tasks = self._last_attempt
-                succeeded = sum(t.returncode == 0 for t in tasks)
+                # A server stopped once the chief was done did what it was for.
+                succeeded = sum(t.returncode == 0 or t.plan.type in self.server_types for t in tasks)
                 wall = time.monotonic() - started
                 stories = [restart_story(c.cause, c.at, c.took) for c in self.costs]
                 lost = sum(c.lost for c in self.costs)
@@ -348,7 +351,8 @@ class _Supervisor:
         unknowable = not plan.waits_for_ready and (
             plan.port is None or task.proc.joined(plan.port, self.coordinator_port) is None)
         return policy.TaskRole(plan.name, sidecar=task.sidecar, ready_when_started=unknowable,
-                               ready_by_joining=not unknowable and task.started_by_joining)
+                               ready_by_joining=not unknowable and task.started_by_joining,
+                               serves=plan.type in self.server_types)
 
     def _watch(self, tasks: list[_Task]) -> policy.Stop:
         """The one loop of an attempt: report what happened to the policy, do what it decides."""

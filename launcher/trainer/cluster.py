@@ -11,7 +11,7 @@ import json
 import os
 
 from launcher.errors import UsageError
-from launcher.protocol import TASK_TYPES, TRAINING_TASK_TYPES
+from launcher.protocol import TRAINER_TASK_TYPES, TRAINING_TASK_TYPES
 
 
 
@@ -73,7 +73,7 @@ def from_tf_config(tf_config) -> ClusterInfo:
         raise UsageError('TF_CONFIG needs "cluster" and "task" objects')
     task_type = task.get("type")
     task_index = task.get("index", 0)
-    if task_type not in TASK_TYPES:
+    if task_type not in TRAINER_TASK_TYPES:
         raise UsageError(f"TF_CONFIG task type must be chief, worker or evaluator, not {task_type!r}")
     if not isinstance(task_index, int) or task_index < 0:
         raise UsageError(f"TF_CONFIG task index must be a non-negative integer, not {task_index!r}")

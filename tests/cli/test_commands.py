@@ -37,7 +37,7 @@ def test_tf_config_evaluator(mgpu):
 @pytest.mark.parametrize("args, message", [
     (["--task-index", "2"], "task index 2 is out of range: the cluster has 2 worker task(s), 0-1"),
     (["--task-index", "0", "--task-type", "chief"], "the cluster has no chief task"),
-    (["--task-index", "0", "--task-type", "ps"], "'ps' is not one of"),
+    (["--task-index", "0", "--task-type", "ps"], "the cluster has no ps task"),
     (["--task-index", "-1"], "-1 is not in the range"),
     ([], "give --task-index (or --from-slurm inside a Slurm job step)"),
     (["--task-index", "0", "--format", "yaml"], "'yaml' is not one of"),

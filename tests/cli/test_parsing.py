@@ -54,7 +54,7 @@ BAD_INPUTS = [
     (["--workers", "h1:2222", "--env", "NOEQUALS"], "'NOEQUALS' is not NAME=VALUE"),
     (["--workers", "h1:2222", "--env", "1BAD=x"], "'1BAD' is not a valid environment variable name"),
     (["--workers", "h1:2222", "--forward-env", "MGPU_SURELY_UNSET_VAR"], "MGPU_SURELY_UNSET_VAR is not set"),
-    (["--workers", "h1:2222", "--show", "ps"], "task type must be one of"),
+    (["--workers", "h1:2222", "--show", "server"], "task type must be one of"),
     (["--workers", "h1:2222", "--show", "worker:x"], "task index must be a number"),
     (["--workers", "h1:2222", "--grace-period", "-1"], "-1"),
     (["--workers", "h1:2222", "--ssh-port", "70000"], "port 70000 is out of range"),

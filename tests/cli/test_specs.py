@@ -67,8 +67,8 @@ def test_command_line_overrides_spec(mgpu):
 
 
 BAD_SPECS = [
-    ("cluster: {worker: [h1:2222], ps: [h9:2222]}", "'ps' role is for parameter-server training"),
-    ("cluster: {worker: [h1:2222]}\nps: [h9:2222]", "'ps' role"),
+    ("cluster: {worker: [h1:2222], ps: [h9:2222]}", "parameter servers need a chief"),
+    ("cluster: {worker: [h1:2222]}\nps: [h9:2222]", "the ps list goes under 'cluster:'"),
     ("cluster: {worker: [h1:2222], evaluator: [h9]}", "evaluator must not be inside 'cluster'"),
     ("cluster: {chief: [h0:1, h00:1], worker: [h1:2222]}", "at most one chief"),
     ("cluster: {worker: [h1:2222]}\nevaluator: [e1, e2]", "at most one evaluator"),
@@ -171,3 +171,26 @@ def test_trainer_style_arguments_extend_the_spec_command(mgpu, tmp_path):
     path.write_text("cluster: {worker: [h1:2222]}\ntrainer_args: [--model, small]\n")
     result = mgpu("launch", "--spec", str(path), "--dry-run", "--json", "--", "--train-steps", "9")
     assert result.json()["tasks"][0]["argv"][-4:] == ["--model", "small", "--train-steps", "9"]
+
+
+def test_parameter_servers_from_a_spec_the_command_line_and_tf_config(mgpu, tmp_path):
+    """ps tasks join TF_CONFIG's cluster after the workers; they are TF-only: no job variables."""
+    path = tmp_path / "ps.yaml"
+    path.write_text("cluster: {chief: [h0:2222], worker: [h1:2222, h2:2222], ps: [h3:2222]}\n")
+    from_spec = mgpu("launch", "--spec", str(path), "--dry-run", "--json", "--", "python3", "ps.py")
+    from_flags = mgpu("launch", "--chief", "h0:2222", "--workers", "h1,h2", "--ps-hosts", "h3", "--dry-run", "--json",
+                      "--", "python3", "ps.py")
+    for result in (from_spec, from_flags):
+        assert result.exit_code == 0, result.stderr
+        tasks = result.json()["tasks"]
+        assert [(t["type"], t["index"]) for t in tasks] == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+        assert tasks[3]["tf_config"] == {"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"],
+                                                     "ps": ["h3:2222"]}, "task": {"type": "ps", "index": 0}}
+        assert "RANK" not in tasks[3]["env"] and tasks[0]["env"]["WORLD_SIZE"] == "3"
+    tf_config = mgpu("tf-config", "--spec", str(path), "--task-type", "ps", "--task-index", "0")
+    assert tf_config.exit_code == 0, tf_config.stderr
+    assert json.loads(tf_config.stdout)["task"] == {"type": "ps", "index": 0}
+    assert_usage_error(mgpu("launch", "--local", "2", "--ps", "1", "--dry-run"), "parameter servers need a chief")
+    assert_usage_error(mgpu("launch", "--workers", "h1:2222", "--ps", "1", "--dry-run"), "--ps N goes with --local")
+    assert_usage_error(mgpu("launch", "--local", "1", "--chief", "--ps", "1", "--dry-run"),
+                       "the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers")

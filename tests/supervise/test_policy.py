@@ -160,6 +160,47 @@ def test_without_training_tasks_every_task_counts():
     assert last(p.on([TaskEnded("ps:0", 1)], 101.0)).failed == "ps:0"
 
 
+# -- parameter-server training: the chief's outcome is the run's ----------------------------------
+
+PS_CLUSTER = [TaskRole("chief:0"), TaskRole("worker:0", serves=True), TaskRole("worker:1", serves=True),
+              TaskRole("ps:0", serves=True)]
+
+
+def test_the_servers_are_stopped_once_the_chief_is_done_and_the_attempt_succeeds():
+    p = policy(stall_timeout=5.0)
+    all_ready(p, PS_CLUSTER, now=0.0)
+    assert isinstance(last(p.on([OutputSeen("chief:0", 3.0)], 3.0)), Watch)
+    decisions = p.on([TaskEnded("chief:0", 0)], 4.0)
+    assert last(decisions) == Stop(runrecord.SUCCEEDED)
+    assert notices(decisions) == ["chief:0 ended; stopping the servers (worker:0, worker:1, ps:0), "
+                                  "which serve until stopped"]
+
+
+def test_a_server_that_dies_while_the_chief_runs_fails_the_attempt():
+    p = policy()
+    all_ready(p, PS_CLUSTER, now=0.0)
+    decisions = p.on([TaskEnded("ps:0", -signal.SIGKILL)], 2.0)
+    assert last(decisions) == Stop(runrecord.FAILED, failed="ps:0", returncode=-signal.SIGKILL)
+    assert last(p.on([TaskEnded("chief:0", 0)], 3.0)).status == runrecord.FAILED  # stopped stays stopped
+
+
+def test_a_chief_that_fails_fails_the_attempt_with_servers_running():
+    p = policy()
+    all_ready(p, PS_CLUSTER, now=0.0)
+    assert last(p.on([TaskEnded("chief:0", 1)], 2.0)) == Stop(runrecord.FAILED, failed="chief:0", returncode=1)
+
+
+def test_servers_still_joining_when_the_chief_is_done_are_ready_and_the_sidecar_is_waited_for():
+    p = policy(start_timeout=10.0)
+    started(p, PS_CLUSTER + [EVALUATOR], now=0.0)
+    assert ready(p.on([ReadyLineSeen("chief:0"), JoinSeen("ps:0"), ReadyLineSeen("evaluator")], 1.0)) == [
+        "chief:0", "ps:0", "evaluator"]
+    assert isinstance(last(p.on([TaskEnded("chief:0", 0)], 2.0)), Watch)  # the evaluator is still at work
+    decisions = p.on([TaskEnded("evaluator", 0)], 3.0)
+    assert ready(decisions) == ["worker:0", "worker:1"]
+    assert last(decisions) == Stop(runrecord.SUCCEEDED)
+
+
 # -- signals -------------------------------------------------------------------------------------
 
 def test_a_stop_signal_comes_before_everything_else():
