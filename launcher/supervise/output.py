@@ -33,6 +33,7 @@ import threading
 import time
 from typing import BinaryIO, Callable, Sequence, TextIO
 
+from launcher.supervise import diagnosis
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.live import LiveLines
 from launcher.supervise.rundir import RunDir
