@@ -15,7 +15,7 @@ from launcher.config.addresses import format_address, is_loopback
 from launcher.protocol import (ENV_RUN_ID, ENV_SYNC_DIGEST, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE,
                                JOB_ENV)
 from launcher.config.k8s_env import PodJob
-from launcher.config.spec import EVALUATOR, ClusterSpec, SshSettings, TaskSpec
+from launcher.config.spec import EVALUATOR, PS, ClusterSpec, SshSettings, TaskSpec
 from launcher.config.sync import DEFAULT_SETUP_TIMEOUT, SyncedFolder, default_workdir
 from launcher.plan.coordinator import Coordinator, find_coordinator
 from launcher.plan.devices import (
@@ -245,7 +245,7 @@ def plan_tasks(
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
             # Python prints every thread's stack on SIGABRT: how the stall watchdog sees where tasks are.
             "PYTHONFAULTHANDLER": "1",
-            **_thread_env(spec.threads_per_task),
+            **_thread_env(spec.threads_per_task, parameter_servers=any(t.role == PS for t in spec.tasks)),
         }
         if job_env.get(ENV_TORCH_LOCAL_WORLD_SIZE, "1") != "1" and "OMP_NUM_THREADS" not in env:
             # As torchrun: several processes on a host, each with every core's worth of OpenMP threads,
@@ -325,11 +325,14 @@ def _reject_shared_sockets(tasks: Sequence[TaskSpec], is_local: Sequence[bool]) 
         seen[task.port] = (address, name)
 
 
-def _thread_env(threads_per_task: int | None) -> dict[str, str]:
+def _thread_env(threads_per_task: int | None, parameter_servers: bool = False) -> dict[str, str]:
     if not threads_per_task:
         return {}
     threads = str(threads_per_task)
-    return {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
+    # Under ParameterServerStrategy a worker's function waits on the ps tasks' variables inside an
+    # inter-op thread: with only one, the chief waits for ever on its workers.
+    inter_op = str(max(2, threads_per_task)) if parameter_servers else threads
+    return {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": inter_op}
 
 
 def _argv(spec: ClusterSpec, default_python: str) -> tuple[str, ...]:

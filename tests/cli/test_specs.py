@@ -194,3 +194,14 @@ def test_parameter_servers_from_a_spec_the_command_line_and_tf_config(mgpu, tmp_
     assert_usage_error(mgpu("launch", "--workers", "h1:2222", "--ps", "1", "--dry-run"), "--ps N goes with --local")
     assert_usage_error(mgpu("launch", "--local", "1", "--chief", "--ps", "1", "--dry-run"),
                        "the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers")
+
+
+def test_a_parameter_server_cluster_keeps_two_inter_op_threads(mgpu):
+    """Under ParameterServerStrategy one inter-op thread per task hangs the chief on its workers."""
+    with_ps = mgpu("launch", "--local", "2", "--chief", "--ps", "1", "--threads-per-task", "1", "--dry-run", "--json",
+                   "--", "python3", "ps.py")
+    assert with_ps.exit_code == 0, with_ps.stderr
+    for task in with_ps.json()["tasks"]:
+        assert (task["env"]["TF_NUM_INTRAOP_THREADS"], task["env"]["TF_NUM_INTEROP_THREADS"]) == ("1", "2")
+    without = mgpu("launch", "--local", "2", "--threads-per-task", "1", "--dry-run", "--json", "--", "python3", "w.py")
+    assert {task["env"]["TF_NUM_INTEROP_THREADS"] for task in without.json()["tasks"]} == {"1"}

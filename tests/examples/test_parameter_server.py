@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_the_tutorials_model_fit_trains_and_the_run_is_the_chiefs(tmp_path):
     require("tf_keras")
     run_id = f"ps-{secrets.token_hex(4)}"
-    # No --threads-per-task: with 1, the chief waits on its servers for ever.
-    proc = start_mgpu("launch", "--local", "2", "--chief", "--ps", "1", "--legacy-keras",
+    # One thread per task, as on a shared host: the ps cluster still gets two inter-op threads.
+    proc = start_mgpu("launch", "--local", "2", "--chief", "--ps", "1", "--legacy-keras", "--threads-per-task", "1",
                       "--log-dir", str(tmp_path / "runs"), "--run-id", run_id, "--",
                       sys.executable, str(REPO / "tests" / "programs" / "tf_parameter_server.py"), "3", cwd=tmp_path)
     try:
