@@ -225,6 +225,7 @@ def plan_tasks(
     cluster_json = json.dumps(cluster, separators=(",", ":"))
     names = task_names(spec.tasks)
     coordinator = find_coordinator(spec.tasks, addresses)
+    threads = _thread_env(spec.threads_per_task, parameter_servers=any(t.role == PS for t in spec.tasks))
     job = Job(cluster, coordinator, dict(zip(names, machine_of)), run_id, max_restarts)
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     remote_workdir = (spec.workdir or default_workdir(synced.source)) if synced else spec.workdir
@@ -245,7 +246,7 @@ def plan_tasks(
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
             # Python prints every thread's stack on SIGABRT: how the stall watchdog sees where tasks are.
             "PYTHONFAULTHANDLER": "1",
-            **_thread_env(spec.threads_per_task, parameter_servers=any(t.role == PS for t in spec.tasks)),
+            **threads,
         }
         if job_env.get(ENV_TORCH_LOCAL_WORLD_SIZE, "1") != "1" and "OMP_NUM_THREADS" not in env:
             # As torchrun: several processes on a host, each with every core's worth of OpenMP threads,
