@@ -58,6 +58,28 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     return int(numbers.group(1)), int(numbers.group(2))
 
 
+
+# A task may say how its time went since its last such line: "MGPU_TIME_SPLIT <compute_ms> <wait_ms>"
+# (alone, on stdout): milliseconds spent computing, and waiting for the other tasks (in a gradient
+# exchange, say). In a synchronous job the task that waits least is the one the others wait for; the
+# launcher takes these exact figures over its own CPU samples (the built-in trainer prints them).
+TIME_SPLIT_PREFIX = "MGPU_TIME_SPLIT "
+_TIME_SPLIT = re.compile(r"([0-9]{1,15}) ([0-9]{1,15})")
+
+
+def time_split_line(compute_ms: int, wait_ms: int) -> str:
+    return f"{TIME_SPLIT_PREFIX}{int(compute_ms)} {int(wait_ms)}"
+
+
+def parse_time_split(line: str) -> tuple[int, int] | None:
+    """(compute_ms, wait_ms) of a time-split line; None for any other line."""
+    if not line.startswith(TIME_SPLIT_PREFIX):
+        return None
+    numbers = _TIME_SPLIT.fullmatch(line[len(TIME_SPLIT_PREFIX):].strip(" \t\r\n"))
+    if numbers is None:
+        return None
+    return int(numbers.group(1)), int(numbers.group(2))
+
 # What `keras.distribution.initialize()` reads (Keras 3 on the JAX backend); set for every task that
 # is a member of the cluster, from the same addresses as TF_CONFIG.
 ENV_KERAS_JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # the coordinator (process 0) first

@@ -1,0 +1,86 @@
+"""Slow hosts and tasks made real: a CPU quota from a cgroup, and a core shared with a CPU burner.
+
+`cpu_quota(fraction)` makes a cgroup whose processes get at most `fraction` of one core (cgroup v1's
+`cpu.cfs_quota_us` under /sys/fs/cgroup/cpu, or v2's `cpu.max`), and moves processes into it; every
+child a process starts afterwards is in it too, so moving a host's sshd there slows every session
+and task on that host. `burner(core)` keeps one core busy. Both undo themselves on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Iterator
+
+import needs
+
+V1_ROOT = pathlib.Path("/sys/fs/cgroup/cpu")
+V2_ROOT = pathlib.Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+class CpuGroup:
+    def __init__(self, path: pathlib.Path, v1: bool):
+        self.path = path
+        self._v1 = v1
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (not its running children) into the group."""
+        (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+
+
+def _root() -> tuple[pathlib.Path, bool]:
+    if (V1_ROOT / "cpu.cfs_quota_us").exists():
+        return V1_ROOT, True
+    if (V2_ROOT / "cgroup.controllers").exists() and "cpu" in (V2_ROOT / "cgroup.controllers").read_text().split():
+        return V2_ROOT, False
+    needs.missing("needs a cgroup CPU controller (/sys/fs/cgroup/cpu or cgroup v2 with cpu)")
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def cpu_quota(fraction: float, name: str = "slow") -> Iterator[CpuGroup]:
+    """A cgroup limited to `fraction` of one core. On exit its processes go back to the root group
+    (those still alive) and the group is removed."""
+    if os.geteuid() != 0:
+        needs.missing("needs root to make a cgroup")
+    root, v1 = _root()
+    path = root / f"mgpu-test-{os.getpid()}-{name}"
+    path.mkdir()
+    group = CpuGroup(path, v1)
+    try:
+        quota = max(1000, int(fraction * PERIOD_US))
+        if v1:
+            (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+            (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        else:
+            (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        yield group
+    finally:
+        for _ in range(50):  # bounded: processes may start children while they are moved
+            pids = group.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    (root / "cgroup.procs").write_text(f"{pid}\n")
+                except OSError:
+                    pass  # gone meanwhile
+        path.rmdir()
+
+
+@contextlib.contextmanager
+def burner(core: int) -> Iterator[subprocess.Popen]:
+    """A process that keeps core `core` busy until the block ends."""
+    proc = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
