@@ -247,6 +247,16 @@ def test_a_huge_error_still_fits_the_file(tmp_path):
     assert error.frame.endswith('raise ValueError("\\U0001f600" * 100000)')
 
 
+def launch_writing_error_file(tmp_path, content: bytes, then: str):
+    """The real `mgpu launch` of one task that writes `content` to its error file, then runs `then`
+    (a line of Python that fails); the launch must fail."""
+    program = f"import os, sys\nopen(os.environ['MGPU_ERROR_FILE'], 'wb').write({content!r})\n{then}\n"
+    done = run_mgpu("launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", program,
+                    timeout=120)
+    assert done.returncode == 1, done.stderr
+    return done
+
+
 def test_what_an_error_file_says_reaches_the_console_escaped(tmp_path):
     """The error file is the task's text like its output: escape sequences in it cannot move the
     cursor, retitle the terminal or forge mgpu's lines on the console (the real `mgpu launch`)."""
@@ -254,12 +264,7 @@ def test_what_an_error_file_says_reaches_the_console_escaped(tmp_path):
     document = {"version": 1, "exception": "Value\x1b[31mError", "message": hostile,
                 "frame": "train.py:3 in load: \x1b[1A", "traceback": None, "exit": "exception",
                 "timestamp": "2026-11-23T12:00:05.123+00:00"}
-    program = ("import json, os, sys\n"
-               f"open(os.environ['MGPU_ERROR_FILE'], 'w').write({json.dumps(document)!r})\n"
-               "sys.exit(3)\n")
-    done = run_mgpu("launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", program,
-                    timeout=120)
-    assert done.returncode == 1, done.stderr
+    done = launch_writing_error_file(tmp_path, json.dumps(document).encode(), "sys.exit(3)")
     shown = done.stdout + done.stderr
     assert not any(c in shown for c in "\x1b\x07\r\u202e"), shown
     assert "  Value\\x1b[31mError: shard \\x1b]0;owned\\x07 \\u202eevil missing\\x1b[2J" in done.stderr.splitlines()
@@ -288,12 +293,8 @@ def test_any_content_of_an_error_file_parses_or_is_ignored():
 def test_a_hostile_error_file_gives_the_normal_summary(tmp_path):
     # The real `mgpu launch`: whatever the task left in its error file, the summary names the
     # task, shows its own traceback's cause and where its log is.
-    program = ("import os\n"
-               f"open(os.environ['MGPU_ERROR_FILE'], 'wb').write({HOSTILE_ERROR_FILES['nested arrays']!r})\n"
-               "raise KeyError('from the traceback')\n")
-    done = run_mgpu("launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", program,
-                    timeout=120)
-    assert done.returncode == 1, done.stderr
+    done = launch_writing_error_file(tmp_path, HOSTILE_ERROR_FILES["nested arrays"],
+                                     "raise KeyError('from the traceback')")
     lines = done.stderr.splitlines()
     assert "internal error" not in done.stderr, done.stderr
     assert lines[-4:-1] == ["mgpu: error: worker:0 on 127.0.0.1 exited with code 1", "  KeyError: 'from the traceback'",

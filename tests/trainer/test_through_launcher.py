@@ -46,10 +46,14 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
 
 
 def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
+    """SIGTERM to one worker only: the other learns of it by collective, both save the same step and
+    exit 42, the launcher restarts the cluster, and it resumes there to identical replicas."""
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
+    # Exercise the tunable all-reduce on the way: float16 on the wire, small packs.
     proc = start_mgpu(
         "launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "preempted", "--grace-period", "30",
         "--", *FAST, "--train-steps", "400", "--log-every", "20", "--steps-per-loop", "5",
+        "--allreduce-dtype", "float16", "--bytes-per-pack", "4096",
         "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir), cwd=tmp_path)
     seen = []
     try:
@@ -71,7 +75,13 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     attempts = run_record(log_dir, "preempted")["attempts"]
     assert len(attempts) == 2
     assert {t["exit_code"] for t in attempts[0]["tasks"].values()} == {42}
-    saved = int(out.split("preempted; checkpoint saved at step ")[1].split()[0])
-    assert 0 < saved < 400
-    assert "resumed from" in out and f"at step {saved}" in out
-    assert json.loads((model_dir / "metrics.json").read_text())["global_step"] == 400
+    saved = {line.split(" ", 1)[0]: int(line.split("preempted; checkpoint saved at step ")[1].split()[0])
+             for line in out.splitlines() if "preempted; checkpoint saved at step " in line}
+    assert set(saved) == {"[worker:0]", "[worker:1]"} and len(set(saved.values())) == 1, out[-3000:]
+    step = saved["[worker:0]"]
+    assert 20 <= step < 400 and step % 5 == 0
+    assert (model_dir / f"ckpt-{step}.index").exists()
+    assert "resumed from" in out and f"at step {step}" in out
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == 400
+    assert len(metrics["replica_fingerprints"]) == 2 and len(set(metrics["replica_fingerprints"])) == 1

@@ -165,39 +165,6 @@ def test_two_workers_with_float32_factors_match_one_worker_with_double_batch(
         np.testing.assert_allclose(a, b, rtol=0, atol=EQUIVALENCE_ATOL)
 
 
-def test_preempted_workers_agree_on_a_step_and_resume(tmp_path):
-    model_dir = tmp_path / "model"
-    # Exercise the tunable all-reduce on the way: float16 on the wire, small packs.
-    args = [*FAST, "--batch-size-per-replica", "32", "--log-every", "20", "--steps-per-loop", "5",
-            "--allreduce-dtype", "float16", "--bytes-per-pack", "4096",
-            "--model-dir", str(model_dir)]
-    configs = cluster_configs(2)
-    trainers = [Trainer([*args, "--train-steps", "100000"], tmp_path / f"w{i}.log", c)
-                for i, c in enumerate(configs)]
-    try:
-        wait_for(lambda: "train step=40/" in trainers[0].output(), 180, "step 40 on the chief")
-        trainers[1].signal(signal.SIGTERM)  # one worker only: the other learns it by collective
-        codes = wait_all(trainers, timeout=120)
-    finally:
-        for t in trainers:
-            t.close()
-    assert codes == [protocol.EXIT_PREEMPTED] * 2, [t.output()[-2000:] for t in trainers]
-    saved = [l.rsplit(" ", 1)[1] for t in trainers for l in t.lines() if "preempted" in l]
-    assert len(saved) == 2 and saved[0] == saved[1]
-    step = int(saved[0])
-    assert step >= 40 and step % 5 == 0
-    assert (model_dir / f"ckpt-{step}.index").exists()
-
-    resumed = [Trainer([*args, "--train-steps", str(step + 10)], tmp_path / f"r{i}.log", c)
-               for i, c in enumerate(cluster_configs(2))]
-    codes = wait_all(resumed, timeout=180)
-    assert codes == [0, 0], [t.output()[-2000:] for t in resumed]
-    assert f"at step {step}" in resumed[0].output()
-    metrics = read_json(model_dir / "metrics.json")
-    assert metrics["global_step"] == step + 10
-    assert metrics["replica_fingerprints"][0] == metrics["replica_fingerprints"][1]
-
-
 def recorded_step(model_dir: pathlib.Path) -> int | None:
     """The step of the newest checkpoint the state file records, None before the first."""
     try:

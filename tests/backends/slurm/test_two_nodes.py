@@ -51,18 +51,25 @@ def three_nodes(tmp_path_factory):
     yield from _slurm_lab(tmp_path_factory, ("h1", "h2", "h3"))
 
 
+def sbatch_wait(lab, tmp_path, argv, nodes: int) -> str:
+    """Run `argv` as the batch script of a job on `nodes` nodes, wait for it, and return its output;
+    the job must succeed."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
+    done = lab.run("sbatch", "--wait", f"--nodes={nodes}", "--ntasks-per-node=1", "--time=10",
+                   f"--output={tmp_path}/job.out", str(script), cwd=tmp_path, timeout=300)
+    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert done.returncode == 0, done.stderr + output[-4000:] + lab.log_tail()
+    return output
+
+
 def test_trainer_across_two_nodes(two_nodes, tmp_path):
     model_dir, runs = tmp_path / "model", tmp_path / "runs"
     argv = [*MGPU, "launch", "--slurm", "--port", "23600", "--run-id", "two-nodes", "--log-dir", str(runs),
             # Worker 1 prints only TensorFlow's start-up notices: shown, they prove its output is relayed.
             "--threads-per-task", "1", "--show-tf-logs", "--", "--dataset", "synthetic", "--model", "small", "--train-steps", "4",
             "--batch-size-per-replica", "16", "--log-every", "2", "--model-dir", str(model_dir)]
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
-    done = two_nodes.run("sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--time=10",
-                         f"--output={tmp_path}/job.out", str(script), cwd=tmp_path, timeout=300)
-    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert done.returncode == 0, done.stderr + output[-4000:] + two_nodes.log_tail()
+    output = sbatch_wait(two_nodes, tmp_path, argv, nodes=2)
     record = json.loads((runs / "two-nodes" / "run.json").read_text())
     assert [plan["host"] for plan in record["plans"]] == ["h1", "h2"]
     assert record["plans"][0]["tf_config"]["cluster"] == {"worker": ["h1:23600", "h2:23600"]}
@@ -81,12 +88,7 @@ def test_a_node_killed_twice_gives_its_task_to_the_spare_node(three_nodes, tmp_p
     program = 'if [ "$SLURMD_NODENAME" = h1 ]; then kill -9 $$; fi; echo "on $SLURMD_NODENAME"'
     argv = [*MGPU, "launch", "--slurm", "--spare-hosts", "h3", "--max-restarts", "3", "--run-id", "spare-node",
             "--log-dir", str(runs), "--", "sh", "-c", program]
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
-    done = three_nodes.run("sbatch", "--wait", "--nodes=3", "--ntasks-per-node=1", "--time=10",
-                           f"--output={tmp_path}/job.out", str(script), cwd=tmp_path, timeout=300)
-    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert done.returncode == 0, done.stderr + output[-4000:] + three_nodes.log_tail()
+    output = sbatch_wait(three_nodes, tmp_path, argv, nodes=3)
     record = json.loads((runs / "spare-node" / "run.json").read_text())
     assert record["status"] == "succeeded", output[-4000:]
     assert [attempt.get("cause") for attempt in record["attempts"]] == ["killed", "killed", None]
