@@ -88,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     stopped = proctree.stop_run(run_id, float(grace), launch_id=launch_id)
-    print(f"{started} launcher gone (reaper pid {os.getpid()}); stopped {stopped} processes of run {run_id}", flush=True)
     runrecord.record_launcher_died(
         RunDir(pathlib.Path(run_dir_path), int(run_dir_fd)),
         f"the launcher died before the run ended; its reaper stopped {stopped} processes of the run on this machine")
+    # Last: whoever reads this line finds the record already written.
+    print(f"{started} launcher gone (reaper pid {os.getpid()}); stopped {stopped} processes of run {run_id}", flush=True)
     return 0
 
 

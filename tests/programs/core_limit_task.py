@@ -3,11 +3,13 @@
 limit at that moment (the line of /proc/<pid>/limits) to limits-<task index>.txt in the current
 folder, and a `sleep`. Once the child's trap is set (child-ready-<index> appears) it says it is
 ready and waits in silence; until then it prints, which is progress to the stall watchdog.
-Every process of it dumps core on SIGABRT unless its limit was lowered first."""
+Every process of it dumps core on SIGABRT unless its limit was lowered first; the task itself ends
+only once its child has written its limits."""
 
 import os
 import pathlib
 import resource
+import signal
 import subprocess
 import time
 
@@ -19,6 +21,21 @@ resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_
 ON_ABRT = (f"trap '' TERM INT; grep '^Max core file size' /proc/$$/limits > limits-{INDEX}.tmp "
            f"&& mv limits-{INDEX}.tmp limits-{INDEX}.txt; exit 3")
 subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; sleep 600 & touch child-ready-{INDEX}; wait'])
+
+
+def end_after_the_child(signum, frame):
+    """On ABRT this process ends only once the child has written its limits (bounded): a step whose
+    first task has ended is stopped at once, and a busy machine could stop the child before it wrote.
+    It then ends by ABRT's default action, which dumps core unless its own limit was lowered too."""
+    for _ in range(600):
+        if pathlib.Path(f"limits-{INDEX}.txt").exists():
+            break
+        time.sleep(0.1)
+    signal.signal(signal.SIGABRT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGABRT)
+
+
+signal.signal(signal.SIGABRT, end_after_the_child)
 for _ in range(600):
     if pathlib.Path(f"child-ready-{INDEX}").exists():
         break

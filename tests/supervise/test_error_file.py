@@ -143,8 +143,12 @@ def test_the_cause_is_the_exception_however_stdout_lines_interleave(run_id, tmp_
             deeper(n - 1)
         deeper(12)
     """
+    # How the two reading threads take turns is the scheduler's: each run is checked, until one has
+    # shown the interleaving (a busy machine can take several).
     interleaved = 0
-    for i in range(10):
+    for i in range(40):
+        if interleaved:
+            break
         rid = f"{run_id}-{i}"
         result = supervise_plans(python_plans(rid, program), rid, tmp_path)
         lines = summary(result)
