@@ -22,7 +22,7 @@ FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3
 # mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
 FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
-.PHONY: venv demo test test-fast test-fast-pythons bench bench-links bench-accuracy docs clean
+.PHONY: test-durations venv demo test test-fast test-fast-pythons bench bench-links bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -45,6 +45,10 @@ TEST_WORKERS ?= 2
 
 test: venv
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --durations=25
+
+# Each test file's seconds, for the order in which `make test` hands files to its processes.
+test-durations: venv
+	MGPU_TEST_DURATIONS=tests/durations.json $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) -q
 
 test-fast: venv
 	$(PY) -m pytest -m fast -q

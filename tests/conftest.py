@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder."""
 
+import collections
 import functools
 import inspect
 import json
@@ -112,10 +113,51 @@ def _needs_a_framework(item) -> bool:
         return True  # cannot tell: not fast
 
 
+# Seconds each test file took in a whole run (`make test-durations` writes it): `make test` hands whole
+# files to its processes in the order of collection, so the costliest go first, and the last ones,
+# which one process may run while the other has nothing left, are short. A file not listed counts
+# by its tests: one that starts a framework or servers costs seconds, the others far less.
+DURATIONS = pathlib.Path(__file__).with_name("durations.json")
+DURATIONS_OUT = "MGPU_TEST_DURATIONS"  # where to write this run's durations
+
+
+def _guess(item) -> float:
+    if _needs_a_framework(item):
+        return 3.0
+    if any(item.get_closest_marker(m) for m in NOT_FAST_MARKS):
+        return 2.0
+    return 0.05
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
+    try:
+        known = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        known = {}
+    cost: dict[str, float] = collections.defaultdict(float)
     for item in items:
         relative = item.path.relative_to(root).as_posix()
         if (relative.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST_MARKS)
                 and not _needs_a_framework(item)):
             item.add_marker(pytest.mark.fast)
+        cost[relative] += 0.0 if relative in known else _guess(item)
+    for relative, seconds in known.items():
+        if relative in cost:
+            cost[relative] = float(seconds)
+    items.sort(key=lambda item: -cost[item.path.relative_to(root).as_posix()])
+
+
+_file_durations: dict[str, float] = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get(DURATIONS_OUT):
+        _file_durations[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get(DURATIONS_OUT)
+    if out and _file_durations and not hasattr(session.config, "workerinput"):  # the xdist controller, or no xdist
+        pathlib.Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_file_durations.items())},
+                                                indent=1) + "\n")
