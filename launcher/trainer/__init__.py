@@ -77,6 +77,10 @@ def _run(opts, started: float) -> int:
     if opts.tf_log_level is not None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(opts.tf_log_level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's Lite converter imports JAX, where it is installed, for conversions the trainer
+    # never makes: a fifth of `import tensorflow`'s time, at every start and restart of every task.
+    # Marked absent, it is skipped (the converter takes the ImportError as "no JAX").
+    sys.modules.setdefault("jax", None)
     from launcher.trainer import run
     return run.run(opts, info, arrays, started)
 

@@ -72,7 +72,7 @@ class Sshd:
         """Suspend the server's connection processes: a network partition, or a host too busy to answer."""
         procs = []
         for p in psutil.Process(self.proc.pid).children(recursive=True):
-            try:  # a session may end meanwhile (a task's join reporter leaves once it has reported)
+            try:  # a session may end meanwhile (a task that ended, with its join reporter)
                 if p.name() == "sshd":
                     p.suspend()
                     procs.append(p)
