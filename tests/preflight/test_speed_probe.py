@@ -1,0 +1,55 @@
+"""The speed probe on this machine: real numpy products, a real transfer between two listeners,
+and `mgpu check` showing the figures. How fast this machine is is never asserted: only that the
+figures were measured, and that equal hosts are not told apart."""
+
+import dataclasses
+import json
+
+import pytest
+
+from launcher.preflight.speed import probe_speeds, slow_hosts
+from launcher.host.ports import pick_free_ports
+from launching import run_mgpu
+from supervisor_helpers import make_plans
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_two_hosts_on_this_machine_send_to_each_other_and_compute(run_id):
+    # Two host names for this machine, each a host of the ring: 127.0.0.1 and 127.0.0.2 (loopback too).
+    plans = make_plans(run_id, [], workers=2)
+    plans[1] = dataclasses.replace(plans[1], host="127.0.0.2", address="127.0.0.2")
+    speeds = probe_speeds(plans)
+    assert [speed.host for speed in speeds] == ["127.0.0.1", "127.0.0.2"]
+    for speed in speeds:
+        assert speed.problems == ()
+        assert speed.cpu_gflops > 0 and speed.send_mbps > 0 and speed.gpu_gflops is None
+    # Each host's receiving figure is what the other one measured sending.
+    assert speeds[0].receive_mbps == speeds[1].send_mbps and speeds[1].receive_mbps == speeds[0].send_mbps
+    assert slow_hosts(speeds) == [] or all(slow.figure == "compute" for slow in slow_hosts(speeds))
+
+
+def test_a_neighbour_that_cannot_be_sent_to_is_named_and_the_rest_still_measured(run_id):
+    plans = make_plans(run_id, [], workers=2)
+    plans[1] = dataclasses.replace(plans[1], host="127.0.0.2", address="no-such-host.invalid")
+    first, second = probe_speeds(plans)
+    assert first.send_mbps is None and first.cpu_gflops > 0
+    assert first.problems == (f"no-such-host.invalid:{plans[1].port}: name or service not known",)
+    # The second host still sent to the first, so the first has a network figure: what it received.
+    assert second.send_mbps > 0 and first.network_mbps == second.send_mbps and second.problems == ()
+
+
+def test_check_shows_the_figures_of_this_machine_in_its_table_and_json():
+    first, second = pick_free_ports(2)
+    workers = f"127.0.0.1:{first},127.0.0.1:{second}"
+    done = run_mgpu("check", "--workers", workers, "--json", "--", "python3", "-c", "pass", timeout=90)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [row["host"] for row in report["hosts"]] == ["127.0.0.1"]  # both tasks: one host, one row
+    speed = report["hosts"][0]["speed"]
+    assert speed["cpu_gflops"] > 0 and speed["network_mbps"] is None and speed["slow"] == []
+    assert report["slow_hosts"] == [] and report["unreachable"] == []
+    table = run_mgpu("check", "--workers", workers, "--", "python3", "-c", "pass", timeout=90)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split()[-2:] == ["SPEED", "RESULT"] and " GFLOP/s " in row and "SLOW" not in row
