@@ -362,6 +362,9 @@ def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
         click.echo(json.dumps({"hosts": rows, "unreachable": list(unreachable), "slow_hosts": list(named)}, indent=2))
     else:
         click.echo(render_table(reports))
+    for speed in speeds:
+        for problem in speed.problems:
+            click.echo(f"mgpu: the speed probe on {speed.host}: {problem}", err=True)
     for line in warning_lines(slow):
         click.echo(f"mgpu: warning: {line}", err=True)
 

@@ -21,7 +21,7 @@ hosts dialed, the launcher finds the interface of each host that NCCL and Gloo m
 
 Or as: python probe.py speed PORT TARGET TIMEOUT, the speed probe that the launcher runs on every
 host at once: listen on PORT (this host's first task port) for the previous host of a ring, send
-to TARGET (the next host's first task address) for TRANSFER_SECONDS, then time a fixed matrix
+to TARGET (the next host's first task address) for about TRANSFER_SECONDS, then time a fixed matrix
 product on one core with numpy (and on the first GPU with torch or TensorFlow, where nvidia-smi
 lists one). PORT and TARGET are "-" on a lone host. Prints one JSON object: cpu_gflops,
 gpu_gflops, send_mbps (null where not measured) and, for what could not be, cpu_error,
@@ -334,8 +334,10 @@ SPEED_WINDOW = 0.25
 SPEED_WINDOWS = 3
 SPEED_MATRIX = 256  # n of the n x n float64 product on the CPU
 GPU_MATRIX = 4096  # n of the n x n float32 product on the GPU
-TRANSFER_SECONDS = 0.5  # how long a host sends to the next one
-TRANSFER_MAX_BYTES = 512 << 20  # or until this much is sent
+TRANSFER_SECONDS = 0.5  # about how long a host sends to the next one
+TRANSFER_ROUNDS = 4  # in rounds: the first of TRANSFER_FIRST_ROUND bytes, the others sized from the best so far
+TRANSFER_FIRST_ROUND = 4 << 20
+TRANSFER_MAX_BYTES = 256 << 20  # the most one round sends
 TRANSFER_CHUNK = 1 << 20
 # The BLAS of numpy is held to one thread: the figure is one core's, comparable between hosts
 # whatever their core counts and however busy their other cores are.
@@ -397,9 +399,21 @@ def gpu_gflops(n=GPU_MATRIX):
         return best_rate(step, 2.0 * n ** 3) / 1e9
 
 
+def _read_exactly(conn, size):
+    """`size` bytes from `conn` (fewer only at its end)."""
+    parts, left = [], size
+    while left > 0:
+        data = conn.recv(min(left, TRANSFER_CHUNK))
+        if not data:
+            break
+        parts.append(data)
+        left -= len(data)
+    return b"".join(parts)
+
+
 def _receive_one(listener, deadline, outcome):
-    """Accept one connection by `deadline`, read it to its end, answer one byte: the sender's clock
-    stops when everything it sent has arrived."""
+    """Accept one connection by `deadline` and serve its rounds: each is an 8-byte length and that
+    many bytes, answered with one byte once all have arrived (the sender's clock stops then)."""
     while time.monotonic() < deadline:
         try:
             conn, _ = listener.accept()
@@ -412,23 +426,33 @@ def _receive_one(listener, deadline, outcome):
             total = 0
             try:
                 while True:
-                    data = conn.recv(TRANSFER_CHUNK)
-                    if not data:
+                    header = _read_exactly(conn, 8)
+                    if len(header) < 8:
                         break
-                    total += len(data)
-                if total == 0:
-                    continue  # a connection that sent nothing is not the neighbour's transfer
-                conn.sendall(b"k")
+                    size = int.from_bytes(header, "big")
+                    left = size
+                    while left > 0:
+                        data = conn.recv(min(left, TRANSFER_CHUNK))
+                        if not data:
+                            break
+                        left -= len(data)
+                    total += size - left
+                    if left:
+                        break
+                    conn.sendall(b"k")
             except OSError:
-                continue
+                pass
+            if total == 0:
+                continue  # a connection that sent nothing is not the neighbour's transfer
             outcome["received_bytes"] = total
             return
 
 
-def send_to(target, deadline, seconds=TRANSFER_SECONDS, max_bytes=TRANSFER_MAX_BYTES):
-    """MB/s of sending to `target` (host:port) for `seconds` (or `max_bytes`), counted until the
-    receiver has read it all; connection attempts go on until `deadline` (the neighbour's listener
-    may start later)."""
+def send_to(target, deadline, seconds=TRANSFER_SECONDS, rounds=TRANSFER_ROUNDS, max_bytes=TRANSFER_MAX_BYTES):
+    """MB/s of sending to `target` (host:port): the best of `rounds` rounds that each take about
+    seconds/rounds, each counted until the receiver has read it all (the best round forgives a
+    moment's noise, as the compute's best window does); connection attempts go on until `deadline`
+    (the neighbour's listener may start later)."""
     host, port = _split_target(target)
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     while True:
@@ -442,18 +466,26 @@ def send_to(target, deadline, seconds=TRANSFER_SECONDS, max_bytes=TRANSFER_MAX_B
             if time.monotonic() + REACH_RETRY >= deadline:
                 raise
             time.sleep(REACH_RETRY)
-    chunk = bytes(TRANSFER_CHUNK)
+    chunk = memoryview(bytes(TRANSFER_CHUNK))
+    best = 0.0
+    size = TRANSFER_FIRST_ROUND
     with sock:
         sock.settimeout(max(1.0, deadline - time.monotonic()) + seconds)
-        started = time.perf_counter()
-        sent = 0
-        while sent < max_bytes and time.perf_counter() - started < seconds:
-            sock.sendall(chunk)
-            sent += len(chunk)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            sock.sendall(size.to_bytes(8, "big"))
+            left = size
+            while left > 0:
+                sock.sendall(chunk[:min(left, TRANSFER_CHUNK)])
+                left -= min(left, TRANSFER_CHUNK)
+            if sock.recv(1) != b"k":
+                raise OSError("the receiver did not confirm")
+            elapsed = time.perf_counter() - started
+            best = max(best, size / elapsed)
+            # The next round sized to take its share of `seconds` at the best rate so far.
+            size = int(min(max_bytes, max(TRANSFER_FIRST_ROUND, best * seconds / rounds)))
         sock.shutdown(socket.SHUT_WR)
-        if sock.recv(1) != b"k":
-            raise OSError("the receiver did not confirm")
-        return sent / (time.perf_counter() - started) / 1e6
+    return best / 1e6
 
 
 def speed(port, target, timeout, gpus=None):
@@ -485,13 +517,17 @@ def speed(port, target, timeout, gpus=None):
         listener.close()
     try:
         out["cpu_gflops"] = cpu_gflops()
-    except Exception as e:  # no numpy, or a broken one
-        out["cpu_error"] = _first_line(e)
+    except ImportError:
+        out["cpu_error"] = "no numpy for the compute figure"
+    except Exception as e:  # a broken numpy
+        out["cpu_error"] = "the compute figure: %s" % _first_line(e)
     if gpus:
         try:
             out["gpu_gflops"] = gpu_gflops()
+        except ImportError:
+            out["gpu_error"] = "no torch with CUDA, nor TensorFlow, for the GPU figure"
         except Exception as e:
-            out["gpu_error"] = _first_line(e)
+            out["gpu_error"] = "the GPU figure: %s" % _first_line(e)
     return out
 
 
