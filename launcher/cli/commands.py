@@ -278,10 +278,13 @@ free, and how many GPUs nvidia-smi lists. With --legacy-keras, also whether
 tf_keras imports and matches TensorFlow's series (with the pip command that
 fixes it). One table row per host. Then, on every host at once, each task's
 port is listened on and every task connects to every other task's TF_CONFIG
-address; each pair that cannot is named. `mgpu launch` runs the same checks on
-remote hosts first, and with --legacy-keras on this machine too; the
-reachability test runs for every launch, local tasks included (--no-check
-skips them all).
+address; each pair that cannot is named. Last, a speed probe times every host
+at once (a numpy matrix product on one core, the first GPU's where there is
+one, a transfer to the next host of a ring): a host under 0.7 of the median
+is named in the SPEED column and a warning (not a failure). `mgpu launch` runs
+the same checks on remote hosts first, and with --legacy-keras on this machine
+too; the reachability test runs for every launch, local tasks included, and
+the speed probe for a launch on more than one host (--no-check skips them all).
 
 \b
 Examples:
@@ -289,6 +292,7 @@ Examples:
   mgpu check --spec cluster.yaml --known-hosts ./known_hosts
   mgpu check --workers h1,h2 -- python train.py
   mgpu check --workers h1,h2 --legacy-keras -- python train.py
+  mgpu check --workers h1,h2,h3 --json -- python train.py
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
