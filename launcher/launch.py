@@ -128,6 +128,9 @@ def _leave_out_slow(plans: Sequence[TaskPlan], slow: Sequence[str], hosts: HostA
         print(f"mgpu: {text}", file=sys.stderr, flush=True)
 
     for host in slow:
+        if any(plan.local for plan in plans if plan.host == host):
+            notice(f"warning: --leave-out-slow: {host} is this machine, which is never left out; it runs its tasks")
+            continue
         replaced = hosts.replace(host, notice)
         if replaced is None:
             notice(f"warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of {host}; "
