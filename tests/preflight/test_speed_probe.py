@@ -67,3 +67,13 @@ def test_without_numpy_the_compute_is_unknown_and_said(tmp_path):
                           capture_output=True, text=True, timeout=60)
     result = json.loads(done.stdout)
     assert result["cpu_gflops"] is None and result["cpu_error"] == "no numpy for the compute figure"
+
+
+def test_check_json_shows_a_failing_host_without_figures_and_exits_1():
+    first, second = pick_free_ports(2)
+    done = run_mgpu("check", "--workers", f"127.0.0.1:{first},127.0.0.1:{second}", "--json", "--", "/nonexistent",
+                    timeout=90)
+    assert done.returncode == 1
+    (row,) = json.loads(done.stdout)["hosts"]
+    assert row["ok"] is False and row["problems"] == ["/nonexistent not found"] and row["speed"] is None
+    assert done.stderr.strip() == "mgpu: error: check failed on 127.0.0.1: /nonexistent not found"
