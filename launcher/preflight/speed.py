@@ -133,7 +133,7 @@ def _figure(result: dict, key: str) -> float | None:
 def probe_speeds(plans: Sequence[TaskPlan], ssh_backend=None) -> list[HostSpeed]:
     """Every cluster host's figures, measured on all of them at once (the ring's transfers need both
     ends); a host whose probe could not run has none, and says why."""
-    hosts = [group for group in by_host(plan for plan in plans if plan.port is not None)]
+    hosts = by_host(plan for plan in plans if plan.port is not None)
     if not hosts:
         return []
     shell = HostShell(ssh_backend)
