@@ -21,6 +21,7 @@ from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import check_reachability, probe_reachability
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.preflight.setup import run_setup
+from launcher.preflight.speed import warn_about_slow_hosts
 from launcher.preflight.sync import sync_to_hosts
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.backends.local import LocalBackend
@@ -96,10 +97,14 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
         if remote and options.check_hosts:
             run_checks(remote, ssh_backend)
         _check_local_tf_keras(plans, options)
+        hosts = _host_actions(ssh_backend, options, run_dir)
         if options.check_hosts:
             interfaces = check_reachability(plans, ssh_backend)
             # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
             plans = with_interfaces(plans, interfaces, frozenset(os.environ))
+            slow = warn_about_slow_hosts(plans, ssh_backend)
+            if slow and options.leave_out_slow:
+                plans = _leave_out_slow(plans, slow, hosts)
     except BaseException:
         if run_dir is not None:
             run_dir.close()
@@ -109,10 +114,31 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
 
     backend = Routed(backends, lambda plan: local_backend if plan.local else ssh_backend)
     try:
-        supervise(plans, backend, options.supervise, detach=detached, run_dir=run_dir,
-                  hosts=_host_actions(ssh_backend, options, run_dir))
+        supervise(plans, backend, options.supervise, detach=detached, run_dir=run_dir, hosts=hosts)
     finally:
         backend.close()
+
+
+def _leave_out_slow(plans: Sequence[TaskPlan], slow: Sequence[str], hosts: HostActions) -> list[TaskPlan]:
+    """The plans with each slow host's tasks on a spare that passed its checks, as the supervisor
+    leaves out a lost host; a slow host without a spare left keeps its tasks."""
+    plans = list(plans)
+
+    def notice(text: str) -> None:
+        print(f"mgpu: {text}", file=sys.stderr, flush=True)
+
+    for host in slow:
+        if any(plan.local for plan in plans if plan.host == host):
+            notice(f"warning: --leave-out-slow: {host} is this machine, which is never left out; it runs its tasks")
+            continue
+        replaced = hosts.replace(host, notice)
+        if replaced is None:
+            notice(f"warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of {host}; "
+                   f"it runs them")
+            continue
+        plans, spare = list(replaced[0]), replaced[1]
+        notice(f"left out slow host {host}: its tasks run on spare host {spare}")
+    return plans
 
 
 def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:

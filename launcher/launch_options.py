@@ -19,6 +19,7 @@ class LaunchOptions:
     ssh: SshOptions = SshOptions()
     check_hosts: bool = True  # run mgpu check's probes on remote hosts before starting anything
     allow_public: bool = False  # no warning for workers on public addresses
+    leave_out_slow: bool = False  # a host the speed probe names as slow gives its tasks to a spare before the start
     detach: bool = False  # once the run has begun, a supervisor of its own runs it and the launch returns
     spec: ClusterSpec | None = None  # what the plans were made from; with `replan`, spares can take a lost host's tasks
     replan: Callable[[ClusterSpec], Sequence[TaskPlan]] | None = None  # the planner, as the command line called it

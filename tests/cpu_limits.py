@@ -3,7 +3,9 @@
 `cpu_quota(fraction)` makes a cgroup whose processes get at most `fraction` of one core (cgroup v1's
 `cpu.cfs_quota_us` under /sys/fs/cgroup/cpu, or v2's `cpu.max`), and moves processes into it; every
 child a process starts afterwards is in it too, so moving a host's sshd there slows every session
-and task on that host. `burner(core)` keeps one core busy. Both undo themselves on exit.
+and task on that host. `cpu_weight(weight)` is a group without a limit that the scheduler favours
+over the machine's other work: a host that gets its core however busy the machine is. `burner(core)`
+keeps one core busy. All undo themselves on exit.
 """
 
 from __future__ import annotations
@@ -44,10 +46,21 @@ def _root() -> tuple[pathlib.Path, bool]:
     raise AssertionError("unreachable")
 
 
+def cpu_quota(fraction: float, name: str = "slow", weight: int | None = None) -> contextlib.AbstractContextManager[CpuGroup]:
+    """A cgroup limited to `fraction` of one core (and with `weight`, see cpu_weight). On exit its
+    processes go back to the root group (those still alive) and the group is removed."""
+    return _cpu_group(name, fraction, weight)
+
+
+def cpu_weight(weight: int, name: str = "favoured") -> contextlib.AbstractContextManager[CpuGroup]:
+    """A cgroup without a quota whose processes, when the machine is busy, get `weight` times the CPU
+    of a process outside it (cgroup v1's `cpu.shares`, v2's `cpu.weight`, against the default): a
+    host that keeps its own core while other work loads the machine."""
+    return _cpu_group(name, None, weight)
+
+
 @contextlib.contextmanager
-def cpu_quota(fraction: float, name: str = "slow") -> Iterator[CpuGroup]:
-    """A cgroup limited to `fraction` of one core. On exit its processes go back to the root group
-    (those still alive) and the group is removed."""
+def _cpu_group(name: str, fraction: float | None, weight: int | None) -> Iterator[CpuGroup]:
     if os.geteuid() != 0:
         needs.missing("needs root to make a cgroup")
     root, v1 = _root()
@@ -55,12 +68,18 @@ def cpu_quota(fraction: float, name: str = "slow") -> Iterator[CpuGroup]:
     path.mkdir()
     group = CpuGroup(path, v1)
     try:
-        quota = max(1000, int(fraction * PERIOD_US))
-        if v1:
-            (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
-            (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
-        else:
-            (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        if fraction is not None:
+            quota = max(1000, int(fraction * PERIOD_US))
+            if v1:
+                (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+                (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+            else:
+                (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        if weight is not None:  # the defaults: 1024 shares (v1), a weight of 100 (v2)
+            if v1:
+                (path / "cpu.shares").write_text(f"{min(262144, 1024 * weight)}\n")
+            else:
+                (path / "cpu.weight").write_text(f"{min(10000, 100 * weight)}\n")
         yield group
     finally:
         for _ in range(50):  # bounded: processes may start children while they are moved

@@ -126,6 +126,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @legacy_keras_option
 @ssh_options
 @click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
+@click.option("--leave-out-slow", is_flag=True,
+              help="A host the speed probe finds far below the others (under 0.7 of the median) gives its "
+                   "tasks to a spare host (--spare-hosts) before the start; without a spare it is only "
+                   "warned about.")
 @click.option("--allow-public", is_flag=True, help="Do not warn about workers on public addresses.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch_command(**opts) -> int | None:
@@ -133,6 +137,9 @@ def launch_command(**opts) -> int | None:
         raise UsageError("--json goes with --dry-run")
     if opts["detach"] and opts["dry_run"]:
         raise UsageError("--detach starts a run; --dry-run starts nothing: give one of them")
+    if opts["leave_out_slow"] and (opts["no_check"] or opts["slurm"]):
+        raise UsageError("--leave-out-slow needs the speed probe of the pre-launch checks: not with "
+                         + ("--no-check" if opts["no_check"] else "--slurm"))
     if opts["detach"] and opts["slurm"]:
         raise UsageError("--detach does not go with --slurm: the allocation ends with the shell that holds it; "
                          "submit the launch with sbatch instead (it runs without a terminal)")
@@ -271,10 +278,13 @@ free, and how many GPUs nvidia-smi lists. With --legacy-keras, also whether
 tf_keras imports and matches TensorFlow's series (with the pip command that
 fixes it). One table row per host. Then, on every host at once, each task's
 port is listened on and every task connects to every other task's TF_CONFIG
-address; each pair that cannot is named. `mgpu launch` runs the same checks on
-remote hosts first, and with --legacy-keras on this machine too; the
-reachability test runs for every launch, local tasks included (--no-check
-skips them all).
+address; each pair that cannot is named. Last, a speed probe times every host
+at once (a numpy matrix product on one core, the first GPU's where there is
+one, a transfer to the next host of a ring): a host under 0.7 of the median
+is named in the SPEED column and a warning (not a failure). `mgpu launch` runs
+the same checks on remote hosts first, and with --legacy-keras on this machine
+too; the reachability test runs for every launch, local tasks included, and
+the speed probe for a launch on more than one host (--no-check skips them all).
 
 \b
 Examples:
@@ -282,6 +292,7 @@ Examples:
   mgpu check --spec cluster.yaml --known-hosts ./known_hosts
   mgpu check --workers h1,h2 -- python train.py
   mgpu check --workers h1,h2 --legacy-keras -- python train.py
+  mgpu check --workers h1,h2,h3 --json -- python train.py
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
@@ -294,11 +305,14 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
 @legacy_keras_option
 @ssh_options
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the table as JSON (one object per host, with the speed probe's figures) on stdout.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
     from launcher.errors import CheckFailed
-    from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
+    from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures
     from launcher.preflight.reach import HINT as REACH_HINT, Reachability, describe_interfaces, probe_reachability
+    from launcher.preflight.speed import probe_speeds
 
     command = opts.pop("command")
     check_text(opts, command)
@@ -315,15 +329,48 @@ def check_command(**opts) -> None:
         reports = check_hosts([*plans, *spare_plans], ssh_backend, local_tensorflow_version())
         # Only hosts that passed can run the reachability probe (it needs their Python and ports).
         reachability = probe_reachability(plans, ssh_backend) if all(r.ok for r in reports) else Reachability((), {})
+        # The speed probe's ring needs every host's Python and every pair connected.
+        ready = all(r.ok for r in reports) and not reachability.problems
+        speeds = probe_speeds(plans, ssh_backend) if ready else []
     finally:
         if ssh_backend is not None:
             ssh_backend.close()
-    click.echo(render_table(reports))
+    _show_check(reports, speeds, reachability.problems, opts["as_json"])
     raise_for_failures(reports)
     if reachability.problems:
         raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(reachability.problems) + "\n" + REACH_HINT)
     click.echo("mgpu: every task reached every other task's TF_CONFIG address", err=True)  # stdout: the table
     click.echo(f"mgpu: {describe_interfaces(plans, reachability.interfaces)}", err=True)
+
+
+def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
+    """The table (or its rows as JSON) with each host's speed figures, and a warning line for each
+    host far below the others."""
+    import json
+
+    from launcher.preflight.check import render_table, table_json
+    from launcher.preflight.speed import by_slow_host, describe, slow_hosts, warning_lines
+
+    slow = slow_hosts(speeds)
+    named = by_slow_host(slow)
+    by_name = {speed.host: speed for speed in speeds}
+    for report in reports:
+        if report.host in by_name:
+            report.speed = describe(by_name[report.host]) + (" SLOW" if report.host in named else "")
+    if as_json:
+        rows = table_json(reports)
+        for row in rows:
+            speed = by_name.get(row["host"])
+            row["speed"] = None if speed is None else {
+                **speed.as_json(), "slow": [figure.as_json() for figure in named.get(row["host"], [])]}
+        click.echo(json.dumps({"hosts": rows, "unreachable": list(unreachable), "slow_hosts": list(named)}, indent=2))
+    else:
+        click.echo(render_table(reports))
+    for speed in speeds:
+        for problem in speed.problems:
+            click.echo(f"mgpu: the speed probe on {speed.host}: {problem}", err=True)
+    for line in warning_lines(slow):
+        click.echo(f"mgpu: warning: {line}", err=True)
 
 
 # ---------------------------------------------------------------------------

@@ -219,5 +219,6 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],
         allow_public=opts["allow_public"],
+        leave_out_slow=opts["leave_out_slow"],
         detach=opts["detach"],
     )

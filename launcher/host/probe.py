@@ -18,11 +18,20 @@ probing host) or a little longer than TIMEOUT. Prints one JSON object: listen_er
 {port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
 here}, and addresses [[address, interface], ...] of this host: from the addresses the other
 hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
+
+Or as: python probe.py speed PORT TARGET TIMEOUT, the speed probe that the launcher runs on every
+host at once: listen on PORT (this host's first task port) for the previous host of a ring, send
+to TARGET (the next host's first task address) for about TRANSFER_SECONDS, then time a fixed matrix
+product on one core with numpy (and on the first GPU with torch or TensorFlow, where nvidia-smi
+lists one). PORT and TARGET are "-" on a lone host. Prints one JSON object: cpu_gflops,
+gpu_gflops, send_mbps (null where not measured) and, for what could not be, cpu_error,
+gpu_error and send_error.
 """
 
 import errno
 import ipaddress
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -318,11 +327,225 @@ def reach(ports, targets, timeout, expected):
     return {"listen_errors": listen_errors, "reach": reached, "dialed": dialed, "addresses": local_addresses()}
 
 
+# The speed probe. A compute figure is the best of SPEED_WINDOWS windows of SPEED_WINDOW seconds
+# each: a window spans more than one period of a CFS CPU quota (100 ms), so a quota shows, while
+# the best window forgives a moment's noise.
+SPEED_WINDOW = 0.25
+SPEED_WINDOWS = 3
+SPEED_MATRIX = 256  # n of the n x n float64 product on the CPU
+GPU_MATRIX = 4096  # n of the n x n float32 product on the GPU
+TRANSFER_SECONDS = 0.5  # about how long a host sends to the next one
+TRANSFER_ROUNDS = 4  # in rounds: the first of TRANSFER_FIRST_ROUND bytes, the others sized from the best so far
+TRANSFER_FIRST_ROUND = 4 << 20
+TRANSFER_MAX_BYTES = 256 << 20  # the most one round sends
+TRANSFER_CHUNK = 1 << 20
+# The BLAS of numpy is held to one thread: the figure is one core's, comparable between hosts
+# whatever their core counts and however busy their other cores are.
+ONE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                  "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def best_rate(step, work, window=SPEED_WINDOW, windows=SPEED_WINDOWS, clock=time.perf_counter):
+    """The best of `windows` rates (`work` units per second) of calling `step` for `window` seconds."""
+    best = 0.0
+    for _ in range(windows):
+        count = 0
+        started = clock()
+        while True:
+            step()
+            count += 1
+            elapsed = clock() - started
+            if elapsed >= window:
+                break
+        best = max(best, count * work / elapsed)
+    return best
+
+
+def cpu_gflops(n=SPEED_MATRIX):
+    """GFLOP/s of an n x n float64 matrix product with numpy (on one core when main() runs it)."""
+    import numpy
+    rng = numpy.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    a @ b  # the first product loads the BLAS
+    return best_rate(lambda: a @ b, 2.0 * n ** 3) / 1e9
+
+
+def gpu_gflops(n=GPU_MATRIX):
+    """GFLOP/s of an n x n float32 matrix product on the first GPU, with torch or else TensorFlow."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        a = torch.randn(n, n, device="cuda")
+        b = torch.randn(n, n, device="cuda")
+
+        def step():
+            a @ b
+            torch.cuda.synchronize()
+        step()
+        return best_rate(step, 2.0 * n ** 3) / 1e9
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+    if not tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("no GPU for torch or TensorFlow")
+    with tf.device("/GPU:0"):
+        a = tf.random.normal((n, n))
+        b = tf.random.normal((n, n))
+
+        def step():
+            (a @ b).numpy()[0, 0]  # .numpy() waits for the product
+        step()
+        return best_rate(step, 2.0 * n ** 3) / 1e9
+
+
+def _read_exactly(conn, size):
+    """`size` bytes from `conn` (fewer only at its end)."""
+    parts, left = [], size
+    while left > 0:
+        data = conn.recv(min(left, TRANSFER_CHUNK))
+        if not data:
+            break
+        parts.append(data)
+        left -= len(data)
+    return b"".join(parts)
+
+
+def _receive_one(listener, deadline, outcome):
+    """Accept one connection by `deadline` and serve its rounds: each is an 8-byte length and that
+    many bytes, answered with one byte once all have arrived (the sender's clock stops then)."""
+    while time.monotonic() < deadline:
+        try:
+            conn, _ = listener.accept()
+        except (socket.timeout, BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(max(1.0, deadline - time.monotonic()))
+            total = 0
+            try:
+                while True:
+                    header = _read_exactly(conn, 8)
+                    if len(header) < 8:
+                        break
+                    size = int.from_bytes(header, "big")
+                    left = size
+                    while left > 0:
+                        data = conn.recv(min(left, TRANSFER_CHUNK))
+                        if not data:
+                            break
+                        left -= len(data)
+                    total += size - left
+                    if left:
+                        break
+                    conn.sendall(b"k")
+            except OSError:
+                pass
+            if total == 0:
+                continue  # a connection that sent nothing is not the neighbour's transfer
+            outcome["received_bytes"] = total
+            return
+
+
+def send_to(target, deadline, seconds=TRANSFER_SECONDS, rounds=TRANSFER_ROUNDS, max_bytes=TRANSFER_MAX_BYTES):
+    """MB/s of sending to `target` (host:port): the best of `rounds` rounds that each take about
+    seconds/rounds, each counted until the receiver has read it all (the best round forgives a
+    moment's noise, as the compute's best window does); connection attempts go on until `deadline`
+    (the neighbour's listener may start later)."""
+    host, port = _split_target(target)
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            sock.connect(address)
+            break
+        except OSError:
+            sock.close()
+            if time.monotonic() + REACH_RETRY >= deadline:
+                raise
+            time.sleep(REACH_RETRY)
+    chunk = memoryview(bytes(TRANSFER_CHUNK))
+    best = 0.0
+    size = TRANSFER_FIRST_ROUND
+    with sock:
+        sock.settimeout(max(1.0, deadline - time.monotonic()) + seconds)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            sock.sendall(size.to_bytes(8, "big"))
+            left = size
+            while left > 0:
+                sock.sendall(chunk[:min(left, TRANSFER_CHUNK)])
+                left -= min(left, TRANSFER_CHUNK)
+            if sock.recv(1) != b"k":
+                raise OSError("the receiver did not confirm")
+            elapsed = time.perf_counter() - started
+            best = max(best, size / elapsed)
+            # The next round sized to take its share of `seconds` at the best rate so far.
+            size = int(min(max_bytes, max(TRANSFER_FIRST_ROUND, best * seconds / rounds)))
+        sock.shutdown(socket.SHUT_WR)
+    return best / 1e6
+
+
+def speed(port, target, timeout, gpus=None):
+    """This host's figures: the transfer to the next host of the ring (while the previous one sends
+    here), then the compute."""
+    out = {"cpu_gflops": None, "gpu_gflops": None, "send_mbps": None}
+    deadline = time.monotonic() + timeout
+    receiver = None
+    outcome = {}
+    if port is not None:
+        try:
+            listener = _listen(port)
+        except OSError as e:
+            out["send_error"] = "cannot listen on port %d: %s" % (port, (e.strerror or str(e)).lower())
+            listener = None
+        if listener is not None:
+            receiver = threading.Thread(target=_receive_one, args=(listener, deadline + TRANSFER_SECONDS, outcome),
+                                        daemon=True)
+            receiver.start()
+    if target is not None:
+        try:
+            out["send_mbps"] = send_to(target, deadline)
+        except OSError as e:
+            out["send_error"] = "%s: %s" % (target, (e.strerror or str(e) or type(e).__name__).lower())
+        except (UnicodeError, IndexError) as e:  # a name that does not resolve
+            out["send_error"] = "%s: %s" % (target, _first_line(e))
+    if receiver is not None:
+        receiver.join(max(0.0, deadline + TRANSFER_SECONDS + 1.0 - time.monotonic()))
+        listener.close()
+    try:
+        out["cpu_gflops"] = cpu_gflops()
+    except ImportError:
+        out["cpu_error"] = "no numpy for the compute figure"
+    except Exception as e:  # a broken numpy
+        out["cpu_error"] = "the compute figure: %s" % _first_line(e)
+    if gpus:
+        try:
+            out["gpu_gflops"] = gpu_gflops()
+        except ImportError:
+            out["gpu_error"] = "no torch with CUDA, nor TensorFlow, for the GPU figure"
+        except Exception as e:
+            out["gpu_error"] = "the GPU figure: %s" % _first_line(e)
+    return out
+
+
 def main(argv):
     if len(argv) > 1 and argv[1] == "reach":
         ports = [int(port) for port in argv[2].split(",") if port]
         targets = [target for target in argv[3].split(",") if target]
         print(json.dumps(reach(ports, targets, float(argv[4]), int(argv[5]))))
+        return
+    if len(argv) > 1 and argv[1] == "speed":
+        for name in ONE_THREAD_ENV:  # before numpy is imported
+            os.environ[name] = "1"
+        port = None if argv[2] == "-" else int(argv[2])
+        target = None if argv[3] == "-" else argv[3]
+        started = time.monotonic()
+        result = speed(port, target, float(argv[4]), gpu_count(timeout=10.0))
+        result["seconds"] = round(time.monotonic() - started, 3)
+        print(json.dumps(result))
         return
     ports = [int(port) for port in argv[1].split(",") if port]
     modules = [name for name in argv[2].split(",") if name]

@@ -42,6 +42,7 @@ class HostReport:
     tf_keras: str = "-"  # checked only when tasks run with --legacy-keras
     ports: str = "-"
     gpus: str = "-"
+    speed: str = "-"  # the speed probe's figures, with the slow ones named (mgpu check)
     problems: list[str] = dataclasses.field(default_factory=list)
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
 
@@ -152,6 +153,8 @@ def render_table(reports: Sequence[HostReport]) -> str:
     columns = list(COLUMNS)
     if any(r.tf_keras != "-" for r in reports):  # only runs with --legacy-keras check it
         columns.insert(5, ("TF_KERAS", "tf_keras"))
+    if any(r.speed != "-" for r in reports):  # only once the speed probe has run
+        columns.insert(len(columns) - 1, ("SPEED", "speed"))
     rows = [[title for title, _ in columns]]
     for r in reports:
         values = []
@@ -163,6 +166,13 @@ def render_table(reports: Sequence[HostReport]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows
     )
+
+
+def table_json(reports: Sequence[HostReport]) -> list[dict]:
+    """The table's rows as JSON objects (`mgpu check --json`): the columns, and problems for RESULT."""
+    return [{"host": r.host, "tasks": list(r.tasks), "ssh": r.ssh, "python": r.python, "tensorflow": r.tensorflow,
+             "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "ok": r.ok, "problems": list(r.problems)}
+            for r in reports]
 
 
 def raise_for_failures(reports: Sequence[HostReport]) -> None:

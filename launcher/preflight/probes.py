@@ -1,9 +1,10 @@
 """The probes preflight runs on each host, and their command lines.
 
-Both run launcher/host/probe.py's source (standard library only) with the interpreter the tasks
+All run launcher/host/probe.py's source (standard library only) with the interpreter the tasks
 will use there, so a host is judged by the Python its tasks get: the host check (which Python,
-TensorFlow, modules, free ports, GPUs) and the reachability test (listen on the tasks' ports,
-connect to every task's address, and list the host's addresses by interface).
+TensorFlow, modules, free ports, GPUs), the reachability test (listen on the tasks' ports,
+connect to every task's address, and list the host's addresses by interface) and the speed probe
+(a transfer to the next host of a ring, a matrix product).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import os
 import pathlib
 import shlex
+import shutil
 import sys
 from typing import Iterable, Sequence
 
@@ -83,3 +85,14 @@ def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[
     argv = [python, "-c", probe_source(), "reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}",
             str(expected)]
     return sh(shlex.join(argv) + " </dev/null")
+
+
+def speed_probe_command(plan: TaskPlan, port: int | None, target: str | None, timeout: float) -> str:
+    """The speed probe for the host of `plan` (see host/probe.py's `speed`), with the tasks' Python
+    (its numpy, torch or TensorFlow are what is timed); on this machine, where the tasks run
+    another program or their Python is not found, with the launcher's own."""
+    python = probe_for(plan).python
+    if plan.local and not (probe_for(plan).python_required and shutil.which(python)):
+        python = sys.executable
+    argv = [python, "-c", probe_source(), "speed", "-" if port is None else str(port), target or "-", f"{timeout:g}"]
+    return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv) + " </dev/null")

@@ -46,3 +46,12 @@ def test_the_relaunch_command_leaves_the_lost_host_out():
         "mgpu launch --workers h1:2222,h3:2222 --max-restarts 2 -- python train.py --workers h2")
     assert relaunch_command(["launch", "--hostfile", "hosts.txt"], "h2") == (
         "mgpu launch --hostfile hosts.txt  (after removing h2 from hosts.txt)")
+
+
+@pytest.mark.parametrize("without", ["--no-check", "--slurm"])
+def test_leaving_out_slow_hosts_needs_the_checks(without):
+    done = run_mgpu("launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h5", "--leave-out-slow", without,
+                    "--dry-run")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("mgpu: error: --leave-out-slow needs the speed probe of the pre-launch checks: "
+                                   f"not with {without}")

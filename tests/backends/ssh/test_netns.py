@@ -51,7 +51,9 @@ def test_two_hosts_run_the_trainer_on_the_same_port(netns, tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "checked 2 host(s)" in done.stderr and "warning" not in done.stderr
+    # No warning, but for the speed probe's naming a host slow: both share this machine's busy cores.
+    assert "checked 2 host(s)" in done.stderr
+    assert not [line for line in done.stderr.splitlines() if "warning" in line and " is slow: " not in line]
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     assert record["status"] == "succeeded"
     assert [(p["name"], p["host"], p["port"]) for p in record["plans"]] == [("worker:0", "h1", 2222),

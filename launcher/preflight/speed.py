@@ -1,0 +1,172 @@
+"""The speed probe: how fast each host computes and sends, before the run, and which host is far
+below the others.
+
+In synchronous training every task waits for the slowest at each step, so a host with a
+throttled CPU or GPU, a CPU quota, a busy neighbour or a slow link slows the whole job. On every
+host of the cluster at once, host/probe.py in its `speed` mode sends to the next host of a ring
+(in plan order) over the tasks' own addresses and ports for half a second, then times a fixed
+matrix product on one core with numpy (and on the first GPU with torch or TensorFlow, where
+there is one). A host whose figure is under SLOW_FRACTION of the hosts' median is named; that
+judgement (`slow_hosts`) is pure.
+
+A host's network figure is the better of its two links (the one it sends on, the one it receives
+on): a slow host slows both, a slow link between two good hosts only one of theirs. With two
+hosts both links are the same two hosts', so the network cannot name one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from typing import Sequence, TextIO
+
+from launcher.config.addresses import format_address
+from launcher.errors import MgpuError
+from launcher.host import probe as host_probe
+from launcher.plan.planner import TaskPlan
+from launcher.preflight.on_host import HostShell, by_host, in_parallel
+from launcher.preflight.probes import speed_probe_command
+
+SLOW_FRACTION = 0.7  # a figure under this fraction of the median names its host
+SPEED_TIMEOUT = 5.0  # seconds for the ring's connections: the hosts' probes start at different times
+# The probe: its connections, the transfer, the compute, a GPU framework's import, and a slow SSH start.
+_RUN_TIMEOUT = SPEED_TIMEOUT + host_probe.TRANSFER_SECONDS + 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSpeed:
+    """One host's figures; None where not measured."""
+
+    host: str
+    cpu_gflops: float | None = None  # one core, numpy's float64 matrix product
+    gpu_gflops: float | None = None  # the first GPU, a float32 matrix product
+    send_mbps: float | None = None  # to the next host of the ring
+    receive_mbps: float | None = None  # from the previous host (what that one measured)
+    problems: tuple[str, ...] = ()  # what could not be measured, and why
+
+    @property
+    def network_mbps(self) -> float | None:
+        links = [rate for rate in (self.send_mbps, self.receive_mbps) if rate is not None]
+        return max(links) if links else None
+
+    def as_json(self) -> dict:
+        return {"cpu_gflops": _rounded(self.cpu_gflops), "gpu_gflops": _rounded(self.gpu_gflops),
+                "send_mbps": _rounded(self.send_mbps), "receive_mbps": _rounded(self.receive_mbps),
+                "network_mbps": _rounded(self.network_mbps), "problems": list(self.problems)}
+
+
+# (name, HostSpeed attribute, unit) of each figure that is judged.
+FIGURES = (("compute", "cpu_gflops", "GFLOP/s"), ("GPU", "gpu_gflops", "GFLOP/s"),
+           ("network", "network_mbps", "MB/s"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowFigure:
+    host: str
+    figure: str  # "compute", "GPU" or "network"
+    value: float
+    median: float
+    unit: str
+
+    def describe(self) -> str:
+        return f"{self.figure} {number(self.value)} {self.unit} (median {number(self.median)})"
+
+    def as_json(self) -> dict:
+        return {"figure": self.figure, "value": _rounded(self.value), "median": _rounded(self.median),
+                "unit": self.unit}
+
+
+def slow_hosts(speeds: Sequence[HostSpeed], fraction: float = SLOW_FRACTION) -> list[SlowFigure]:
+    """Each figure of a host under `fraction` of the median of that figure over the hosts that have
+    it (two at least), in host order."""
+    found = []
+    for name, attr, unit in FIGURES:
+        known = [(speed.host, getattr(speed, attr)) for speed in speeds if getattr(speed, attr) is not None]
+        if len(known) < 2:
+            continue
+        median = statistics.median(value for _, value in known)
+        found.extend(SlowFigure(host, name, value, median, unit) for host, value in known if value < fraction * median)
+    order = {speed.host: i for i, speed in enumerate(speeds)}
+    return sorted(found, key=lambda slow: order[slow.host])
+
+
+def by_slow_host(slow: Sequence[SlowFigure]) -> dict[str, list[SlowFigure]]:
+    named: dict[str, list[SlowFigure]] = {}
+    for figure in slow:
+        named.setdefault(figure.host, []).append(figure)
+    return named
+
+
+def describe(speed: HostSpeed) -> str:
+    """The figures for a table, e.g. `cpu 9.2 GFLOP/s, net 850 MB/s`; `-` for none."""
+    parts = []
+    if speed.cpu_gflops is not None:
+        parts.append(f"cpu {number(speed.cpu_gflops)} GFLOP/s")
+    if speed.gpu_gflops is not None:
+        parts.append(f"gpu {number(speed.gpu_gflops)} GFLOP/s")
+    if speed.network_mbps is not None:
+        parts.append(f"net {number(speed.network_mbps)} MB/s")
+    return ", ".join(parts) or "-"
+
+
+def warning_lines(slow: Sequence[SlowFigure]) -> list[str]:
+    """One line per slow host, naming its figures against the median."""
+    return [f"{host} is slow: " + ", ".join(figure.describe() for figure in figures)
+            + "; in synchronous training every task waits for it"
+            for host, figures in by_slow_host(slow).items()]
+
+
+def number(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _figure(result: dict, key: str) -> float | None:
+    value = result.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def probe_speeds(plans: Sequence[TaskPlan], ssh_backend=None) -> list[HostSpeed]:
+    """Every cluster host's figures, measured on all of them at once (the ring's transfers need both
+    ends); a host whose probe could not run has none, and says why."""
+    hosts = by_host(plan for plan in plans if plan.port is not None)
+    if not hosts:
+        return []
+    shell = HostShell(ssh_backend)
+    lone = len(hosts) == 1
+
+    def job(i: int) -> dict:
+        first, following = hosts[i][0], hosts[(i + 1) % len(hosts)][0]
+        command = speed_probe_command(first, None if lone else first.port,
+                                      None if lone else format_address(following.address, following.port),
+                                      SPEED_TIMEOUT)
+        try:
+            return shell.json(first, command, _RUN_TIMEOUT, "speed probe")
+        except MgpuError as e:
+            return {"error": str(e).splitlines()[0]}
+
+    results = in_parallel([lambda i=i: job(i) for i in range(len(hosts))], len(hosts))
+    speeds = []
+    for i, (group, result) in enumerate(zip(hosts, results)):
+        problems = [str(result[key]) for key in ("error", "send_error", "cpu_error", "gpu_error") if result.get(key)]
+        previous = results[i - 1] if not lone else {}
+        speeds.append(HostSpeed(group[0].host, _figure(result, "cpu_gflops"), _figure(result, "gpu_gflops"),
+                                _figure(result, "send_mbps"), _figure(previous, "send_mbps"), tuple(problems)))
+    return speeds
+
+
+def warn_about_slow_hosts(plans: Sequence[TaskPlan], ssh_backend=None, console: TextIO | None = None) -> list[str]:
+    """Before a launch on more than one host: probe every host's speed, print a warning line for each
+    one far below the others (not a failure), and return those hosts."""
+    console = console or sys.stderr
+    if len(by_host(plan for plan in plans if plan.port is not None)) < 2:
+        return []
+    slow = slow_hosts(probe_speeds(plans, ssh_backend))
+    for line in warning_lines(slow):
+        console.write(f"mgpu: warning: {line}\n")
+    console.flush()
+    return list(by_slow_host(slow))
