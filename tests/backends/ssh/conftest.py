@@ -93,6 +93,30 @@ def netns(ssh_lab: SshLab, tmp_path_factory, request):
                 pass
 
 
+@pytest.fixture(scope="module")
+def lab_of_three(ssh_lab: SshLab, tmp_path_factory):
+    """Hosts h1, h2 and h3 in network namespaces, each with its sshd on port 22; their known_hosts and
+    ssh config."""
+    require_namespaces()
+    directory = tmp_path_factory.mktemp("spares")
+    lab = Netns.create(names=("h1", "h2", "h3"))
+    servers = {}
+    try:
+        for name, address in lab.hosts.items():
+            servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
+                                       netns=lab.namespaces[name])
+        known = directory / "known_hosts"
+        known.write_text("".join(s.known_hosts_line() for s in servers.values()))
+        config = directory / "ssh_config"
+        config.write_text("".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
+                                  for n, a in lab.hosts.items()) + f"Host *\n  User {ssh_lab.user}\n")
+        yield lab, known, config, servers, directory, ssh_lab
+    finally:
+        for server in servers.values():
+            server.stop()
+        lab.destroy()
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch) -> pathlib.Path:
     """A HOME of the test's own (no ~/.ssh of the machine) and no ssh-agent."""

@@ -9,7 +9,6 @@ import pathlib
 import shlex
 import socket
 import subprocess
-import time
 
 import psutil
 import pytest

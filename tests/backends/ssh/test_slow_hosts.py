@@ -14,7 +14,6 @@ import pytest
 from cpu_limits import cpu_quota, cpu_weight
 from launching import REPO
 from ssh_helpers import PYTHON, unique_run_id
-from test_spare_hosts import lab_of_three  # noqa: F401 (the fixture: h1, h2, h3 with their sshds)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(300)]
 

@@ -13,8 +13,7 @@ import pytest
 
 from launching import finish, start_mgpu, wait_for
 from launching import REPO
-from ssh_helpers import PYTHON, Netns, SshLab, ip, run_processes, start_sshd, unique_run_id
-from test_netns import require_namespaces
+from ssh_helpers import PYTHON, Netns, ip, run_processes, start_sshd, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 
@@ -51,28 +50,6 @@ for step in range(start + 1, total + 1):
     print(f"MGPU_PROGRESS {step}/{total}", flush=True)
 print("done", flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def lab_of_three(ssh_lab: SshLab, tmp_path_factory):
-    require_namespaces()
-    directory = tmp_path_factory.mktemp("spares")
-    lab = Netns.create(names=("h1", "h2", "h3"))
-    servers = {}
-    try:
-        for name, address in lab.hosts.items():
-            servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
-                                       netns=lab.namespaces[name])
-        known = directory / "known_hosts"
-        known.write_text("".join(s.known_hosts_line() for s in servers.values()))
-        config = directory / "ssh_config"
-        config.write_text("".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
-                                  for n, a in lab.hosts.items()) + f"Host *\n  User {ssh_lab.user}\n")
-        yield lab, known, config, servers, directory, ssh_lab
-    finally:
-        for server in servers.values():
-            server.stop()
-        lab.destroy()
 
 
 @pytest.fixture
