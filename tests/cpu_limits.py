@@ -20,6 +20,8 @@ import needs
 V1_ROOT = pathlib.Path("/sys/fs/cgroup/cpu")
 V2_ROOT = pathlib.Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+# cpu.shares for the processes under test on a loaded machine: 16 times any other process's.
+PRIORITY_SHARES = 16384
 
 
 class CpuGroup:
@@ -30,6 +32,14 @@ class CpuGroup:
     def add(self, pid: int) -> None:
         """Move process `pid` (not its running children) into the group."""
         (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def add_tree(self, pid: int) -> None:
+        """Move process `pid` and every process below it, each with all its threads."""
+        for member in tree(pid):
+            try:
+                self.add(member)
+            except OSError:
+                pass  # ended meanwhile
 
     def pids(self) -> list[int]:
         return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
@@ -45,9 +55,13 @@ def _root() -> tuple[pathlib.Path, bool]:
 
 
 @contextlib.contextmanager
-def cpu_quota(fraction: float, name: str = "slow") -> Iterator[CpuGroup]:
-    """A cgroup limited to `fraction` of one core. On exit its processes go back to the root group
-    (those still alive) and the group is removed."""
+def cpu_quota(fraction: float | None, name: str = "slow", shares: int | None = None) -> Iterator[CpuGroup]:
+    """A cgroup limited to `fraction` of one core (None: no limit). On exit its processes go back to
+    the root group (those still alive) and the group is removed.
+
+    `shares` (cgroup v1's cpu.shares, 1024 by default; v2's cpu.weight scaled from it) weighs the
+    group against the rest of the machine: a machine loaded by other work starves every process by
+    as much as a quota would, unless the processes under test get the CPU before that work."""
     if os.geteuid() != 0:
         needs.missing("needs root to make a cgroup")
     root, v1 = _root()
@@ -55,12 +69,18 @@ def cpu_quota(fraction: float, name: str = "slow") -> Iterator[CpuGroup]:
     path.mkdir()
     group = CpuGroup(path, v1)
     try:
-        quota = max(1000, int(fraction * PERIOD_US))
-        if v1:
-            (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
-            (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
-        else:
-            (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        if fraction is not None:
+            quota = max(1000, int(fraction * PERIOD_US))
+            if v1:
+                (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+                (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+            else:
+                (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        if shares is not None:
+            if v1:
+                (path / "cpu.shares").write_text(f"{shares}\n")
+            else:
+                (path / "cpu.weight").write_text(f"{max(1, min(10000, 1 + (shares - 2) * 9999 // 262142))}\n")
         yield group
     finally:
         for _ in range(50):  # bounded: processes may start children while they are moved
@@ -84,3 +104,28 @@ def burner(core: int) -> Iterator[subprocess.Popen]:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def tree(pid: int) -> list[int]:
+    """Process `pid` and its descendants alive now."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        return [root.pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def pin_tree(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` and of its descendants runs only on `cores` (as `taskset -a -p`
+    does); children started afterwards inherit it."""
+    for member in tree(pid):
+        try:
+            threads = os.listdir(f"/proc/{member}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:
+                pass  # ended meanwhile
