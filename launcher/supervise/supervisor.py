@@ -38,6 +38,9 @@ The rules:
   where each task was and names the tasks not waiting in the framework (the
   likely cause), and the stacks are kept in the run dir. A stall is a failure:
   max_restarts applies.
+- Pace: every few seconds each running training task's CPU use (the backend's sample) and its own
+  time split (MGPU_TIME_SPLIT lines) go to the pace rule (pace.py), which names, once, the task a
+  synchronous job waits for; every task's busy share goes to run.json.
 - Signals: SIGINT or SIGTERM to the launcher stop every task the same way (a
   second one skips the grace period), then raise Interrupted. SIGHUP (the
   terminal closed) does not: the run goes on, its console in console.log, as a
