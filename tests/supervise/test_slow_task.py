@@ -1,13 +1,16 @@
-"""The task a synchronous job waits for, named while it runs (supervise/pace.py), with real slow tasks
-on this machine: a PyTorch DDP job (gloo, one thread per task) whose steps keep a core busy. First
-the cluster is even: no task is named for a whole window and more, and run.json carries every
+"""The task a synchronous job waits for, named while it runs (supervise/pace.py).
+
+With real slow tasks on this machine: a PyTorch DDP job (gloo, one thread per task) whose steps
+keep a core busy. First the cluster is even: no task is named for a whole window and more, and run.json carries every
 task's busy share. Then worker:1 is held to a third of a core by a cgroup quota: it is named. Then
 the quota is lifted and worker:0 shares a core with a CPU burner while worker:1 has the other
 core: worker:0 is named.
 
 The tasks (and the burner) run in cgroups weighted well above the rest of the machine
 (cpu_limits.PRIORITY_SHARES): other work on a loaded machine would otherwise slow every task as
-much as the quota does, and nobody would wait for anybody."""
+much as the quota does, and nobody would wait for anybody.
+
+And from the tasks' own time splits (MGPU_TIME_SPLIT lines), where CPU samples see nothing."""
 
 from __future__ import annotations
 
@@ -118,6 +121,43 @@ def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
         status = subprocess.run([sys.executable, "-m", "launcher", "status", run_id, "--log-dir", str(runs)],
                                 capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert "BUSY" in status.stdout and "slowest: worker:" in status.stdout, status.stdout
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+
+
+# Sleeps, and says it spent its time computing (MGPU_TASK_INDEX 1) or waiting (the others).
+SPLIT_PRINTER = (
+    "import os, time\n"
+    "slow = os.environ['MGPU_TASK_INDEX'] == '1'\n"
+    "for _ in range(int(os.environ['STEPS'])):\n"
+    "    time.sleep(0.5)\n"
+    "    print('MGPU_TIME_SPLIT', *((480, 20) if slow else (200, 300)), flush=True)\n"
+)
+
+
+def test_the_tasks_own_time_split_names_the_slow_task_where_cpu_samples_see_nothing(tmp_path):
+    """Every task sleeps (CPU samples: all waiting) but prints its time split: the one that says it
+    computes while the others wait is named, from its split, and `mgpu status` marks the shares."""
+    runs = tmp_path / "runs"
+    run_id = f"split-{os.getpid()}"
+    console = tmp_path / "console.txt"
+    steps = int((pace.WINDOW + 15) / 0.5)  # long enough for a window of splits, with room
+    with open(console, "w") as out:
+        proc = start_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(runs), "--",
+                          sys.executable, "-c", SPLIT_PRINTER, stdout=out,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "STEPS": str(steps)})
+    try:
+        wait_for_line(console, "is the slowest", pace.WINDOW + 120, proc)
+        lines = slowest_lines(console)
+        assert len(lines) == 1 and re.search(r"\[mgpu\] worker:1 on \S+ is the slowest: busy 96% of the last 60 s, "
+                                             r"the others 40%: they wait for it \(its own time split\)", lines[0]), lines
+        assert "MGPU_TIME_SPLIT" not in console.read_text()
+        status = subprocess.run([sys.executable, "-m", "launcher", "status", run_id, "--log-dir", str(runs)],
+                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert re.search(r"worker:1 .* 96%\*", status.stdout) and "slowest: worker:1" in status.stdout, status.stdout
+        assert proc.wait(120) == 0, console.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.terminate()
