@@ -1,10 +1,10 @@
 """The task a synchronous job waits for, named while it runs (supervise/pace.py).
 
-With real slow tasks on this machine: a PyTorch DDP job (gloo, one thread per task) whose steps
-keep a core busy. First the cluster is even: no task is named for a whole window and more, and run.json carries every
-task's busy share. Then worker:1 is held to a third of a core by a cgroup quota: it is named. Then
-the quota is lifted and worker:0 shares a core with a CPU burner while worker:1 has the other
-core: worker:0 is named.
+With real slow tasks on this machine: a PyTorch DDP job (gloo, one thread per task) whose steps keep
+a core busy. First the cluster is even: no task is named for a whole window and more, and run.json
+carries every task's busy share. Then worker:1 is held to a third of a core by a cgroup quota: it is
+named. Then the quota is lifted and worker:0 shares a core with a CPU burner while worker:1 has the
+other core: worker:0 is named.
 
 The tasks (and the burner) run in cgroups weighted well above the rest of the machine
 (cpu_limits.PRIORITY_SHARES): other work on a loaded machine would otherwise slow every task as
