@@ -22,6 +22,8 @@ import needs
 V1_ROOT = pathlib.Path("/sys/fs/cgroup/cpu")
 V2_ROOT = pathlib.Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+# The weight of the processes under test on a loaded machine: 16 times any other process's.
+PRIORITY_WEIGHT = 16
 
 
 class CpuGroup:
@@ -32,6 +34,14 @@ class CpuGroup:
     def add(self, pid: int) -> None:
         """Move process `pid` (not its running children) into the group."""
         (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def add_tree(self, pid: int) -> None:
+        """Move process `pid` and every process below it, each with all its threads."""
+        for member in tree(pid):
+            try:
+                self.add(member)
+            except OSError:
+                pass  # ended meanwhile
 
     def pids(self) -> list[int]:
         return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
@@ -103,3 +113,28 @@ def burner(core: int) -> Iterator[subprocess.Popen]:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def tree(pid: int) -> list[int]:
+    """Process `pid` and its descendants alive now."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        return [root.pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def pin_tree(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` and of its descendants runs only on `cores` (as `taskset -a -p`
+    does); children started afterwards inherit it."""
+    for member in tree(pid):
+        try:
+            threads = os.listdir(f"/proc/{member}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:
+                pass  # ended meanwhile

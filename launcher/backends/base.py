@@ -16,13 +16,20 @@ from __future__ import annotations
 import abc
 import signal
 from operator import methodcaller
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable, NamedTuple, Sequence
 
 from launcher.plan.planner import TaskPlan
 
 # Seconds a stopped task's processes get between SIGTERM and SIGKILL (`--grace-period`): on this
 # machine, in a Slurm step, and on a remote host when the task's SSH session ends.
 DEFAULT_GRACE_PERIOD = 10.0
+
+
+class CpuUsage(NamedTuple):
+    """A task's processes' use of the CPU so far, summed over their threads, as one sampler saw it."""
+    at: float  # seconds on the sampler's own clock (a remote host's uptime over SSH)
+    cpu_seconds: float  # on a CPU
+    runnable_seconds: float  # on a CPU or waiting for one (a runqueue, a CPU quota's throttling)
 
 
 class TaskProcess(abc.ABC):
@@ -71,6 +78,12 @@ class TaskProcess(abc.ABC):
     def cpu_seconds(self) -> float | None:
         """CPU time the task's live processes have used (user and system); None when this backend
         cannot tell. The stall watchdog counts CPU use as progress."""
+        usage = self.usage()
+        return None if usage is None else usage.cpu_seconds
+
+    def usage(self) -> CpuUsage | None:
+        """The latest sample of the task's CPU use (running and runnable time); None when this
+        backend cannot tell (yet). What tells a task that computes from one that waits."""
         return None
 
     def lost(self) -> str | None:

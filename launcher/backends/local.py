@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import subprocess
+import time
 
 import psutil
 
@@ -14,7 +15,7 @@ from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from launcher.host.probe import port_in_use
-from launcher.backends.base import Attempt, Backend, Strays, TaskByTask, TaskProcess
+from launcher.backends.base import Attempt, Backend, CpuUsage, Strays, TaskByTask, TaskProcess
 from launcher.backends.pipes import close_pipe_readers, pipe_reader
 
 
@@ -75,6 +76,16 @@ class LocalTaskProcess(TaskProcess):
         if self._root is None or self._popen.returncode is not None:
             return None
         return proctree.cpu_seconds([self._root, *proctree.descendants(self._root)])
+
+    def usage(self) -> CpuUsage | None:
+        if self._root is None or self._popen.returncode is not None or not proctree.is_alive(self._root):
+            return None
+        procs = [self._root, *proctree.descendants(self._root)]
+        found = proctree.runnable_seconds(procs)
+        if found is None:  # no schedstat (not Linux): CPU time alone, which misses waiting for a CPU
+            cpu = proctree.cpu_seconds(procs)
+            return CpuUsage(time.monotonic(), cpu, cpu)
+        return CpuUsage(time.monotonic(), *found)
 
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)

@@ -21,7 +21,7 @@ from launcher.config.spec import MAX_GPUS_PER_TASK, MAX_LOCAL_TASKS, MAX_THREADS
 from launcher.errors import UsageError
 from launcher.plan.render import TF_CONFIG_FORMATS
 from launcher.backends.base import DEFAULT_GRACE_PERIOD
-from launcher.supervise.options import DEFAULT_LOG_DIR, DEFAULT_STALL_TIMEOUT
+from launcher.supervise.options import DEFAULT_LOG_DIR, DEFAULT_SLOW_WINDOW, DEFAULT_STALL_TIMEOUT
 
 legacy_keras_option = click.option(
     "--legacy-keras", is_flag=True,
@@ -95,6 +95,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help=f"Stop the run (with every task's Python stack) when no training task has printed anything "
                    f"or used CPU for this long once all are ready; 0: never. [default: "
                    f"{DEFAULT_STALL_TIMEOUT:g}, or the spec's stall_timeout]")
+@click.option("--slow-window", type=params.Seconds(0), default=DEFAULT_SLOW_WINDOW, show_default=True,
+              metavar="SECONDS",
+              help="Name the training task the others wait for once it has been clearly busier than them "
+                   "over this long (see Slow hosts in the docs); 0: never.")
 @click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")

@@ -210,6 +210,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             grace_period=opts["grace_period"],
             start_timeout=opts["start_timeout"],
             stall_timeout=stall_timeout,
+            slow_window=opts["slow_window"],
             max_restarts=opts["max_restarts"],
             timestamps=opts["timestamps"],
             show=opts["show"],

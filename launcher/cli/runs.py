@@ -43,6 +43,13 @@ def _progress(progress: dict | None) -> str:
     return text
 
 
+def _busy(busy: dict | None) -> str:
+    """The task's busy share of the last minute or so: how much it computed rather than waited."""
+    if not busy or busy.get("share") is None:
+        return "-"
+    return f"{round(100 * busy['share'])}%" + ("" if busy.get("source") == "cpu" else "*")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -81,7 +88,9 @@ def _task_state(task: dict) -> str:
 
 STATUS_HELP = f"""The runs of the log dir, newest first; with RUN, each task of it.
 
-{RUN_HELP}
+{RUN_HELP} BUSY is how much of the last minute a task computed rather than
+waited for the others (from CPU samples; * from the task's own time split);
+in a synchronous job the busiest task is the one the others wait for.
 
 \b
 Examples:
@@ -130,12 +139,16 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     click.echo(f"files: {run.path}/")
     if record.get("message"):
         click.echo(str(record["message"]).splitlines()[0])
-    rows = [["TASK", "HOST", "PID", "STATE", "READY", "PROGRESS", "LAST LINE"]]
+    rows = [["TASK", "HOST", "PID", "STATE", "READY", "PROGRESS", "BUSY", "LAST LINE"]]
     for name, task in run.tasks.items():
         rows.append([name, str(task.get("host", "-")), str(task.get("pid", "-")), _task_state(task),
-                     _time(task.get("ready_at"))[11:] or "-", _progress(task.get("progress")),
+                     _time(task.get("ready_at"))[11:] or "-", _progress(task.get("progress")), _busy(task.get("busy")),
                      (task.get("last_line") or "")[:80]])
     click.echo(_table(rows))
+    slowest = (run.attempts[-1] if run.attempts else {}).get("slowest")
+    if slowest:
+        click.echo(f"slowest: {slowest['task']} on {slowest['host']}, busy {round(100 * slowest['busy'])}% "
+                   f"while the others waited (since {_time(slowest.get('at'))[11:]})")
 
 
 LOGS_HELP = f"""The console of a run as `mgpu launch` showed it, or one task's log.

@@ -68,6 +68,31 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
     return total
 
 
+def runnable_seconds(procs: Iterable[psutil.Process]) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds on a CPU or waiting for one) of every thread of `procs` still
+    alive, from /proc/<pid>/task/<tid>/schedstat (Linux: its first two fields, in nanoseconds);
+    None where the system has no such file."""
+    on_cpu = waited = 0
+    seen = False
+    for proc in procs:
+        try:
+            threads = os.listdir(f"/proc/{proc.pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{proc.pid}/task/{tid}/schedstat", "rb") as f:
+                    fields = f.read().split()
+                on_cpu += int(fields[0])
+                waited += int(fields[1])
+                seen = True
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    if not seen:
+        return None
+    return on_cpu / 1e9, (on_cpu + waited) / 1e9
+
+
 def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
     """Every live process of this user whose environment carries MGPU_RUN_ID=run_id (and, if
     `launch_id` is given, MGPU_LAUNCH_ID=launch_id or none: not another launch's with the same run

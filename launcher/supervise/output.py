@@ -40,7 +40,7 @@ from launcher.supervise.rundir import RunDir
 from launcher.supervise.stream_reader import PIECE, read_stream
 from launcher.supervise.task_log import TaskLog
 from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ProgressWatcher,
-                                         ReadyWatcher, TailWatcher, Watchers)
+                                         ReadyWatcher, TailWatcher, TimeSplitWatcher, Watchers)
 
 CHUNK = PIECE  # a longer line reaches the console in pieces
 TAIL_LINES = 500  # kept per task for the failure summary, which finds the cause in them
@@ -202,7 +202,9 @@ class TaskOutput:
         self._log = TaskLog(log, report, plan.name)  # log: opened in the run dir by RunOutput
         self._bind = BindFailureWatcher()
         self.progress = ProgressWatcher(time.monotonic)  # the last line and progress, for run.json
-        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail), self.progress]
+        self.time_split = TimeSplitWatcher()  # the task's own compute/wait split, for the pace rule
+        builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail), self.progress,
+                                      self.time_split]
         self._console_view = None
         if console is not None:
             self._console_view = ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,

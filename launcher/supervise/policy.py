@@ -301,7 +301,7 @@ class Policy:
                 self._stall.cpu_sample(event.name, event.cpu_seconds, now)
         if self._stall.stalled(now):
             idle_for = self._stall.idle_for(now)
-            # Say only what was seen: CPU use is not measured for tasks over SSH or in a Slurm step.
+            # Say only what was seen: CPU use is not measured for tasks in a Slurm step.
             unmeasured = sorted(name for name in training if not self._stall.measured(name))
             if not unmeasured:
                 seen = "no output, no CPU use"

@@ -19,16 +19,21 @@ Layout:
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
       host, pid, log, started_at, ready_at, ended_at, exit_code, signal,
-      failure_ignored, last_line, progress: {step, total, rate, eta_s, at}}},
+      failure_ignored, last_line, progress: {step, total, rate, eta_s, at},
+      busy: {share, source, window_s}}},
       ready_at (every training task ready), progress ({last_step, gained}, where reported),
-      time_lost_s, and for a failed attempt: cause (causes.py), task, host, detail}],
+      time_lost_s, slowest (the task the others waited for, once named: pace.py's
+      {task, host, busy, others, source, window_s, at}), and for a failed attempt: cause
+      (causes.py), task, host, detail}],
   costs: {restarts, left_out: [{host, cause, at, replaced_by}], time_lost_s, wall_s, goodput}
 exit_code is the task's exit status; when it died by a signal, exit_code is
 null and signal holds its name ("SIGKILL"). failure_ignored is true for a
 sidecar (the evaluator) that failed while training went on without it.
 last_line is the task's last line of output and progress its last progress line (protocol.py),
 with the steps per second since its first one and the seconds left at that rate (null when
-unknown); both are written at most every PROGRESS_INTERVAL seconds.
+unknown); both are written at most every PROGRESS_INTERVAL seconds. busy is the task's latest busy
+share (supervise/pace.py): the part of the last window_s seconds it computed rather than waited,
+from its own time split (source "split") or CPU samples ("cpu").
 Times are UTC, ISO 8601.
 """
 
@@ -189,6 +194,20 @@ class RunRecord:
             if task is not None and (task.get("last_line"), task.get("progress")) != (last_line, progress):
                 task.update(last_line=last_line, progress=progress)
                 self._dirty = True
+
+    def task_busy(self, plan: TaskPlan, busy: dict[str, Any] | None) -> None:
+        """The task's latest busy share (written with the next flush)."""
+        with self._lock:
+            task = self._data["attempts"][-1]["tasks"].get(plan.name)
+            if task is not None and task.get("busy") != busy:
+                task["busy"] = busy
+                self._dirty = True
+
+    def attempt_slowest(self, slowest: dict[str, Any]) -> None:
+        """The task the others waited for, once named."""
+        with self._lock:
+            self._data["attempts"][-1]["slowest"] = {**slowest, "at": now()}
+            self._write()
 
     def attempt_cause(self, cause: dict[str, Any]) -> None:
         """Why the last attempt failed (causes.Cause.to_dict): its cause, task, host and detail."""

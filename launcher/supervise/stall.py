@@ -5,8 +5,9 @@ CPU use: a task whose processes used at least CPU_PROGRESS_SHARE of one core sin
 sample is working, even when it prints nothing (a long evaluation, a data set being read). A job
 whose tasks all wait (in a collective for a peer that blocks in Python, say) prints nothing and
 uses almost no CPU: measured on a stalled MultiWorkerMirroredStrategy job, 0.1 to 0.4 % of a
-core per task, heartbeats included. Where a backend cannot count CPU time (tasks over SSH or in
-a Slurm step), output alone counts.
+core per task, heartbeats included. Tasks over SSH have their CPU time counted on their host (the
+join reporter's samples, backends/ssh/remote_command.py); where a backend cannot count CPU time
+(tasks in a Slurm step), output alone counts.
 
 Pure bookkeeping: the supervisor feeds it times and CPU seconds.
 """

@@ -38,6 +38,9 @@ The rules:
   where each task was and names the tasks not waiting in the framework (the
   likely cause), and the stacks are kept in the run dir. A stall is a failure:
   max_restarts applies.
+- Pace: every few seconds each running training task's CPU use (the backend's sample) and its own
+  time split (MGPU_TIME_SPLIT lines) go to the pace rule (pace.py), which names, once, the task a
+  synchronous job waits for; every task's busy share goes to run.json.
 - Signals: SIGINT or SIGTERM to the launcher stop every task the same way (a
   second one skips the grace period), then raise Interrupted. SIGHUP (the
   terminal closed) does not: the run goes on, its console in console.log, as a
@@ -67,7 +70,7 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.plan.planner import TaskPlan
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.signals import Signals
-from launcher.supervise import causes, diagnosis, policy, stacks
+from launcher.supervise import causes, diagnosis, pace, policy, stacks
 from launcher.supervise.rundir import CONSOLE_LOG, RunDir, make_run_dir
 from launcher.supervise.summary import (
     TaskView, at_fault, closing_line, restart_story, failure_summary, program_error, stall_summary, start_timeout_summary,
@@ -214,6 +217,7 @@ class _Supervisor:
             "start_timeout": options.start_timeout,
             "max_restarts": options.max_restarts,
             "stall_timeout": options.stall_timeout,
+            "slow_window": options.slow_window,
             "max_preemption_restarts": options.max_preemption_restarts,
             "log_dir": str(options.log_dir),
         }
@@ -224,6 +228,7 @@ class _Supervisor:
                                           report=self.output.notice)
         self._last_attempt: tuple[int, list[_Task]] = (0, [])
         self._stopped_at: float | None = None  # when the stall watchdog asked for the stacks
+        self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(
             policy.Rules(start_timeout=options.start_timeout, stall_timeout=options.stall_timeout,
                          max_restarts=options.max_restarts, max_preemption_restarts=options.max_preemption_restarts),
@@ -361,6 +366,11 @@ class _Supervisor:
         output_seen = {t.plan.name: t.output.last_activity for t in tasks}
         next_flush = time.monotonic() + LOG_FLUSH_INTERVAL
         next_progress = time.monotonic()
+        # Real time, not self.clock: shares are CPU seconds over wall seconds.
+        compared = (pace.compared([(t.plan.name, t.plan.type, t.plan.host) for t in tasks], self.sidecar_types,
+                                  self.server_types) if self.options.slow_window else {})
+        paced = pace.Pace(compared, window=self.options.slow_window or pace.WINDOW, named=self._named_slowest)
+        next_pace = time.monotonic()
         decisions = self.policy.begin_attempt([self._role(t) for t in tasks], self.clock())
         while True:
             watch = self._carry_out(decisions, by_name)
@@ -371,6 +381,9 @@ class _Supervisor:
                 for task in tasks:
                     self.record.task_progress(task.plan, *task.output.progress.snapshot())
                 next_progress = time.monotonic() + runrecord.PROGRESS_INTERVAL
+            if paced.hosts and time.monotonic() >= next_pace:
+                self._pace(paced, tasks)
+                next_pace = time.monotonic() + pace.SAMPLE_INTERVAL
             self.record.flush()
             if time.monotonic() > next_flush:
                 for task in tasks:
@@ -399,6 +412,30 @@ class _Supervisor:
                 if cpu is not None:
                     events.append(policy.CpuSeen(name, cpu))
             decisions = self.policy.on(events, now)
+
+    def _pace(self, paced: pace.Pace, tasks: list[_Task]) -> None:
+        """Feed each running training task's CPU sample and time split to the pace rule; name the
+        slow task once it shows; record every task's busy share."""
+        now = time.monotonic()
+        for task in tasks:
+            name = task.plan.name
+            if task.returncode is not None or name not in paced.hosts:
+                continue
+            usage = task.proc.usage()
+            if usage is not None:
+                paced.cpu(name, usage.at, usage.runnable_seconds, now)
+            split = task.output.time_split.total()
+            if split is not None:
+                paced.split(name, *split, now)
+        slowest = paced.slowest(now)
+        if slowest is not None:
+            self.output.notice(slowest.text())
+            self.record.attempt_slowest(slowest.to_dict())
+        source, shares = paced.shares(now)
+        for task in tasks:
+            share = shares.get(task.plan.name)
+            self.record.task_busy(task.plan, None if share is None else
+                                  {"share": round(share, 3), "source": source, "window_s": paced.window})
 
     def _carry_out(self, decisions: list[policy.Decision], by_name: dict[str, _Task]) -> policy.Watch | policy.Stop:
         """Notices to the console, readiness and ignored failures to the record; returns the last

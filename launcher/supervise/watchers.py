@@ -151,8 +151,9 @@ class ConsoleWatcher(LineWatcher):
 
     def line(self, line: Line) -> None:
         text = line.text
-        if self.muted or (line.stdout and text.strip() == protocol.READY_LINE):
-            return
+        if self.muted or (line.stdout and (text.strip() == protocol.READY_LINE
+                                           or protocol.parse_time_split(text) is not None)):
+            return  # the time split is the launcher's to read (pace.py): the log keeps it
         if self._noise is not None and text.strip() and self._noise[line.stdout].is_noise(text):
             return  # a blank line is the program's own spacing: shown
         text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
@@ -217,7 +218,7 @@ class ProgressWatcher(LineWatcher):
         now = self._clock()
         with self._lock:
             if parsed is None:
-                if line.text.strip():
+                if line.text.strip() and not (line.stdout and protocol.parse_time_split(line.text)):
                     self._last_line = console_safe(line.text[:LAST_LINE_CHARS])
                 return
             step, total = parsed
@@ -242,3 +243,26 @@ class ProgressWatcher(LineWatcher):
             return self._last_line, {"step": step, "total": total or None,
                                      "rate": None if rate is None else round(rate, 3),
                                      "eta_s": None if eta is None else round(eta, 1), "at": at}
+
+
+class TimeSplitWatcher(LineWatcher):
+    """The task's own compute/wait split (protocol.TIME_SPLIT_PREFIX lines on stdout), summed:
+    milliseconds computing and waiting since its start, for the rule that names the slow task."""
+
+    name = "time split watcher"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._total: tuple[int, int] | None = None
+
+    def line(self, line: Line) -> None:
+        parsed = protocol.parse_time_split(line.text) if line.stdout else None
+        if parsed is not None:
+            with self._lock:
+                compute, wait = self._total or (0, 0)
+                self._total = (compute + parsed[0], wait + parsed[1])
+
+    def total(self) -> tuple[int, int] | None:
+        """(compute ms, wait ms) in all; None before the first line."""
+        with self._lock:
+            return self._total

@@ -3,7 +3,10 @@ file HOLD exists. Every rank stops after the same step: the first to see the hol
 others through an all-reduce.
 
 Rank 0 hosts the rendezvous store on the first member's port; the other ranks dial it and listen on
-no port of their own. Usage: python torch_ddp.py HOLD_SECONDS|HOLD_FILE
+no port of their own. Usage: python torch_ddp.py HOLD_SECONDS|HOLD_FILE [WORK]
+
+With WORK, each step computes WORK products of 128x128 matrices on one thread (a step that keeps a
+core busy, so that a slow task makes the others wait for it) instead of sleeping between steps.
 """
 
 import os
@@ -15,6 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 HOLD = sys.argv[1] if len(sys.argv) > 1 else "0"
+WORK = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 
 
 def hold_over(started: float) -> bool:
@@ -25,6 +29,8 @@ def hold_over(started: float) -> bool:
 
 
 def main() -> None:
+    if WORK:
+        torch.set_num_threads(1)
     dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from mgpu
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -43,7 +49,12 @@ def main() -> None:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:
             break
-        time.sleep(0.2)
+        if WORK:
+            product = torch.randn(128, 128)
+            for _ in range(WORK):
+                product = torch.tanh(product @ product)
+        else:
+            time.sleep(0.2)
     print(f"rank {rank}: {steps} steps, loss {loss.item():.3f}", flush=True)
     # Every rank done before rank 0's store goes away: without it, rank 0 may abort at exit
     # ("terminate called without an active exception") while the others still talk to it.

@@ -292,3 +292,20 @@ def test_progress_numbers_are_ascii_digits_of_bounded_length():
     assert diagnosis.bind_failure("No address added out of total 1 resolved for 'x:" + "7" * 5000 + "'") == 0
     assert diagnosis.bind_failure("No address added out of total 1 resolved for 'x:70000'") == 0
     assert diagnosis.bind_failure("No address added out of total 1 resolved for '[::1]:2222'") == 2222
+
+
+def test_time_split_lines_are_summed_kept_in_the_log_and_left_off_the_console(run_id, tmp_path):
+    data = b"step 1\nMGPU_TIME_SPLIT 900 100\nMGPU_TIME_SPLIT 1200 300\r\nMGPU_TIME_SPLIT 5 6\n"
+    run = Run(run_id, tmp_path, data)
+    assert run.log == data
+    assert run.output.time_split.total() == (2105, 406)
+    assert "MGPU_TIME_SPLIT" not in run.console and "[worker:0] step 1\n" in run.console
+    assert run.output.progress.snapshot()[0] == "step 1"  # not the last line mgpu status shows
+    # On stderr, or malformed: an ordinary line.
+    for line in ["MGPU_TIME_SPLIT -1 3", "MGPU_TIME_SPLIT 1 \u0663", "MGPU_TIME_SPLIT 1", "MGPU_TIME_SPLIT 1 2 3",
+                 "MGPU_TIME_SPLIT " + "9" * 16 + " 1"]:
+        assert protocol.parse_time_split(line) is None, line
+        shown = Run(run_id, tmp_path, line.encode() + b"\n")
+        assert shown.output.time_split.total() is None and f"[worker:0] {line}\n" in shown.console
+    on_stderr = Run(run_id, tmp_path, b"", stderr=b"MGPU_TIME_SPLIT 7000 0\n")
+    assert on_stderr.output.time_split.total() is None and "MGPU_TIME_SPLIT 7000 0" in on_stderr.console

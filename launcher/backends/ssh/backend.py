@@ -20,7 +20,7 @@ import paramiko
 from launcher.errors import ConnectError, MgpuError
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
-from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, TaskByTask, TaskProcess
+from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
 from launcher.backends.ssh import remote_command
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
 from launcher.backends.ssh.options import SshOptions
@@ -51,14 +51,10 @@ class SshTaskProcess(TaskProcess):
         self._join_chan: paramiko.Channel | None = None
         self._join_failed = False
         self._join_done = threading.Event()  # the reporter has said all it will
-        self._reporting = own_port is not None or coordinator_port is not None
-        if self._reporting:
-            threading.Thread(target=self._read_join_reports, daemon=True, name=f"ssh-join-report {pgid}").start()
+        self._usage: CpuUsage | None = None  # the reporter's latest
+        threading.Thread(target=self._read_join_reports, daemon=True, name=f"ssh-join-report {pgid}").start()
 
-    @property
-    def sessions(self) -> int:
-        """SSH sessions this task holds on its connection: the task's, and its join reporter's."""
-        return 2 if self._reporting else 1
+    sessions = 2  # SSH sessions this task holds on its connection: the task's, and its join reporter's
 
     def _read_join_reports(self) -> None:
         """Open the join reporter's session and take its reports (see remote_command.py)."""
@@ -78,10 +74,16 @@ class SshTaskProcess(TaskProcess):
                     self._listening = True
                 elif report == remote_command.CONNECTED:
                     self._connected = True
+                elif (usage := remote_command.parse_usage(report)) is not None:
+                    self._usage = CpuUsage(*usage)
         except (MgpuError, paramiko.SSHException, EOFError, OSError):
             self._join_failed = True
         finally:
             self._join_done.set()
+
+    def usage(self) -> CpuUsage | None:
+        """Reported by the remote join reporter every couple of seconds (see remote_command.py)."""
+        return self._usage
 
     def listens_on(self, port: int) -> bool | None:
         """Reported by the remote join reporter (see remote_command.py)."""
@@ -209,7 +211,7 @@ class SshBackend(Backend):
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period)
         own_port, coordinator = task.port, task.coordinator_port
-        sessions = 2 if own_port is not None or coordinator is not None else 1
+        sessions = SshTaskProcess.sessions
         conn = self.connect(task, sessions)
         try:
             chan = conn.open_session(self.options.connect_timeout)

@@ -26,15 +26,18 @@ Every argv element and env value goes through shlex.quote, so quotes, $(),
 backticks, newlines and unicode arrive byte-exact. After the PGID line, which comes
 before the task runs, stdout and stderr carry only the task's own bytes.
 
-Whether the task has joined its cluster is reported out of band, by a second session
-on the same connection (join_report_command): a loop that reports on its own stdout,
-once each, when a process of the task's session listens on the task's own port
+Whether the task has joined its cluster, and how it uses the CPU, are reported out of band, by a
+second session on the same connection (join_report_command): a loop that reports on its own
+stdout, once each, when a process of the task's session listens on the task's own port
 (LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
 established connection to the coordinator's port (CONNECTED: the other JAX and
 PyTorch processes, which never listen). It reads /proc/net/tcp{,6} and the
 processes' socket inodes, polls four times a second (every 2 s once the task
-has connected: it has joined, and only its listening is left to report), and
-exits once nothing is left to report or the task has ended.
+has connected: it has joined, and only its listening is left to report). Every
+USAGE_INTERVAL_CS it also reports the CPU use of the session's processes (found with pgrep -s, or
+by a slower loop over /proc, then five times less often) (USAGE): the sums over their threads of
+/proc's schedstat, nanoseconds on a CPU and on a CPU or waiting for one, with
+the host's uptime in centiseconds, the sampler's clock. It exits once the task has ended.
 """
 
 from __future__ import annotations
@@ -94,39 +97,68 @@ class RemoteTask:
 # Reports of the join reporter, one per line on its stdout.
 LISTENING = "listening"
 CONNECTED = "connected"
+USAGE = "usage"  # "usage <uptime cs> <ns on a CPU> <ns on a CPU or waiting for one>"
+USAGE_INTERVAL_CS = 200
 
-# $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none).
+# $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none),
+# $4 = centiseconds between usage reports.
 # Field 4 after the command name in /proc/PID/stat is the session; in /proc/net/tcp* field 4 is
 # the state (0A listening, 01 established), fields 2 and 3 the local and remote address:port.
+# /proc/uptime's first field has two decimals: without its dot, it counts centiseconds.
 _JOIN_REPORTER = r"""trap '' INT TERM HUP
-sid=$1
+sid=$1; every=$4
 hex() { [ "$1" = - ] || printf ':%04X' "$1"; }
 own=$(hex "$2"); coord=$(hex "$3")
-listening=; connected=
-while kill -0 "$sid" 2>/dev/null; do
-  found=$(awk -v own="$own" -v coord="$coord" '
-    own != "" && $4 == "0A" && substr($2, length($2) - 4) == own { print "listening", $10 }
-    coord != "" && $4 == "01" && substr($3, length($3) - 4) == coord { print "connected", $10 }
-  ' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
-  if [ -n "$found" ]; then
+listening=; connected=; joined=; next=0
+# The session's processes: pgrep reads /proc in C; a loop in sh costs some 0.2 ms of CPU a process,
+# so without pgrep a host with thousands of processes is sampled five times less often.
+if command -v pgrep >/dev/null 2>&1; then
+  session() { pgrep -s "$sid"; }
+else
+  every=$((every * 5))
+  session() {
     for dir in /proc/[0-9]*; do
       { read -r stat < "$dir/stat"; } 2>/dev/null || continue
       set -- ${stat##*) }
-      [ "$4" = "$sid" ] || continue
-      links=$(ls -l "$dir/fd" 2>/dev/null)
-      set -- $found
-      while [ "$#" -ge 2 ]; do
-        case "$links" in *"socket:[$2]"*)
-          if [ "$1" = listening ] && [ -z "$listening" ]; then listening=1; echo listening; fi
-          if [ "$1" = connected ] && [ -z "$connected" ]; then connected=1; echo connected; fi;;
-        esac
-        shift 2
-      done
+      [ "$4" = "$sid" ] && echo "${dir#/proc/}"
     done
+  }
+fi
+[ -z "$own" ] && [ -z "$coord" ] && joined=1
+while kill -0 "$sid" 2>/dev/null; do
+  if [ -z "$joined" ]; then
+    found=$(awk -v own="$own" -v coord="$coord" '
+      own != "" && $4 == "0A" && substr($2, length($2) - 4) == own { print "listening", $10 }
+      coord != "" && $4 == "01" && substr($3, length($3) - 4) == coord { print "connected", $10 }
+    ' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+    if [ -n "$found" ]; then
+      for dir in /proc/[0-9]*; do
+        { read -r stat < "$dir/stat"; } 2>/dev/null || continue
+        set -- ${stat##*) }
+        [ "$4" = "$sid" ] || continue
+        links=$(ls -l "$dir/fd" 2>/dev/null)
+        set -- $found
+        while [ "$#" -ge 2 ]; do
+          case "$links" in *"socket:[$2]"*)
+            if [ "$1" = listening ] && [ -z "$listening" ]; then listening=1; echo listening; fi
+            if [ "$1" = connected ] && [ -z "$connected" ]; then connected=1; echo connected; fi;;
+          esac
+          shift 2
+        done
+      done
+    fi
+    [ -n "$listening" ] && joined=1
+    [ -z "$own" ] && [ -n "$connected" ] && joined=1
   fi
-  [ -n "$listening" ] && exit 0
-  [ -z "$own" ] && [ -n "$connected" ] && exit 0
-  if [ -n "$connected" ]; then sleep 2; else sleep 0.25; fi
+  { read -r up rest < /proc/uptime; } 2>/dev/null || up=0.00
+  now=${up%.*}${up#*.}
+  if [ "$now" -ge "$next" ]; then
+    next=$((now + every))
+    used=$(for pid in $(session); do cat "/proc/$pid/task/"*/schedstat 2>/dev/null; done |
+      awk '{ c += $1; w += $2 } END { printf "%.0f %.0f", c, c + w }')
+    echo "usage $now $used"
+  fi
+  if [ -z "$joined" ] && [ -z "$connected" ]; then sleep 0.25; else sleep 2; fi
 done
 """
 
@@ -134,7 +166,15 @@ done
 def join_report_command(session_id: int, own_port: int | None, coordinator_port: int | None) -> str:
     """The command line of the join reporter for one remote task (see the module docstring)."""
     ports = " ".join("-" if port is None else str(int(port)) for port in (own_port, coordinator_port))
-    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports}"
+    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports} {USAGE_INTERVAL_CS}"
+
+
+def parse_usage(report: str) -> tuple[float, float, float] | None:
+    """(uptime s, s on a CPU, s on a CPU or waiting for one) of a USAGE report; None for another line."""
+    fields = report.split()
+    if len(fields) != 4 or fields[0] != USAGE or not all(field.isascii() and field.isdigit() for field in fields[1:]):
+        return None
+    return int(fields[1]) / 100, int(fields[2]) / 1e9, int(fields[3]) / 1e9
 
 
 def env_block(env: Mapping[str, str]) -> bytes:

@@ -359,7 +359,7 @@ def test_a_remote_worker_blocked_in_python_is_named_with_its_stack(netns, tmp_pa
     run_id = unique_run_id("netns-stall")
     env = {**os.environ}
     env.pop("SSH_AUTH_SOCK", None)
-    # Over SSH only output counts as progress: the timeout leaves room for TensorFlow's silent start.
+    # The timeout leaves room for TensorFlow's start on a loaded machine.
     done = subprocess.run(
         [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
          "--known-hosts", str(known), "--workdir", str(tmp_path), "--run-id", run_id, "--no-check",

@@ -389,6 +389,17 @@ def unread(stream) -> bytes:
     return b"".join(chunks)
 
 
+def join_reports(out: bytes) -> list[bytes]:
+    """The reporter's lines about joining, without its usage samples."""
+    return [line for line in out.splitlines(keepends=True) if not line.startswith(b"usage ")]
+
+
+def next_join_report(stream) -> bytes:
+    while (line := stream.readline()).startswith(b"usage "):
+        pass
+    return line
+
+
 @pytest.mark.parametrize("listens,connects,reports", [
     (True, False, [b"listening\n"]),
     (False, True, [b"connected\n"]),
@@ -407,20 +418,15 @@ def test_the_join_reporter_reports_what_the_session_does_and_exits_with_it(liste
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
         reporter = start_join_reporter(pgid, own, coordinator.getsockname()[1])
-        if listens:  # reported, and nothing is left to report: the reporter ends by itself
-            out, err = reporter.communicate(timeout=30)
-            assert sorted(out.splitlines(keepends=True)) == sorted(reports) and err == b""
-            assert reporter.returncode == 0 and proc.poll() is None
-        else:
-            got = [reporter.stdout.readline() for _ in reports]
-            assert got == reports
-            # Two more rounds with the task's sockets unchanged: nothing more to say.
-            wait_for_scans(reporter, 2, timeout=60)
-            assert unread(reporter.stdout) == b""
-            proc.kill()  # the task ends: so does its reporter, having nothing more to say
-            proc.wait(10)
-            out, err = reporter.communicate(timeout=10)
-            assert (out, err, reporter.returncode) == (b"", b"", 0)
+        got = sorted(next_join_report(reporter.stdout) for _ in reports)
+        assert got == sorted(reports)
+        # Two more rounds with the task's sockets unchanged: nothing more to say about joining.
+        wait_for_scans(reporter, 2, timeout=60)
+        assert join_reports(unread(reporter.stdout)) == []
+        proc.kill()  # the task ends: so does its reporter
+        proc.wait(10)
+        out, err = reporter.communicate(timeout=10)
+        assert (join_reports(out), err, reporter.returncode) == ([], b"", 0)
     finally:
         proc.stdin.close()
         proc.kill()
@@ -445,10 +451,11 @@ def test_the_join_reporter_ignores_other_sessions_sockets():
         assert proc.stdout.readline() == b"up\n"
         reporter = start_join_reporter(pgid, coordinator.getsockname()[1], coordinator.getsockname()[1])
         wait_for_scans(reporter, 2)
-        assert unread(reporter.stdout) == b""
+        assert join_reports(unread(reporter.stdout)) == []
         proc.kill()
         proc.wait(10)
-        assert reporter.communicate(timeout=10) == (b"", b"")
+        out, err = reporter.communicate(timeout=10)
+        assert (join_reports(out), err) == ([], b"")
     finally:
         proc.stdin.close()
         proc.kill()
@@ -459,6 +466,58 @@ def test_the_join_reporter_ignores_other_sessions_sockets():
         outsider.close()
         other.close()
         coordinator.close()
+
+
+# A child that computes for argv[1] seconds, then sleeps beside its parent, which sleeps: the
+# session's threads, summed over processes.
+COMPUTE_THEN_SLEEP = (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    end = time.monotonic() + float(sys.argv[1])\n"
+    "    while time.monotonic() < end: pass\n"
+    "    time.sleep(600)\n"
+    "print('up', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.parametrize("pgrep", [True, False], ids=["pgrep", "without-pgrep"])
+def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
+    """Usage lines every USAGE_INTERVAL_CS (five times that without pgrep, on a PATH of only the
+    tools the loop needs): runnable time grows with the wall clock while a child of the task
+    computes (on a CPU or waiting for one), hardly at all once it sleeps."""
+    every = remote_command.USAGE_INTERVAL_CS / 100 * (1 if pgrep else 5)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ["cat", "awk", "sleep", "ls", "printf"] + (["pgrep"] if pgrep else []):
+        (tools / tool).symlink_to(shutil.which(tool))
+    proc = start_like_sshd(remote_command.task_command(
+        [sys.executable, "-c", COMPUTE_THEN_SLEEP, str(1.5 * every)], {}, None, 1))
+    reporter = None
+    try:
+        pgid = read_pgid(proc)
+        assert proc.stdout.readline() == b"up\n"
+        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, env={"PATH": str(tools)})
+        samples = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (len(samples) < 2 or samples[-1][0] - samples[0][0] < 3 * every):
+            usage = remote_command.parse_usage(reporter.stdout.readline().decode())
+            assert usage is not None
+            samples.append(usage)
+        assert all(later[0] - earlier[0] >= every - 0.02 for earlier, later in zip(samples, samples[1:]))
+        shares = [(b[2] - a[2]) / (b[0] - a[0]) for a, b in zip(samples, samples[1:])]
+        assert shares[0] > 0.8, samples  # computing: runnable all the time
+        assert shares[-1] < 0.1, samples  # asleep
+        assert samples[-1][1] > 0.1 and samples[-1][2] >= samples[-1][1]  # some of it on a CPU
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(10)
+        if reporter is not None:
+            reporter.kill()
+            reporter.wait(10)
 
 
 SLEEPER = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n"

@@ -1,0 +1,167 @@
+"""The task a synchronous job waits for, named while it runs (supervise/pace.py).
+
+With real slow tasks on this machine: a PyTorch DDP job (gloo, one thread per task) whose steps keep
+a core busy. First the cluster is even: no task is named for a whole window and more, and run.json
+carries every task's busy share. Then worker:1 is held to a third of a core by a cgroup quota: it is
+named. Then the quota is lifted and worker:0 shares a core with a CPU burner while worker:1 has the
+other core: worker:0 is named.
+
+The tasks (and the burner) run in cgroups weighted well above the rest of the machine
+(cpu_limits.PRIORITY_WEIGHT): other work on a loaded machine would otherwise slow every task as
+much as the quota does, and nobody would wait for anybody.
+
+And from the tasks' own time splits (MGPU_TIME_SPLIT lines), where CPU samples see nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import cpu_limits
+from launching import REPO, start_mgpu, wait_for, wait_for_line
+from launcher.supervise import pace
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = str(REPO / "tests" / "programs" / "torch_ddp.py")
+WORK = "300"  # matrix products a step: some tens of milliseconds of one core
+NAMED_WITHIN = 180.0  # seconds from the start of an imbalance
+WINDOW = 20.0  # --slow-window: shorter than the default, so that the test takes a minute, not three
+
+
+def record(runs: pathlib.Path, run_id: str) -> dict:
+    try:
+        return json.loads((runs / run_id / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def tasks(runs: pathlib.Path, run_id: str) -> dict:
+    attempts = record(runs, run_id).get("attempts") or [{}]
+    return attempts[-1].get("tasks", {})
+
+
+def busy(runs: pathlib.Path, run_id: str) -> dict[str, float] | None:
+    shares = {name: (task.get("busy") or {}).get("share") for name, task in tasks(runs, run_id).items()}
+    return shares if shares and None not in shares.values() else None
+
+
+def slowest_lines(console: pathlib.Path) -> list[str]:
+    return [line for line in console.read_text(errors="replace").splitlines() if "is the slowest" in line]
+
+
+def phases(proc, runs: pathlib.Path, run_id: str, console: pathlib.Path, pids: dict[str, int],
+           first: cpu_limits.CpuGroup) -> tuple[dict, float, dict, float]:
+    measured = time.monotonic()
+    # Even: a whole window and more without a name.
+    wait_for(lambda: time.monotonic() - measured > WINDOW + 3 * pace.SAMPLE_INTERVAL or proc.poll() is not None,
+             WINDOW + 60)
+    assert proc.poll() is None
+    assert slowest_lines(console) == [], busy(runs, run_id)
+    even = busy(runs, run_id)
+
+    # worker:1 held to a third of a core.
+    with cpu_limits.cpu_quota(1 / 3, weight=cpu_limits.PRIORITY_WEIGHT) as group:
+        group.add_tree(pids["worker:1"])
+        started = time.monotonic()
+        wait_for_line(console, "is the slowest", NAMED_WITHIN, proc)
+        quota_named = time.monotonic() - started
+        lines = slowest_lines(console)
+        assert len(lines) == 1 and re.search(r"\[mgpu\] worker:1 on \S+ is the slowest: busy \d+% of the last "
+                                             rf"{WINDOW:g} s, the others \d+%: they wait for it \(CPU samples\)", lines[0]), lines
+        assert record(runs, run_id)["attempts"][-1]["slowest"]["task"] == "worker:1"
+        quota_shares = busy(runs, run_id)
+
+    # worker:0 on a core shared with a burner, worker:1 on the other core alone. A group's weight is
+    # spread over the cores its processes use: worker:1 gets a group of its own, so as not to get
+    # only the share left by the first group's two busy processes on the other core.
+    with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "second") as second, \
+            cpu_limits.burner(1) as burning:
+        second.add_tree(pids["worker:1"])
+        first.add(burning.pid)
+        cpu_limits.pin_tree(pids["worker:0"], {1})
+        cpu_limits.pin_tree(pids["worker:1"], {0})
+        started = time.monotonic()
+        wait_for(lambda: len(slowest_lines(console)) == 2 or proc.poll() is not None, NAMED_WITHIN,
+                 lambda: f"worker:0 named: {busy(runs, run_id)}", interval=0.5)
+        shared_named = time.monotonic() - started
+        assert "worker:0 on " in slowest_lines(console)[1]
+    return even, quota_named, quota_shares, shared_named
+
+
+def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
+    pytest.importorskip("torch")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    runs = tmp_path / "runs"
+    run_id = f"pace-{os.getpid()}"
+    hold = tmp_path / "hold"
+    console = tmp_path / "console.txt"
+    with open(console, "w") as out:
+        proc = start_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(runs),
+                          "--slow-window", f"{WINDOW:g}",
+                          "--start-timeout", "240", "--", sys.executable, PROGRAM, str(hold), WORK, stdout=out)
+    try:
+        wait_for(lambda: busy(runs, run_id), 300, "busy shares in run.json")
+        pids = {name: task["pid"] for name, task in tasks(runs, run_id).items()}
+        with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "first") as first:
+            for pid in pids.values():
+                first.add_tree(pid)
+            even, quota_named, quota_shares, shared_named = phases(proc, runs, run_id, console, pids, first)
+
+        hold.touch()
+        assert proc.wait(120) == 0, console.read_text()[-3000:]
+        print(f"even shares {even}; quota: named after {quota_named:.0f} s, shares {quota_shares}; "
+              f"shared core: named after {shared_named:.0f} s")
+        status = subprocess.run([sys.executable, "-m", "launcher", "status", run_id, "--log-dir", str(runs)],
+                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert "BUSY" in status.stdout and "slowest: worker:" in status.stdout, status.stdout
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+
+
+# Sleeps, and says it spent its time computing (MGPU_TASK_INDEX 1) or waiting (the others).
+SPLIT_PRINTER = (
+    "import os, time\n"
+    "slow = os.environ['MGPU_TASK_INDEX'] == '1'\n"
+    "for _ in range(int(os.environ['STEPS'])):\n"
+    "    time.sleep(0.5)\n"
+    "    print('MGPU_TIME_SPLIT', *((480, 20) if slow else (200, 300)), flush=True)\n"
+)
+
+
+def test_the_tasks_own_time_split_names_the_slow_task_where_cpu_samples_see_nothing(tmp_path):
+    """Every task sleeps (CPU samples: all waiting) but prints its time split: the one that says it
+    computes while the others wait is named, from its split, and `mgpu status` marks the shares."""
+    runs = tmp_path / "runs"
+    run_id = f"split-{os.getpid()}"
+    console = tmp_path / "console.txt"
+    steps = int((WINDOW + 15) / 0.5)  # long enough for a window of splits, with room
+    with open(console, "w") as out:
+        proc = start_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(runs),
+                          "--slow-window", f"{WINDOW:g}", "--",
+                          sys.executable, "-c", SPLIT_PRINTER, stdout=out,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "STEPS": str(steps)})
+    try:
+        wait_for_line(console, "is the slowest", WINDOW + 120, proc)
+        lines = slowest_lines(console)
+        assert len(lines) == 1 and re.search(rf"\[mgpu\] worker:1 on \S+ is the slowest: busy 96% of the last {WINDOW:g} s, "
+                                             r"the others 40%: they wait for it \(its own time split\)", lines[0]), lines
+        assert "MGPU_TIME_SPLIT" not in console.read_text()
+        status = subprocess.run([sys.executable, "-m", "launcher", "status", run_id, "--log-dir", str(runs)],
+                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert re.search(r"worker:1 .* 96%\*", status.stdout) and "slowest: worker:1" in status.stdout, status.stdout
+        assert proc.wait(120) == 0, console.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
