@@ -264,9 +264,10 @@ def test_the_worker_slowed_by_a_cpu_quota_waits_least_in_its_time_split(tmp_path
     """Under the launcher (MGPU_RUN_ID set) every worker prints how its time splits between
     computing and waiting in the gradient exchange. Worker 1 is slowed once it trains (before,
     TensorFlow's start would take minutes at its quota): worker 0 then waits for it, and it hardly
-    waits (only its own share of the all-reduce's work, slowed too). A tenth of a core, not a third:
-    on a busy machine the free worker may itself get no more than a third of a core. A batch of
-    1024 makes each step's computation outweigh the all-reduce many times."""
+    waits (only its own share of the all-reduce's work, slowed too). A tenth of a core, not a third,
+    and worker 0 first in line for a CPU (nice -10): on a busy machine a free worker may itself get
+    no more than a third of a core. A batch of 1024 makes each step's computation outweigh the
+    all-reduce many times."""
     args = [*FAST, "--batch-size-per-replica", "1024", "--steps-per-loop", "2", "--gradient-exchange", "allreduce",
             "--train-steps", "1000000", "--log-every", "1000000"]
     env = {protocol.ENV_RUN_ID: f"time-split-{os.getpid()}"}
