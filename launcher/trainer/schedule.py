@@ -89,8 +89,8 @@ TIME_SPLIT_INTERVAL = 3.0
 @dataclasses.dataclass
 class TimeSplit:
     """Where a worker's time in training calls went since its last report: waiting in the gradient
-    exchange for the other workers (from the moment its own gradients were ready to the moment the
-    summed ones were back), or else computing (its input, forward and backward pass, optimizer step).
+    exchange's collectives (from the moment what it sends was ready to the moment they were back),
+    or else computing (its input, forward and backward pass, optimizer step).
 
     `add` answers a protocol time-split line once `interval` seconds have passed since the last one."""
 

@@ -141,8 +141,8 @@ class TrainLoop:
         self.factored = factored
         variables = model.trainable_variables
         gradients = timed_replica_gradients(model, optimizer, global_batch_size,
-                                      strategy.num_replicas_in_sync, allreduce, factored,
-                                      loss_scaling, xla)
+                                            strategy.num_replicas_in_sync, allreduce, factored,
+                                            loss_scaling, xla)
 
         def replica_step(images, labels):
             grads, loss_sum, correct, waited = gradients(images, labels)
