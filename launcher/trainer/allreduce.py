@@ -18,6 +18,10 @@ Two methods:
   the factored layers' inputs and output gradients, so TensorFlow's executor may start it
   while the layers below still back-propagate, if it has a thread free for it (with XLA, the
   backward pass is one compiled call and the gather follows it).
+
+Each exchange also says how long this replica waited in its collectives, on the host's clock read
+inside the graph right before they start and once they are back: a worker that computes faster
+than another waits there for it.
 """
 
 from __future__ import annotations
@@ -44,14 +48,35 @@ class AllReduceSettings:
     gpus: int = 0  # GPUs of this worker: the cost model's constants are CPU costs
 
 
+def clock_after(tensors) -> tf.Tensor:
+    """The host's clock (seconds, float64) once every one of `tensors` exists."""
+    with tf.control_dependencies([t for t in tf.nest.flatten(tensors) if t is not None]):
+        return tf.timestamp()
+
+
+def _held_until(tensors, op):
+    """`tensors`, available only once `op` has run."""
+    with tf.control_dependencies([op]):
+        return tf.nest.map_structure(tf.identity, tensors)
+
+
 def allreduce_gradients(grads: list[tf.Tensor], settings: AllReduceSettings) -> list[tf.Tensor]:
+    """The gradients summed over replicas."""
+    return timed_allreduce_gradients(grads, settings)[0]
+
+
+def timed_allreduce_gradients(grads: list[tf.Tensor], settings: AllReduceSettings) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """The gradients summed over replicas, and the seconds this replica spent in the all-reduce: from
+    the moment its own gradients were on the wire's dtype to the moment the sums were back."""
     ctx = tf.distribute.get_replica_context()
     wire = tf.as_dtype(settings.wire_dtype)
     scale = FLOAT16_SCALE if wire == tf.float16 else 1.0
     sent = [g if g.dtype == wire else tf.cast(g * scale if scale != 1.0 else g, wire) for g in grads]
-    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sent, options=settings.options)
+    ready = clock_after(sent)
+    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _held_until(sent, ready), options=settings.options)
+    waited = clock_after(summed) - ready
     return [s if s.dtype == g.dtype else _unscale(tf.cast(s, g.dtype), scale)
-            for s, g in zip(summed, grads)]
+            for s, g in zip(summed, grads)], waited
 
 
 def _unscale(t: tf.Tensor, scale: float) -> tf.Tensor:
@@ -87,11 +112,13 @@ def choose_factored_layers(settings: AllReduceSettings, model: keras.Model,
 
 
 def exchange_gradients(grads: list[tf.Tensor], factors: list[tuple[tf.Tensor, tf.Tensor]],
-                       settings: AllReduceSettings) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+                       settings: AllReduceSettings) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor]:
     """All-gathers of this replica's gradients and (inputs, output gradients) pairs.
 
     Returns the gradients summed over replicas and, per pair, the kernel gradient summed
-    over replicas, all float32. With factor_gather "early" the factors travel in an all-gather
+    over replicas, all float32, and the seconds this replica waited for the all-gathers: from
+    the moment everything it sends was packed to the moment the last all-gather was back (the
+    rebuild after it is its own work). With factor_gather "early" the factors travel in an all-gather
     of their own, which needs nothing but the factored layers' output gradients, so it can
     start while the layers below are still back-propagating; the other gradients follow in a
     second one. With "together" one all-gather carries everything after the backward pass.
@@ -107,12 +134,23 @@ def exchange_gradients(grads: list[tf.Tensor], factors: list[tuple[tf.Tensor, tf
     other_pack = factor_pack if settings.factor_gather == "together" else _Pack(replicas)
     for g in grads:
         other_pack.add(g, other_wire)
-    factor_rows = factor_pack.gather(ctx, settings.options)
-    other_rows = factor_rows if other_pack is factor_pack else other_pack.gather(ctx, settings.options)
+    packs = [factor_pack] if other_pack is factor_pack else [factor_pack, other_pack]
+    flats = [pack.flat() for pack in packs]
+    ready = clock_after(flats)
+    # The last all-gather starts once the clock is read; "early" factors' own one need not wait.
+    flats[-1] = None if flats[-1] is None else _held_until(flats[-1], ready)
+    gathered = [_gather(ctx, flat, settings.options) for flat in flats]
+    waited = clock_after(gathered) - ready
+    rows = [pack.unpack(g) for pack, g in zip(packs, gathered)]
+    factor_rows, other_rows = rows[0], rows[-1]
     kernel_grads = [tf.cast(_rebuild(*rows), tf.float32) for rows in factor_rows[:len(factors)]]
     summed = [tf.reshape(tf.reduce_sum(rows, axis=0), g.shape)
               for rows, g in zip(other_rows[len(other_rows) - len(grads):], grads)]
-    return summed, kernel_grads
+    return summed, kernel_grads, waited
+
+
+def _gather(ctx, flat: tf.Tensor | None, options) -> tf.Tensor | None:
+    return None if flat is None else ctx.all_gather(flat, axis=0, options=options)
 
 
 def _rebuild(xs: tf.Tensor, dys: tf.Tensor, scales: tf.Tensor | None) -> tf.Tensor:
@@ -166,13 +204,15 @@ class _Pack:
             tf.reshape(_int8_from_words(cols[idy], qdy.shape.num_elements()), [rows, dy.shape[1]]),
             tf.reshape(_from_words(cols[iscale], "float32", b), [rows])))
 
-    def gather(self, ctx, options) -> list:
-        """The all-gather, then each entry unpacked in the order added."""
-        if not self.words:
+    def flat(self) -> tf.Tensor | None:
+        """What the all-gather sends: every entry's words end to end (None when there are none)."""
+        return tf.concat(self.words, 0) if self.words else None
+
+    def unpack(self, gathered: tf.Tensor | None) -> list:
+        """Each entry unpacked from the all-gather of `flat()`, in the order added."""
+        if gathered is None:
             return []
         sizes = [w.shape.num_elements() for w in self.words]
-        flat = tf.concat(self.words, 0)
-        gathered = ctx.all_gather(flat, axis=0, options=options)
         cols = tf.split(tf.reshape(gathered, [self.replicas, sum(sizes)]), sizes, axis=1)  # row r: replica r
         return [entry(cols) for entry in self.entries]
 

@@ -13,7 +13,7 @@ import time
 from launcher.trainer.checkpoints import Checkpointer
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, format_metrics
-from launcher.trainer.schedule import WARMUP_STEPS, Schedule, Throughput
+from launcher.trainer.schedule import WARMUP_STEPS, Schedule, Throughput, TimeSplit
 from launcher.trainer.steps import EvalLoop, TrainLoop
 
 @dataclasses.dataclass
@@ -41,6 +41,7 @@ class Controller:
         s = self.schedule
         step = start_step
         throughput = Throughput(warmup_end=start_step + WARMUP_STEPS)
+        split = TimeSplit(last_report=time.perf_counter())
         last_eval: dict | None = None
         last_eval_step = None
         stopped_early = False
@@ -49,8 +50,10 @@ class Controller:
         while step < s.train_steps:
             target = s.next_stop(step, throughput.warmup_end)
             started = time.perf_counter()
-            new_step = self.train.run(self.iterator, target - step)
-            throughput.add(step, target - step, time.perf_counter() - started)
+            new_step, waited = self.train.run(self.iterator, target - step)
+            ended = time.perf_counter()
+            throughput.add(step, target - step, ended - started)
+            self.reporter.time_split(split.add(ended - started, waited, ended))
             if new_step != target:
                 raise RuntimeError(f"step counter is {new_step}, expected {target}")
             step = target
@@ -75,6 +78,7 @@ class Controller:
             if stopped_early:
                 break
 
+        self.reporter.time_split(split.report(time.perf_counter()))
         if last_eval_step != step:
             last_eval = self._evaluate(step)
         self.checkpointer.save(step)

@@ -73,10 +73,12 @@ class ProgressBar:
 
 
 class Reporter:
-    """Log lines and summaries of the chief; other workers stay quiet."""
+    """Log lines and summaries of the chief; other workers say only, under `mgpu launch`, how
+    their time splits between computing and waiting for the others."""
 
     def __init__(self, is_chief: bool, model_dir: str | None, train_steps: int):
         self._is_chief = is_chief
+        self._to_launcher = protocol.ENV_RUN_ID in os.environ
         self.progress = ProgressBar(train_steps, enabled=is_chief)
         self._writers = {}
         if is_chief and model_dir is not None:
@@ -87,6 +89,11 @@ class Reporter:
         if self._is_chief:
             self.progress.clear()
             log(message)
+
+    def time_split(self, line: str | None) -> None:
+        """Every worker's protocol time-split line (schedule.TimeSplit), for the launcher only."""
+        if line is not None and self._to_launcher:
+            log(line)
 
     def scalars(self, kind: str, step: int, values: dict) -> None:
         writer = self._writers.get(kind)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from launcher import protocol
+
 # Steps excluded from the throughput figure: tracing and first-touch costs.
 WARMUP_STEPS = 5
 
@@ -78,3 +80,38 @@ class Throughput:
         if steps == 0:
             steps, seconds = self.total_steps, self.total_seconds
         return steps * global_batch_size / seconds if seconds else 0.0
+
+
+# Seconds between two time-split lines of a worker (protocol.time_split_line).
+TIME_SPLIT_INTERVAL = 3.0
+
+
+@dataclasses.dataclass
+class TimeSplit:
+    """Where a worker's time in training calls went since its last report: waiting in the gradient
+    exchange's collectives (from the moment what it sends was ready to the moment they were back),
+    or else computing (its input, forward and backward pass, optimizer step).
+
+    `add` answers a protocol time-split line once `interval` seconds have passed since the last one."""
+
+    last_report: float  # the clock when counting began (or the last line)
+    interval: float = TIME_SPLIT_INTERVAL
+    compute: float = 0.0
+    wait: float = 0.0
+
+    def add(self, seconds: float, waited: float, now: float) -> str | None:
+        """A training call of `seconds`, of which its steps `waited` in the exchange, ending at `now`."""
+        waited = min(max(waited, 0.0), seconds)
+        self.compute += seconds - waited
+        self.wait += waited
+        if now - self.last_report < self.interval:
+            return None
+        return self.report(now)
+
+    def report(self, now: float) -> str | None:
+        """The line for the time since the last one (None if no training call ended since); starts anew."""
+        if self.compute == 0.0 and self.wait == 0.0:
+            return None
+        line = protocol.time_split_line(round(self.compute * 1000), round(self.wait * 1000))
+        self.compute, self.wait, self.last_report = 0.0, 0.0, now
+        return line

@@ -3,13 +3,17 @@
 One Python call runs many steps inside a tf.function, so the host does no per-step
 work. Metrics accumulate in sync-on-read variables: updating them is local, and only
 reading them (at log and eval time) costs a collective.
+
+Each step also says how long this replica waited in the gradient exchange's collectives
+(allreduce.py reads the host's clock around them, inside the graph): in a synchronous job a
+worker that computes faster than another waits there for it, and the slowest waits least.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from launcher.trainer.allreduce import AllReduceSettings, allreduce_gradients, exchange_gradients
+from launcher.trainer.allreduce import AllReduceSettings, exchange_gradients, timed_allreduce_gradients
 
 
 class Sums:
@@ -63,9 +67,17 @@ def _forward_recording(model, images, factored):
 
 def replica_gradients(model, optimizer, global_batch_size: int, replicas: int,
                       allreduce: AllReduceSettings, factored: list, loss_scaling: bool, xla: bool):
+    """timed_replica_gradients without the wait: the function returns (gradients, loss sum, correct)."""
+    timed = timed_replica_gradients(model, optimizer, global_batch_size, replicas, allreduce, factored,
+                                    loss_scaling, xla)
+    return lambda images, labels: timed(images, labels)[:3]
+
+
+def timed_replica_gradients(model, optimizer, global_batch_size: int, replicas: int,
+                            allreduce: AllReduceSettings, factored: list, loss_scaling: bool, xla: bool):
     """A function of a replica's (images, labels), called in replica context, returning
     (gradients summed over all replicas in model.trainable_variables order, this replica's
-    loss sum, its count of correct predictions).
+    loss sum, its count of correct predictions, the seconds it waited in the exchange).
 
     The gradients are those of the global mean loss (scaled by the optimizer's loss scale
     with `loss_scaling`). `factored`: layers whose kernel gradients are rebuilt by
@@ -110,11 +122,12 @@ def replica_gradients(model, optimizer, global_batch_size: int, replicas: int,
             # The exchange splits tensors by their sizes, so the batch must be static.
             images = tf.ensure_shape(images, [batch_per_replica, *images.shape[1:]])
             other_grads, factors, loss_sum, correct = forward_backward_factored(images, labels)
-            summed, kernel_grads = exchange_gradients(other_grads, factors, allreduce)
+            summed, kernel_grads, waited = exchange_gradients(other_grads, factors, allreduce)
             exchanged = summed + kernel_grads
-            return [exchanged[i] for i in order], loss_sum, correct
+            return [exchanged[i] for i in order], loss_sum, correct, waited
         grads, loss_sum, correct = forward_backward(images, labels)
-        return allreduce_gradients(grads, allreduce), loss_sum, correct
+        summed, waited = timed_allreduce_gradients(grads, allreduce)
+        return summed, loss_sum, correct, waited
 
     return gradients
 
@@ -127,27 +140,33 @@ class TrainLoop:
         self.allreduce = allreduce
         self.factored = factored
         variables = model.trainable_variables
-        gradients = replica_gradients(model, optimizer, global_batch_size,
-                                      strategy.num_replicas_in_sync, allreduce, factored,
-                                      loss_scaling, xla)
+        gradients = timed_replica_gradients(model, optimizer, global_batch_size,
+                                            strategy.num_replicas_in_sync, allreduce, factored,
+                                            loss_scaling, xla)
 
         def replica_step(images, labels):
-            grads, loss_sum, correct = gradients(images, labels)
+            grads, loss_sum, correct, waited = gradients(images, labels)
             optimizer.apply(grads, variables)
             self.sums.add(loss_sum, correct, tf.cast(tf.shape(labels)[0], tf.float32))
+            return waited
 
         @tf.function
         def train_steps(iterator, num_steps):
+            waited = tf.constant(0.0, tf.float64)
             for _ in tf.range(num_steps):
-                strategy.run(replica_step, args=next(iterator))
+                # This worker's replicas wait side by side: their mean is the worker's wait.
+                local = strategy.experimental_local_results(strategy.run(replica_step, args=next(iterator)))
+                waited += tf.add_n(local) / len(local)
                 step.assign_add(1)
-            return step.read_value()
+            return step.read_value(), waited
 
         self._train_steps = train_steps
 
-    def run(self, iterator, num_steps: int) -> int:
-        """Run num_steps steps; returns the global step once they are done."""
-        return int(self._train_steps(iterator, tf.constant(num_steps, tf.int32)))
+    def run(self, iterator, num_steps: int) -> tuple[int, float]:
+        """Run num_steps steps; returns the global step once they are done, and the seconds
+        these steps waited in the gradient exchange for the other workers."""
+        step, waited = self._train_steps(iterator, tf.constant(num_steps, tf.int32))
+        return int(step), float(waited)
 
 
 def _index_of(variable, variables: list) -> int:

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from launcher.trainer.schedule import Schedule, Throughput
+from launcher import protocol
+from launcher.trainer.schedule import Schedule, Throughput, TimeSplit
 
 
 def schedule(**kw) -> Schedule:
@@ -56,6 +57,28 @@ def test_a_run_too_short_to_warm_up_counts_every_step():
     t.add(0, 3, 1.5)
     assert t.final_rate(global_batch_size=4) == pytest.approx(8.0)
     assert Throughput(warmup_end=5).final_rate(4) == 0.0
+
+
+def test_the_time_split_is_reported_every_interval_as_protocol_lines_of_milliseconds():
+    split = TimeSplit(last_report=100.0, interval=3.0)
+    assert split.add(2.0, 0.5, now=102.0) is None  # not yet due: the figures add up
+    line = split.add(1.5, 1.25, now=103.5)
+    assert protocol.parse_time_split(line) == (1750, 1750)
+    assert split.add(1.0, 0.25, now=104.0) is None  # a new interval from the last line
+    assert protocol.parse_time_split(split.add(2.0, 0.0, now=106.5)) == (2750, 250)
+    assert split.report(now=107.0) is None  # nothing trained since the last line
+
+
+def test_a_wait_beyond_the_call_or_below_zero_is_clamped():
+    split = TimeSplit(last_report=0.0, interval=3.0)
+    assert protocol.parse_time_split(split.add(1.0, 1.5, now=5.0)) == (0, 1000)
+    assert protocol.parse_time_split(split.add(1.0, -0.1, now=10.0)) == (1000, 0)
+
+
+def test_the_rest_of_the_time_split_is_reported_at_the_end():
+    split = TimeSplit(last_report=0.0, interval=3.0)
+    assert split.add(0.4, 0.1, now=0.5) is None
+    assert protocol.parse_time_split(split.report(now=0.6)) == (300, 100)
 
 
 def test_the_schedule_needs_no_tensorflow():

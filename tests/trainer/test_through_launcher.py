@@ -7,6 +7,7 @@ import psutil
 import pytest
 from needs import installed_version
 
+from launcher import protocol
 from launching import finish, start_mgpu
 from trainer_helpers import FAST
 
@@ -43,6 +44,9 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     for name in ("worker-0", "worker-1", "evaluator-0"):
         log = (log_dir / "with-evaluator" / f"{name}.log").read_text()
         assert not [word for word in UNCLEAN_EXIT if word in log], log[-3000:]
+        # Every worker says how its time split between computing and waiting for the other; the evaluator is no part of that.
+        splits = [protocol.parse_time_split(line) for line in log.splitlines() if line.startswith(protocol.TIME_SPLIT_PREFIX)]
+        assert all(splits) and (len(splits) > 0) == name.startswith("worker"), log[-3000:]
 
 
 def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):

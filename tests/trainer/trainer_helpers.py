@@ -32,8 +32,11 @@ def cluster_configs(num_workers: int, evaluator: bool = False) -> list[dict]:
 class Trainer:
     """One `python -m launcher.trainer` process with its output in a log file."""
 
-    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None):
-        env = dict(os.environ)
+    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None,
+                 env: dict[str, str] | None = None, nice: int = 0):
+        """`env`: added to this process's environment; `nice`: added to the trainer's niceness
+        (negative, as root: first in line for a CPU on a busy machine)."""
+        env = {**os.environ, **(env or {})}
         env.pop("TF_CONFIG", None)
         for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             env.pop(name, None)
@@ -42,7 +45,8 @@ class Trainer:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "launcher.trainer", *args],
-                                     cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     def wait(self, timeout: float) -> int:
         try:
