@@ -1,14 +1,18 @@
-"""The trainer under the real `mgpu launch`: identical replicas, an evaluator, preemption and resume."""
+"""The trainer under the real `mgpu launch`: identical replicas, an evaluator, preemption and resume, and
+the slow worker named from its own time split."""
 
 import json
+import os
+import pathlib
 import signal
 
 import psutil
 import pytest
 from needs import installed_version
 
+import cpu_limits
 from launcher import protocol
-from launching import finish, start_mgpu
+from launching import finish, start_mgpu, wait_for, wait_for_line
 from trainer_helpers import FAST
 
 pytestmark = pytest.mark.slow
@@ -89,3 +93,55 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["global_step"] == 400
     assert len(metrics["replica_fingerprints"]) == 2 and len(set(metrics["replica_fingerprints"])) == 1
+
+
+def time_splits(log: pathlib.Path) -> list[tuple[int, int]]:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [split for line in lines if (split := protocol.parse_time_split(line))]
+
+
+def wait_share(splits: list[tuple[int, int]]) -> float:
+    return sum(wait for _, wait in splits) / max(1, sum(compute + wait for compute, wait in splits))
+
+
+def test_the_worker_slowed_by_a_cpu_quota_waits_least_and_is_named_from_its_time_split(tmp_path):
+    """Under the launcher every worker prints how its time splits between computing and waiting in
+    the gradient exchange, and the launcher names the slow one from these exact figures. Worker 1
+    is slowed once it trains (before, TensorFlow's start would take minutes at its quota): worker 0
+    then waits for it, and it hardly waits (only its own share of the all-reduce's work, slowed
+    too). A tenth of a core, and worker 0 first in line for a CPU (nice -10): on a busy machine a
+    free worker may itself get no more than a third of a core. A batch of 1024 makes each step's
+    computation outweigh the all-reduce many times."""
+    log_dir, console = tmp_path / "runs", tmp_path / "console.txt"
+    with open(console, "w") as out:
+        proc = start_mgpu(
+            "launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "split",
+            "--slow-window", "15", "--start-timeout", "240", "--",
+            *FAST, "--batch-size-per-replica", "1024", "--steps-per-loop", "2", "--gradient-exchange", "allreduce",
+            "--train-steps", "1000000", "--log-every", "1000000", cwd=tmp_path, stdout=out)
+    logs = [log_dir / "split" / f"worker-{i}.log" for i in range(2)]
+    try:
+        with cpu_limits.cpu_quota(0.1) as slow:
+            wait_for(lambda: time_splits(logs[1]) or proc.poll() is not None, 240,
+                     lambda: console.read_text()[-3000:])
+            assert proc.poll() is None, console.read_text()[-3000:]
+            pids = {name: task["pid"] for name, task in run_record(log_dir, "split")["attempts"][0]["tasks"].items()}
+            for pid in cpu_limits.tree(pids["worker:0"]):
+                os.setpriority(os.PRIO_PROCESS, pid, -10)
+            slow.add_tree(pids["worker:1"])
+            moved = [len(time_splits(log)) for log in logs]
+            wait_for_line(console, "is the slowest", 180, proc)
+            # Each worker's next line still covers time from before the move; the three after it do not.
+            wait_for(lambda: all(len(time_splits(log)) >= n + 4 for log, n in zip(logs, moved)), 240,
+                     lambda: console.read_text()[-3000:])
+    finally:
+        proc.terminate()
+        code, _ = finish(proc, 120)
+    named = [line for line in console.read_text().splitlines() if "is the slowest" in line]
+    assert len(named) == 1 and named[0].startswith("[mgpu] worker:1 on 127.0.0.1 is the slowest: busy ") \
+        and named[0].endswith("(its own time split)"), named
+    assert "MGPU_TIME_SPLIT" not in console.read_text()
+    fast, slowed = (time_splits(log)[n + 1:n + 4] for log, n in zip(logs, moved))
+    figures = f"worker 0: {fast}, worker 1 (slowed): {slowed}"
+    assert wait_share(fast) > 0.5, figures
+    assert wait_share(slowed) < wait_share(fast) / 2, figures

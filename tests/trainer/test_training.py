@@ -4,7 +4,6 @@ The small model on synthetic data with one thread per process is exactly reprodu
 which the resume and equivalence checks rely on.
 """
 
-import os
 import pathlib
 import re
 import signal
@@ -17,7 +16,6 @@ from needs import installed_version, require
 np = require("numpy", "the train extra")
 installed_version("tensorflow", "the train extra")
 
-import cpu_limits  # noqa: E402
 from launcher import protocol  # noqa: E402
 from launching import REPO, wait_for
 from trainer_helpers import FAST, Trainer, cluster_configs, read_json, wait_all
@@ -217,41 +215,3 @@ def test_mixed_precision_and_xla_train(tmp_path):
     assert "precision mixed_float16, xla True" in trainer.output()
     metrics = read_json(tmp_path / "model" / "metrics.json")
     assert np.isfinite(metrics["loss"]) and metrics["global_step"] == 20
-
-
-def time_splits(trainer: Trainer) -> list[tuple[int, int]]:
-    return [split for line in trainer.lines() if (split := protocol.parse_time_split(line))]
-
-
-def wait_share(splits: list[tuple[int, int]]) -> float:
-    return sum(wait for _, wait in splits) / max(1, sum(compute + wait for compute, wait in splits))
-
-
-def test_the_worker_slowed_by_a_cpu_quota_waits_least_in_its_time_split(tmp_path):
-    """Under the launcher (MGPU_RUN_ID set) every worker prints how its time splits between
-    computing and waiting in the gradient exchange. Worker 1 is slowed once it trains (before,
-    TensorFlow's start would take minutes at its quota): worker 0 then waits for it, and it hardly
-    waits (only its own share of the all-reduce's work, slowed too). A tenth of a core, not a third,
-    and worker 0 first in line for a CPU (nice -10): on a busy machine a free worker may itself get
-    no more than a third of a core. A batch of 1024 makes each step's computation outweigh the
-    all-reduce many times."""
-    args = [*FAST, "--batch-size-per-replica", "1024", "--steps-per-loop", "2", "--gradient-exchange", "allreduce",
-            "--train-steps", "1000000", "--log-every", "1000000"]
-    env = {protocol.ENV_RUN_ID: f"time-split-{os.getpid()}"}
-    trainers = [Trainer(args, tmp_path / f"w{i}.log", config, env, nice=-10 if i == 0 else 0)
-                for i, config in enumerate(cluster_configs(2))]
-    with cpu_limits.cpu_quota(0.1) as slow:
-        try:
-            wait_for(lambda: time_splits(trainers[1]), 240, lambda: trainers[1].output()[-3000:])
-            slow.add(trainers[1].proc.pid)
-            moved = [len(time_splits(t)) for t in trainers]
-            # Each worker's next line still covers time from before the move; the three after it do not.
-            wait_for(lambda: all(len(time_splits(t)) >= n + 4 for t, n in zip(trainers, moved)), 240,
-                     lambda: [t.output()[-2000:] for t in trainers])
-        finally:
-            for t in trainers:
-                t.close()
-    fast, slowed = (time_splits(t)[n + 1:n + 4] for t, n in zip(trainers, moved))
-    figures = f"worker 0: {fast}, worker 1 (slowed): {slowed}"
-    assert wait_share(fast) > 0.5, figures
-    assert wait_share(slowed) < wait_share(fast) / 2, figures

@@ -32,11 +32,8 @@ def cluster_configs(num_workers: int, evaluator: bool = False) -> list[dict]:
 class Trainer:
     """One `python -m launcher.trainer` process with its output in a log file."""
 
-    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None,
-                 env: dict[str, str] | None = None, nice: int = 0):
-        """`env`: added to this process's environment; `nice`: added to the trainer's niceness
-        (negative, as root: first in line for a CPU on a busy machine)."""
-        env = {**os.environ, **(env or {})}
+    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None):
+        env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             env.pop(name, None)
@@ -45,8 +42,7 @@ class Trainer:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "launcher.trainer", *args],
-                                     cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                     cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
         try:
