@@ -428,12 +428,7 @@ def test_the_join_reporter_reports_what_the_session_does_and_exits_with_it(liste
         out, err = reporter.communicate(timeout=10)
         assert (join_reports(out), err, reporter.returncode) == ([], b"", 0)
     finally:
-        proc.stdin.close()
-        proc.kill()
-        proc.wait(10)
-        if reporter is not None:
-            reporter.kill()
-            reporter.wait(10)
+        stop_task_and_reporter(proc, reporter)
         coordinator.close()
         other.close()
 
@@ -457,12 +452,7 @@ def test_the_join_reporter_ignores_other_sessions_sockets():
         out, err = reporter.communicate(timeout=10)
         assert (join_reports(out), err) == ([], b"")
     finally:
-        proc.stdin.close()
-        proc.kill()
-        proc.wait(10)
-        if reporter is not None:
-            reporter.kill()
-            reporter.wait(10)
+        stop_task_and_reporter(proc, reporter)
         outsider.close()
         other.close()
         coordinator.close()
@@ -512,12 +502,16 @@ def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
         assert shares[-1] < 0.1, samples  # asleep
         assert samples[-1][1] > 0.1 and samples[-1][2] >= samples[-1][1]  # some of it on a CPU
     finally:
-        proc.stdin.close()
-        proc.kill()
-        proc.wait(10)
-        if reporter is not None:
-            reporter.kill()
-            reporter.wait(10)
+        stop_task_and_reporter(proc, reporter)
+
+
+def stop_task_and_reporter(proc: subprocess.Popen, reporter: subprocess.Popen | None) -> None:
+    proc.stdin.close()
+    proc.kill()
+    proc.wait(10)
+    if reporter is not None:
+        reporter.kill()
+        reporter.wait(10)
 
 
 SLEEPER = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n"
