@@ -297,8 +297,8 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
     from launcher.errors import CheckFailed
-    from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures, render_table
-    from launcher.preflight.reach import HINT as REACH_HINT, Reachability, describe_interfaces, probe_reachability
+    from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version, raise_for_failures, render_table
+    from launcher.preflight.reach import HINT as REACH_HINT, describe_interfaces
 
     command = opts.pop("command")
     check_text(opts, command)
@@ -312,9 +312,10 @@ def check_command(**opts) -> None:
 
         ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:
-        reports = check_hosts([*plans, *spare_plans], ssh_backend, local_tensorflow_version())
-        # Only hosts that passed can run the reachability probe (it needs their Python and ports).
-        reachability = probe_reachability(plans, ssh_backend) if all(r.ok for r in reports) else Reachability((), {})
+        # One session per host for both; what the reachability test found counts only where every
+        # host passed its check (the test needs their Python and ports).
+        reports, reachability = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
+                                                      local_tensorflow_version())
     finally:
         if ssh_backend is not None:
             ssh_backend.close()
