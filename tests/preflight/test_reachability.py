@@ -58,3 +58,23 @@ def test_launch_refuses_to_start_when_a_name_does_not_resolve(tmp_path):
             f"(worker:1 at no-such-host.invalid:{second})") in lines
     assert lines[-1].startswith("hint: ")
     assert not list((tmp_path / "runs").glob("*/worker-0.log"))  # nothing started
+
+
+def test_the_host_check_and_the_reachability_test_share_one_probe_per_host(run_id, monkeypatch):
+    from launcher.preflight.check import check_hosts_and_reach
+    from launcher.preflight.on_host import HostShell
+
+    commands = []
+    run = HostShell.run
+
+    def counted(self, plan, command, *args, **kwargs):
+        commands.append(command)
+        return run(self, plan, command, *args, **kwargs)
+
+    monkeypatch.setattr(HostShell, "run", counted)
+    plans = make_plans(run_id, [], workers=2)  # one host: 127.0.0.1
+    reports, reachability = check_hosts_and_reach(plans, plans)
+    assert len(commands) == 1  # one session (here a subprocess) for both
+    assert [(r.host, r.ok, r.tasks) for r in reports] == [("127.0.0.1", True, ("worker:0", "worker:1"))]
+    assert reachability.problems == ()
+    assert set(reachability.interfaces) == {"worker:0", "worker:1"}
