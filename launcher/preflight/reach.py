@@ -5,7 +5,8 @@ connections are made), host/probe.py in its `reach` mode listens on that host's 
 and connects to every cluster address. One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
 Local hosts are probed with a subprocess, remote ones through the SSH backend; the whole
-test is bounded by the connect timeout plus the probe's hold time and the SSH start-up.
+test is bounded by the connect timeout plus the probe's hold time and the SSH start-up. On a host
+that the host check probes too, the same probe runs both, in one session (check.py).
 
 The same probe lists each host's addresses by interface and the address it dialed for each
 task: the interface of a host that holds the address the *other* hosts dialed for it is the one
