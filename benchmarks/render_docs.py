@@ -161,11 +161,14 @@ STARTUP_NOTES = """How the checks' cost grows:
   answered) and then the host check (Python, modules, free ports, GPUs; TensorFlow imported only
   when the tasks need it). Per host that is one login shell, one Python start, and one connection
   per task of the cluster: linear in the number of tasks.
-- Across the cluster the reachability test makes hosts x tasks connections: 64 hosts of 8 tasks
-  make 32,768 (512 per host, dialed in parallel, each listener taking 64), and the launcher reads
-  one short answer per host and task (about 100 bytes each: 3 MB at that size). Both grow with
-  hosts x tasks, quadratically in hosts at a fixed number of tasks per host, while each host's
-  share (one connection per task, dialed in parallel) grows linearly.
+- Across the cluster, every host dialing every task makes hosts x tasks connections: 64 hosts of 8
+  tasks would make 32,768 (512 per host), and the launcher would read one answer per host and task.
+  Up to 64 tasks every host does dial every task. Beyond, each host dials every task of its own and
+  of the next host, and the first task of every other host: every pair of hosts is still tried,
+  and every port from another host, so a failure still names its pair of tasks, with hosts + 2 x
+  tasks-per-host connections per host (64 hosts of 8 tasks: 78 per host, 4,992 in all). What
+  remains grows with hosts squared across the cluster but linearly on each host, where it runs in
+  parallel.
 - Hosts that start their probe later: a target that refuses (no listener yet) is dialed again for
   up to 4 x the 5 s connect timeout, while one that does not answer at all (a firewall that drops)
   fails after 5 s; every listener stays until each host has dialed it.

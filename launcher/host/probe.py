@@ -14,8 +14,8 @@ Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability te
 launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
 TARGET (host:port, comma-separated: every task's TF_CONFIG address), an attempt failing when
 unanswered for TIMEOUT seconds and a refused one tried again for REACH_WAIT x TIMEOUT, and keep
-listening until each port has accepted EXPECTED connections (one per probing host) or a little
-longer than the dialing may take. Prints one JSON object: listen_errors
+listening until each port has accepted EXPECTED connections (one per host that dials it:
+comma-separated per port, or one count for all) or a little longer than the dialing may take. Prints one JSON object: listen_errors
 {port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
 here}, and addresses [[address, interface], ...] of this host: from the addresses the other
 hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
@@ -155,8 +155,8 @@ def _listen(port):
 
 
 def _accept_until(listeners, counts, expected, stop_at):
-    """Accept and close connections on every listener until each has `expected` or time is up."""
-    while time.monotonic() < stop_at and any(counts[port] < expected for port in listeners):
+    """Accept and close connections on every listener until each has its `expected` or time is up."""
+    while time.monotonic() < stop_at and any(counts[port] < expected[port] for port in listeners):
         for port, sock in listeners.items():
             try:
                 conn, _ = sock.accept()
@@ -342,7 +342,8 @@ def main(argv):
     if len(argv) > 1 and argv[1] == "reach":
         ports = [int(port) for port in argv[2].split(",") if port]
         targets = [target for target in argv[3].split(",") if target]
-        reached = reach(ports, targets, float(argv[4]), int(argv[5]))
+        counts = [int(count) for count in argv[5].split(",")]  # per port, or one for every port
+        reached = reach(ports, targets, float(argv[4]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)))
         if argv[6:7] != ["check"]:
             print(json.dumps(reached))
             return

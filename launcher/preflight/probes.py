@@ -77,13 +77,14 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
     return sh("\n".join(lines))
 
 
-def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, expected: int) -> list[str]:
-    """The arguments of host/probe.py's reachability test (its `reach` mode)."""
-    return ["reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}", str(expected)]
+def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, expected: Sequence[int]) -> list[str]:
+    """The arguments of host/probe.py's reachability test (its `reach` mode); `expected`: per
+    port, how many hosts dial it."""
+    return ["reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}", ",".join(map(str, expected))]
 
 
 def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
-                        expected: int) -> str:
+                        expected: Sequence[int]) -> str:
     """The reachability probe alone for the host of `plan` (see host/probe.py's `reach`).
 
     This machine runs it with the launcher's own Python; another host with the tasks' Python."""

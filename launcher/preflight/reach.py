@@ -2,7 +2,8 @@
 
 On every host of the cluster at the same time (so that the listeners exist while the
 connections are made), host/probe.py in its `reach` mode listens on that host's task ports
-and connects to every cluster address. One line per broken pair, e.g.
+and connects to every cluster address (in a large cluster, to every pair of hosts and every
+port: FULL_TEST_TASKS). One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
 Local hosts are probed with a subprocess, remote ones through the SSH backend; the whole
 test is bounded by the connect timeout plus the probe's hold time and the SSH start-up. On a host
@@ -74,6 +75,27 @@ class Reachability:
     cut: tuple[tuple[str, str], ...] = ()
 
 
+# Up to this many cluster tasks, every host dials every task. Beyond, each host dials every task of
+# its own and of the next host (in plan order, round), and the first task of every other host: every
+# pair of hosts is still tried, and every port from another host, with hosts + 2 x tasks-per-host
+# connections per host instead of every task (64 hosts of 8 tasks: 78, not 512).
+FULL_TEST_TASKS = 64
+
+
+def _dials(hosts: Sequence[_Host]) -> tuple[tuple[str, ...], ...]:
+    """Per host, the targets it dials, in cluster order (see FULL_TEST_TASKS)."""
+    every = tuple(_target(plan) for host in hosts for plan in host.plans)
+    if len(every) <= FULL_TEST_TASKS:
+        return (every,) * len(hosts)
+    dials = []
+    for i, host in enumerate(hosts):
+        neighbour = hosts[(i + 1) % len(hosts)]
+        chosen = {_target(plan) for plan in (*host.plans, *neighbour.plans)}
+        chosen.update(_target(other.first) for other in hosts)
+        dials.append(tuple(target for target in every if target in chosen))
+    return tuple(dials)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReachTest:
     """The reachability test of a set of plans: the hosts that take part (those with cluster
@@ -81,12 +103,12 @@ class ReachTest:
     in its own session on each host it checks (check.py); `probe_reachability` on its own."""
 
     hosts: tuple[_Host, ...]
-    targets: tuple[str, ...]
+    dials: tuple[tuple[str, ...], ...]  # per host, the targets it dials
 
     @classmethod
     def of(cls, plans: Sequence[TaskPlan]) -> "ReachTest":
         hosts = tuple(_hosts(plans))
-        return cls(hosts, tuple(_target(plan) for host in hosts for plan in host.plans))
+        return cls(hosts, _dials(hosts))
 
     def index(self, plan: TaskPlan) -> int | None:
         """Which of the hosts `plan` runs on; None when it is not in the test."""
@@ -95,9 +117,14 @@ class ReachTest:
                 return i
         return None
 
+    def expected(self, i: int) -> list[int]:
+        """Per port of host `i`, how many hosts dial it: its listener waits for that many."""
+        return [sum(_target(plan) in dials for dials in self.dials)
+                for plan in self.hosts[i].plans if plan.port is not None]
+
     def args(self, i: int) -> list[str]:
         """host/probe.py's arguments for the test on host `i`."""
-        return reach_args(self.hosts[i].ports, self.targets, REACH_TIMEOUT, len(self.hosts))
+        return reach_args(self.hosts[i].ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
 
     @property
     def run_timeout(self) -> float:
@@ -107,7 +134,7 @@ class ReachTest:
     def run(self, i: int, shell: HostShell) -> dict:
         """The test alone on host `i`: its JSON answer; raises MgpuError when it could not run."""
         host = self.hosts[i]
-        command = reach_probe_command(host.first, host.ports, self.targets, REACH_TIMEOUT, len(self.hosts))
+        command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
         return shell.json(host.first, command, self.run_timeout, "reachability probe")
 
     def judge(self, results: Sequence[dict]) -> Reachability:
