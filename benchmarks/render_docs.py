@@ -109,16 +109,19 @@ def _seconds(row: dict | None) -> str:
     if row is None:
         return "-"
     failed = f" ({len(row['failed'])} of {len(row['failed']) + len(row['runs_s'])} failed)" if row.get("failed") else ""
-    return (f"{row['median_s']:.1f} s" if row["median_s"] is not None else "failed") + failed
+    runs = row["runs_s"]
+    spread = f" ({min(runs):.1f}-{max(runs):.1f})" if len(runs) > 1 else ""
+    return (f"{row['median_s']:.1f} s{spread}" if row["median_s"] is not None else "failed") + failed
 
 
 def _startup(data: dict) -> list[str]:
     rows = {(r["program"], r["hosts"], r["measure"]): r for r in data["rows"]}
     baseline = data.get("baseline")
     lines = [f"## Start-up against the number of hosts (`benchmarks/startup.py`, {data['date']})", "",
-             data["machine"], "",
+             data["machine"] + (f"; 1-minute load {data['load'][0]:g}-{data['load'][1]:g} during the run (a shared "
+                                "machine)" if data.get("load") else ""), "",
              f"Hosts are network namespaces of one machine, each with its own sshd, {data['tasks_per_host']} task each; "
-             f"medians of {data['repeats']} interleaved repeats. The floor is the task's program started on every host "
+             f"medians of {data['repeats']} interleaved repeats (fastest-slowest in brackets). The floor is the task's program started on every host "
              "at once by OpenSSH (`ssh HOST PROGRAM` in parallel). Every time runs to the end of the program: "
              "`python -c 'print(1)'`, or the built-in trainer run for one step (TensorFlow imported on every host). "
              "The goal for `mgpu launch` with its checks: at most 2 x floor + 1.5 s.", ""]

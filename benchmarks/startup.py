@@ -196,11 +196,13 @@ def measure_once(lab: Lab, what: str, hosts: list[str], per_host: int, trainer: 
 
 
 def run(counts: list[int], trainer_counts: list[int], per_host: int, repeats: int,
-        baseline: pathlib.Path | None = None) -> list[dict]:
+        baseline: pathlib.Path | None = None) -> tuple[list[dict], list[float] | None]:
+    """Every measure's rows, and the range of the machine's 1-minute load while they ran."""
     cases = [(n, False) for n in counts] + [(n, True) for n in trainer_counts]
     measures = MEASURES + (BASELINE_MEASURES if baseline else ())
     runs: dict = {(n, t, what): [] for n, t in cases for what in measures}
     failures: dict = {key: [] for key in runs}
+    loads: list[float] = []
     most = max(counts + trainer_counts)
     with neighbour_room(most), lab(most) as hosts_lab:
         for what in measures:  # a warm-up: the first logins and imports of a fresh lab are slower
@@ -216,6 +218,7 @@ def run(counts: list[int], trainer_counts: list[int], per_host: int, repeats: in
                         print(f"{label} failed: {e}", file=sys.stderr, flush=True)
                         continue
                     runs[(n, trainer, what)].append((seconds, rss))
+                    loads.append(os.getloadavg()[0])
                     print(f"{label} {seconds:6.2f} s" + (f"  {rss:5.0f} MB" if rss else "")
                           + f"  load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     rows = []
@@ -226,7 +229,7 @@ def run(counts: list[int], trainer_counts: list[int], per_host: int, repeats: in
                      "median_s": round(statistics.median(seconds), 2) if seconds else None,
                      "runs_s": [round(s, 2) for s in seconds], "failed": failures[(n, trainer, what)],
                      "peak_rss_mb": round(statistics.median(rss), 1) if rss else None})
-    return rows
+    return rows, [round(min(loads), 1), round(max(loads), 1)] if loads else None
 
 
 def machine() -> str:
@@ -243,10 +246,15 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
     labels = {"floor": "OpenSSH, every host at once", "check": "mgpu check", "launch_no_check": "mgpu launch --no-check",
               "launch": "mgpu launch (with its checks)"}
+    if result.get("baseline"):
+        labels["baseline_launch"] = f"mgpu launch (with its checks), {result['baseline']}"
     fig, ax = plt.subplots(figsize=(6, 4))
-    for what, style in zip(MEASURES, ("k:", "s--", "^-.", "o-")):
+    for what, style in zip((*MEASURES, "baseline_launch"), ("k:", "s--", "^-.", "o-", "x:")):
         rows = [r for r in result["rows"] if r["program"] == "trivial" and r["measure"] == what and r["median_s"]]
-        ax.plot([r["hosts"] for r in rows], [r["median_s"] for r in rows], style, label=labels[what])
+        ax.plot([r["hosts"] for r in rows], [r["median_s"] for r in rows], style, label=labels.get(what))
+        if what == "floor":
+            ax.plot([r["hosts"] for r in rows], [2 * r["median_s"] + 1.5 for r in rows], color="0.7", linewidth=4,
+                    alpha=0.5, label="goal for launch: 2 x floor + 1.5 s")
     hosts = sorted({r["hosts"] for r in result["rows"] if r["program"] == "trivial"})
     ax.set_xscale("log", base=2)
     ax.set_xticks(hosts, [str(h) for h in hosts])
@@ -278,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.hosts.split(",")]
     trainer_counts = [] if args.trainer_hosts == "none" else [int(n) for n in args.trainer_hosts.split(",")]
     started = time.time()
-    rows = run(counts, trainer_counts, args.tasks_per_host, args.repeats, args.baseline and args.baseline.resolve())
+    rows, load = run(counts, trainer_counts, args.tasks_per_host, args.repeats, args.baseline and args.baseline.resolve())
     result = {"date": datetime.date.today().isoformat(), "machine": machine(), "repeats": args.repeats,
-              "baseline": args.baseline_label if args.baseline else None,
+              "baseline": args.baseline_label if args.baseline else None, "load": load,
               "tasks_per_host": args.tasks_per_host, "wall_time_s": round(time.time() - started, 1), "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
