@@ -7,6 +7,7 @@
 #             make bench WORKERS=1,2,4,8,16: only the scaling sweep at those worker counts
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
 # make bench-links  2 hosts in network namespaces over shaped links (root; LINKS=unshaped,10gbit,1gbit)
+# make bench-startup  check and launch against hosts in network namespaces with sshd (root; HOSTS=2,4,8,16,32)
 # make docs   render docs/performance.md from benchmarks/results/ and build the site into site/
 
 PYTHON ?= python3
@@ -22,7 +23,7 @@ FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3
 # mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
 FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
-.PHONY: test-durations venv demo test test-fast test-fast-pythons bench bench-links bench-accuracy docs clean
+.PHONY: test-durations venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes.
 $(INSTALLED): setup.cfg pyproject.toml
@@ -70,6 +71,9 @@ bench: venv
 
 bench-links: venv
 	$(PY) benchmarks/links.py $(if $(LINKS),--links $(LINKS))
+
+bench-startup: venv
+	$(PY) benchmarks/startup.py $(if $(HOSTS),--hosts $(HOSTS))
 
 bench-accuracy: venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)

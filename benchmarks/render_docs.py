@@ -105,9 +105,88 @@ def _links(data: dict, title: str = "Two hosts over shaped links") -> list[str]:
     return lines + [""]
 
 
+def _seconds(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    failed = f" ({len(row['failed'])} of {len(row['failed']) + len(row['runs_s'])} failed)" if row.get("failed") else ""
+    runs = row["runs_s"]
+    spread = f" ({min(runs):.1f}-{max(runs):.1f})" if len(runs) > 1 else ""
+    return (f"{row['median_s']:.1f} s{spread}" if row["median_s"] is not None else "failed") + failed
+
+
+def _startup(data: dict) -> list[str]:
+    rows = {(r["program"], r["hosts"], r["measure"]): r for r in data["rows"]}
+    baseline = data.get("baseline")
+    lines = [f"## Start-up against the number of hosts (`benchmarks/startup.py`, {data['date']})", "",
+             data["machine"] + (f"; 1-minute load {data['load'][0]:g}-{data['load'][1]:g} during the run (a shared "
+                                "machine)" if data.get("load") else ""), "",
+             f"Hosts are network namespaces of one machine, each with its own sshd, {data['tasks_per_host']} task each; "
+             f"medians of {data['repeats']} interleaved repeats (fastest-slowest in brackets). The floor is the task's program started on every host "
+             "at once by OpenSSH (`ssh HOST PROGRAM` in parallel). Every time runs to the end of the program: "
+             "`python -c 'print(1)'`, or the built-in trainer run for one step (TensorFlow imported on every host). "
+             "The goal for `mgpu launch` with its checks: at most 2 x floor + 1.5 s.", ""]
+    header = ["hosts", "OpenSSH floor", "`mgpu check`", "`launch --no-check`", "`launch`", "goal"]
+    if baseline:
+        header += [f"`check`, {baseline}", f"`launch`, {baseline}"]
+    header.append("launcher peak RSS")
+    for program, title in (("trivial", "`python -c 'print(1)'`"), ("trainer", "the built-in trainer, one step")):
+        counts = sorted({hosts for kind, hosts, _ in rows if kind == program})
+        if not counts:
+            continue
+        lines += [f"{title}:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for hosts in counts:
+            def cell(measure: str) -> str:
+                return _seconds(rows.get((program, hosts, measure)))
+            floor = rows[(program, hosts, "floor")]["median_s"]
+            cells = [str(hosts), cell("floor"), cell("check"), cell("launch_no_check"), cell("launch"),
+                     f"{2 * floor + 1.5:.1f} s" if floor is not None else "-"]
+            if baseline:
+                cells += [cell("baseline_check"), cell("baseline_launch")]
+            rss = rows[(program, hosts, "launch")].get("peak_rss_mb")
+            cells.append(f"{rss:.0f} MB" if rss else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if baseline:
+        lines += [f"`{baseline}`: the launcher that ran the host check and the reachability test in two SSH sessions "
+                  "per host, one after the other, timed in the same rounds.", ""]
+    if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "startup.png").exists():
+        lines += ["![Start-up time against hosts](startup.png)", ""]
+    return lines + STARTUP_NOTES
+
+
+STARTUP_NOTES = """How the checks' cost grows:
+
+- Connections: one SSH connection per host, all opened at once before any probe starts, and kept
+  for the tasks. Each login costs the launcher some CPU (key exchange and authentication in
+  paramiko), so on one machine this part grows linearly with hosts.
+- One session per host: one probe, started with the tasks' Python, runs the reachability test
+  first (listen on the host's task ports, dial every task's address, end as soon as every pair has
+  answered) and then the host check (Python, modules, free ports, GPUs; TensorFlow imported only
+  when the tasks need it). Per host that is one login shell, one Python start, and one connection
+  per task of the cluster: linear in the number of tasks.
+- Across the cluster, every host dialing every task makes hosts x tasks connections: 64 hosts of 8
+  tasks would make 32,768 (512 per host), and the launcher would read one answer per host and task.
+  Up to 64 tasks every host does dial every task. Beyond, each host dials every task of its own and
+  of the next host, and the first task of every other host: every pair of hosts is still tried,
+  and every port from another host, so a failure still names its pair of tasks, with hosts + 2 x
+  tasks-per-host connections per host (64 hosts of 8 tasks: 78 per host, 4,992 in all). What
+  remains grows with hosts squared across the cluster but linearly on each host, where it runs in
+  parallel.
+- Hosts that start their probe later: a target that refuses (no listener yet) is dialed again for
+  up to 4 x the 5 s connect timeout, while one that does not answer at all (a firewall that drops)
+  fails after 5 s; every listener stays until each host has dialed it.
+- Then the tasks start, one after another, on the connections the checks opened: two sessions per
+  task (the task, and the reporter of whether it has joined the cluster).
+
+On this 2-core machine every host's sshd, login shell and Python share the same two cores, so the
+OpenSSH floor itself grows with hosts; compare each row's times with its floor.
+""".splitlines()
+
+
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),
             ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
-            ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")))
+            ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")),
+            ("startup.json", _startup))
 
 
 def render() -> str:

@@ -7,7 +7,8 @@ Measures CLI start-up, launcher overhead, throughput and scaling of the seed CNN
 `mgpu launch` (1 worker against 2, one intra-op and one inter-op thread each, 128 examples per
 replica), a plain Keras model.fit baseline, a Keras 3 fit on the JAX backend at 1 and 2 workers
 (benchmarks/keras_jax_fit.py), the gradient all-reduce on its own, and, when torch
-is installed, torchrun-style DDP over gloo on the same CNN. The machine should be otherwise
+is installed, torchrun-style DDP over gloo on the same CNN, and as root the start-up of `mgpu check`
+and `mgpu launch` against the number of hosts (benchmarks/startup.py). The machine should be otherwise
 idle: two workers on two cores are slowed by anything else that runs. The accuracy benchmark
 (benchmarks/accuracy.py, real Fashion-MNIST) runs separately: `make bench-accuracy`.
 """
@@ -170,6 +171,12 @@ def main() -> None:
         peer = run_json([str(HERE / "torch_ddp_peer.py"), "--repeats", str(repeats)])
         results["torch_ddp"] = {"w1": peer["w1"]["examples_per_s_median"], "w2": peer["w2"]["examples_per_s_median"],
                                 "scaling": peer["scaling"], "raw": peer}
+    if os.geteuid() == 0:  # hosts as network namespaces, each with its sshd: results/startup.json
+        subprocess.run([sys.executable, str(HERE / "startup.py"),
+                        *(["--hosts", "2,4", "--trainer-hosts", "2", "--repeats", "1"] if args.quick else [])],
+                       cwd=REPO, check=True, timeout=3600)
+    else:
+        print("# benchmarks/startup.py skipped: it needs root (network namespaces, sshd)", file=sys.stderr)
     results["wall_time_s"] = round(time.time() - started, 1)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench.json").write_text(json.dumps(results, indent=2) + "\n")

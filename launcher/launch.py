@@ -18,7 +18,7 @@ from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan, in_step_order
 from launcher.preflight.check import run_checks
 from launcher.preflight.exposure import exposure_warnings
-from launcher.preflight.reach import check_reachability, probe_reachability
+from launcher.preflight.reach import probe_reachability, reachable_interfaces
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.preflight.setup import run_setup
 from launcher.preflight.speed import warn_about_slow_hosts
@@ -94,14 +94,14 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
         if plans[0].setup is not None:
             run_dir = make_run_dir(options.supervise)  # for the setup's logs; supervision continues it
             run_setup(plans, lambda plan: (local_backend if plan.local else ssh_backend).start(plan, 0), run_dir)
-        if remote and options.check_hosts:
-            run_checks(remote, ssh_backend)
+        if options.check_hosts:
+            # The remote hosts' checks and the reachability test of every task, in one session per host.
+            reachability = run_checks(remote, ssh_backend, reach=plans)
+            # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
+            plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
         _check_local_tf_keras(plans, options)
         hosts = _host_actions(ssh_backend, options, run_dir)
         if options.check_hosts:
-            interfaces = check_reachability(plans, ssh_backend)
-            # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
-            plans = with_interfaces(plans, interfaces, frozenset(os.environ))
             slow = warn_about_slow_hosts(plans, ssh_backend)
             if slow and options.leave_out_slow:
                 plans = _leave_out_slow(plans, slow, hosts)
@@ -163,9 +163,8 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
                 if run_dir is not None:
                     run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
                 if options.check_hosts:
-                    run_checks(on_spare, ssh_backend)
-                    interfaces = check_reachability(plans, ssh_backend)
-                    plans = with_interfaces(plans, interfaces, frozenset(os.environ))
+                    reachability = run_checks(on_spare, ssh_backend, reach=plans)
+                    plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
             except MgpuError as e:
                 notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")
                 spec = dataclasses.replace(spec, spares=spec.spares[1:])

@@ -314,8 +314,8 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def check_command(**opts) -> None:
     from launcher.errors import CheckFailed
-    from launcher.preflight.check import check_hosts, local_tensorflow_version, raise_for_failures
-    from launcher.preflight.reach import HINT as REACH_HINT, Reachability, describe_interfaces, probe_reachability
+    from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version, raise_for_failures
+    from launcher.preflight.reach import HINT as REACH_HINT, describe_interfaces
     from launcher.preflight.speed import probe_speeds
 
     command = opts.pop("command")
@@ -330,9 +330,10 @@ def check_command(**opts) -> None:
 
         ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:
-        reports = check_hosts([*plans, *spare_plans], ssh_backend, local_tensorflow_version())
-        # Only hosts that passed can run the reachability probe (it needs their Python and ports).
-        reachability = probe_reachability(plans, ssh_backend) if all(r.ok for r in reports) else Reachability((), {})
+        # One session per host for both; what the reachability test found counts only where every
+        # host passed its check (the test needs their Python and ports).
+        reports, reachability = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
+                                                      local_tensorflow_version())
         # The speed probe's ring needs every host's Python and every pair connected.
         ready = all(r.ok for r in reports) and not reachability.problems
         speeds = probe_speeds(plans, ssh_backend) if ready else []

@@ -12,12 +12,18 @@ is imported too, which takes seconds, so that a broken installation is found bef
 
 Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
 launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
-TARGET (host:port, comma-separated: every task's TF_CONFIG address) until TIMEOUT seconds
-have passed, and keep listening until each port has accepted EXPECTED connections (one per
-probing host) or a little longer than TIMEOUT. Prints one JSON object: listen_errors
+TARGET (host:port, comma-separated: every task's TF_CONFIG address), an attempt failing when
+unanswered for TIMEOUT seconds and a refused one tried again for REACH_WAIT x TIMEOUT, and keep
+listening until each port has accepted EXPECTED connections (one per host that dials it:
+comma-separated per port, or one count for all) or a little longer than the dialing may take. Prints one JSON object: listen_errors
 {port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
 here}, and addresses [[address, interface], ...] of this host: from the addresses the other
 hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
+
+Both in one process: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED check PORTS MODULES
+[flags]: the reachability test, then the host check, whose JSON object it prints with the
+test's under the key reach. One SSH session per host instead of two, and the test starts
+before anything slow (importing TensorFlow) so that the hosts' listeners are up together.
 
 Or as: python probe.py speed PORT TARGET TIMEOUT, the speed probe that the launcher runs on every
 host at once: listen on PORT (this host's first task port) for the previous host of a ring, send
@@ -40,7 +46,11 @@ import threading
 import time
 
 REACH_RETRY = 0.1  # seconds between attempts to a target that refused (its listener may not be up yet)
-REACH_HOLD = 3.0  # seconds a listener waits past TIMEOUT for peers that started later
+# How long, in TIMEOUTs, a target that refuses is tried again: the other hosts' probes may start
+# that much later than this one's (many hosts, busy ones, slow login shells). An attempt that gets
+# no answer at all (a firewall that drops) fails after TIMEOUT; a target that answers ends its wait.
+REACH_WAIT = 4
+REACH_HOLD = 3.0  # seconds a listener waits past the dialing for peers that started later
 
 
 def port_in_use(port, host="127.0.0.1"):
@@ -154,8 +164,8 @@ def _listen(port):
 
 
 def _accept_until(listeners, counts, expected, stop_at):
-    """Accept and close connections on every listener until each has `expected` or time is up."""
-    while time.monotonic() < stop_at and any(counts[port] < expected for port in listeners):
+    """Accept and close connections on every listener until each has its `expected` or time is up."""
+    while time.monotonic() < stop_at and any(counts[port] < expected[port] for port in listeners):
         for port, sock in listeners.items():
             try:
                 conn, _ = sock.accept()
@@ -173,7 +183,8 @@ def _split_target(target):
 
 
 def _connect(target, timeout, deadline):
-    """"ok", or why `target` could not be reached by `deadline`."""
+    """"ok", or why `target` could not be reached: an attempt unanswered for `timeout` seconds, or
+    refused (no listener yet) until `deadline`."""
     host, port = _split_target(target)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -187,12 +198,13 @@ def _connect(target, timeout, deadline):
         if left <= 0:
             break
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(left)
+        sock.settimeout(timeout)
         try:
             sock.connect(address)
             return "ok"
         except socket.timeout:
             reason = "timed out"
+            break
         except OSError as e:
             reason = (e.strerror or str(e) or errno.errorcode.get(e.errno, "error")).lower()
         finally:
@@ -298,7 +310,7 @@ def _resolved(host):
 
 def reach(ports, targets, timeout, expected):
     started = time.monotonic()
-    deadline = started + timeout
+    deadline = started + REACH_WAIT * timeout
     listeners, listen_errors = {}, {}
     for port in ports:
         try:
@@ -318,7 +330,7 @@ def reach(ports, targets, timeout, expected):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout + 1.0)
+        thread.join(max(0.0, deadline - time.monotonic()) + timeout + 1.0)
     acceptor.join(deadline + REACH_HOLD + 1.0 - time.monotonic())
     for sock in listeners.values():
         sock.close()
@@ -531,13 +543,26 @@ def speed(port, target, timeout, gpus=None):
     return out
 
 
+def _host_check(args):
+    """The host check of PORTS MODULES [flags]."""
+    ports = [int(port) for port in args[0].split(",") if port]
+    modules = [name for name in args[1].split(",") if name]
+    flags = args[2:]
+    return probe(ports, modules, legacy_keras="legacy-keras" in flags, import_tensorflow="import-tensorflow" in flags)
+
+
 def main(argv):
     if len(argv) > 1 and argv[1] == "reach":
         ports = [int(port) for port in argv[2].split(",") if port]
         targets = [target for target in argv[3].split(",") if target]
-        print(json.dumps(reach(ports, targets, float(argv[4]), int(argv[5]))))
-        return
-    if len(argv) > 1 and argv[1] == "speed":
+        counts = [int(count) for count in argv[5].split(",")]  # per port, or one for every port
+        reached = reach(ports, targets, float(argv[4]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)))
+        if argv[6:7] != ["check"]:
+            print(json.dumps(reached))
+            return
+        result = _host_check(argv[7:])
+        result["reach"] = reached
+    elif len(argv) > 1 and argv[1] == "speed":
         for name in ONE_THREAD_ENV:  # before numpy is imported
             os.environ[name] = "1"
         port = None if argv[2] == "-" else int(argv[2])
@@ -545,12 +570,8 @@ def main(argv):
         started = time.monotonic()
         result = speed(port, target, float(argv[4]), gpu_count(timeout=10.0))
         result["seconds"] = round(time.monotonic() - started, 3)
-        print(json.dumps(result))
-        return
-    ports = [int(port) for port in argv[1].split(",") if port]
-    modules = [name for name in argv[2].split(",") if name]
-    flags = argv[3:]
-    result = probe(ports, modules, legacy_keras="legacy-keras" in flags, import_tensorflow="import-tensorflow" in flags)
+    else:
+        result = _host_check(argv[1:])
     sys.stdout.flush()
     print(json.dumps(result))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 import time
 from typing import Sequence, TextIO
 
@@ -25,11 +26,10 @@ from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
+from launcher.preflight.reach import Reachability, ReachTest
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
 PROBE_TIMEOUT = 90.0
-# Hosts probed at once.
-_PARALLEL_PROBES = 32
 
 
 @dataclasses.dataclass
@@ -45,6 +45,7 @@ class HostReport:
     speed: str = "-"  # the speed probe's figures, with the slow ones named (mgpu check)
     problems: list[str] = dataclasses.field(default_factory=list)
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
+    reached: dict | None = None  # the reachability test's answer, when it ran in the check's session
 
     @property
     def ok(self) -> bool:
@@ -79,23 +80,31 @@ def _check_tf_keras(report: HostReport, result: dict) -> None:
         report.problems.append(f"tf_keras does not import (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
 
 
-def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell) -> HostReport:
+def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport:
+    report = HostReport(host_plans[0].host, tuple(p.name for p in host_plans), ssh="failed", error=error)
+    report.problems.append(str(error))
+    return report
+
+
+def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
+                reach_timeout: float = 0.0) -> HostReport:
+    """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
+    first, its answer in the report's `reached`."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
     try:
-        output = shell.run(first, host_probe_command(probe, ports, first.workdir), PROBE_TIMEOUT)
+        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach), PROBE_TIMEOUT + reach_timeout)
     except MgpuError as e:
-        report.ssh = "failed"
-        report.problems.append(str(e))
-        report.error = e
-        return report
+        return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
     result = output.last_json()
     if result is None:
         report.problems.append(f"the check did not run: {output.last_error_line()}")
         return report
+    if reach:
+        report.reached = result.get("reach")
     if result.get("workdir_missing"):
         report.problems.append(f"no directory {first.workdir}")
     elif result.get("program_missing"):
@@ -134,15 +143,64 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
             report.problems.append(f"tensorflow {report.tensorflow} differs from {reference} on {where}")
 
 
-def check_hosts(plans: Sequence[TaskPlan], ssh_backend=None, local_version: str | None = None) -> list[HostReport]:
-    """Check every host of `plans` in parallel; one report per host, in plan order.
+def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], ssh_backend=None,
+                          local_version: str | None = None) -> tuple[list[HostReport], Reachability]:
+    """The host check of `plans` (one report per host, in plan order) and the reachability test
+    between the tasks of `reach`, on every host at once.
 
-    `ssh_backend` (a backends.ssh.SshBackend) reaches remote hosts; local ones are probed directly.
+    A host that both concern runs both in one SSH session, through one probe (the test first,
+    then the check, which may import TensorFlow); a host of only one of them runs that one. Every
+    host's connection is opened before any probe starts, so that the hosts' tests start together:
+    each host's listeners must be up while the others dial them. The reachability found is
+    meaningful only when every report is ok (a host that failed its check may not have answered).
     """
     shell = HostShell(ssh_backend)
-    reports = in_parallel([lambda group=group: _check_host(group, shell) for group in by_host(plans)], _PARALLEL_PROBES)
+    test = ReachTest.of(reach)
+    groups = by_host(plans)
+    tested = [test.index(group[0]) for group in groups]
+    untested = [i for i in range(len(test.hosts)) if i not in tested]  # in the test only: the test alone
+    answers: list[dict | None] = [None] * len(test.hosts)
+    errors: list[MgpuError] = []
+    connected = threading.Barrier(len(groups) + len(untested) or 1)
+
+    def connect(plan: TaskPlan) -> MgpuError | None:
+        try:
+            shell.connect(plan)
+            return None
+        except MgpuError as e:
+            return e
+        finally:
+            connected.wait()
+
+    def check(group: list[TaskPlan], i: int | None) -> HostReport:
+        error = connect(group[0])
+        if error is not None:
+            return _unreachable(group, error)
+        report = _check_host(group, shell, test.args(i) if i is not None else (),
+                             test.run_timeout if i is not None else 0.0)
+        if i is not None:
+            answers[i] = report.reached
+        return report
+
+    def reach_alone(i: int) -> None:
+        error = connect(test.hosts[i].first)
+        try:
+            if error is not None:
+                raise error
+            answers[i] = test.run(i, shell)
+        except MgpuError as e:
+            errors.append(e)
+
+    jobs = [lambda group=group, i=i: check(group, i) for group, i in zip(groups, tested)]
+    jobs += [lambda i=i: reach_alone(i) for i in untested]
+    reports = in_parallel(jobs, len(jobs))[:len(groups)]
     _compare_tensorflow(reports, local_version)
-    return reports
+    if errors:
+        return reports, Reachability((str(errors[0]),), {})
+    missing = [host.first.host for host, answer in zip(test.hosts, answers) if answer is None]
+    if missing:
+        return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {})
+    return reports, test.judge(answers)
 
 
 COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),
@@ -188,16 +246,19 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
     raise CheckFailed(f"check failed on {len(failed)} hosts: " + ", ".join(r.host for r in failed))
 
 
-def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None) -> list[HostReport]:
-    """The pre-launch check: print the table and raise if a host fails, else one summary line."""
+def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None,
+               reach: Sequence[TaskPlan] = ()) -> Reachability:
+    """The pre-launch check: print the table and raise if a host fails, else one summary line.
+    With `reach`, the reachability test between those plans' tasks runs in the same sessions
+    (check_hosts_and_reach): what it found is returned, for the caller to judge."""
     console = console or sys.stderr
     started = time.monotonic()
-    reports = check_hosts(plans, ssh_backend, local_tensorflow_version())
+    reports, reachability = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version())
     failed = sum(not r.ok for r in reports)
-    if not failed:
+    if reports and not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
     elif failed > 1:  # the error line names one failure only; the table shows them all
         console.write(render_table(reports) + "\n")
     console.flush()
     raise_for_failures(reports)
-    return reports
+    return reachability

@@ -38,6 +38,15 @@ class HostShell:
     def __init__(self, ssh_backend=None):
         self._ssh_backend = ssh_backend
 
+    def connect(self, plan: TaskPlan) -> None:
+        """Open the connection to `plan`'s host now, if it is remote: its commands then start at once.
+        Raises the SSH backend's errors as `run` does."""
+        if plan.local:
+            return
+        if self._ssh_backend is None:
+            raise ConnectError(f"{plan.host}: no SSH backend to reach it")
+        self._ssh_backend.connect(plan).release()
+
     def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check") -> HostOutput:
         """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host.
 

@@ -51,11 +51,13 @@ def probe_for(plan: TaskPlan) -> Probe:
     return Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
 
 
-def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) -> str:
+def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = ()) -> str:
     """A command that probes a host and prints one JSON object on stdout.
 
     Keys: workdir_missing, program_missing, python_missing (true when so), else those
-    of launcher/host/probe.py, whose source runs with the task's Python.
+    of launcher/host/probe.py, whose source runs with the task's Python. With `reach` (the
+    reachability test's arguments: reach_args), the same process runs that test first and adds
+    its answer under the key reach: one session per host for both.
     """
     port_list = ",".join(str(int(p)) for p in ports)
     lines = []
@@ -68,7 +70,8 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) 
     lines.append(f"command -v {shlex.quote(probe.python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
     lines.append(
         "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + shlex.join((probe.python, "-c", probe_source(), port_list, ",".join(probe.modules),
+        + shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
+                      port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
                       *(["import-tensorflow"] if probe.tensorflow_required else [])))
         + " </dev/null"
@@ -76,14 +79,19 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None) 
     return sh("\n".join(lines))
 
 
+def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, expected: Sequence[int]) -> list[str]:
+    """The arguments of host/probe.py's reachability test (its `reach` mode); `expected`: per
+    port, how many hosts dial it."""
+    return ["reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}", ",".join(map(str, expected))]
+
+
 def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
-                        expected: int) -> str:
-    """The reachability probe for the host of `plan` (see host/probe.py's `reach`).
+                        expected: Sequence[int]) -> str:
+    """The reachability probe alone for the host of `plan` (see host/probe.py's `reach`).
 
     This machine runs it with the launcher's own Python; another host with the tasks' Python."""
     python = sys.executable if plan.local else probe_for(plan).python
-    argv = [python, "-c", probe_source(), "reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}",
-            str(expected)]
+    argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected)]
     return sh(shlex.join(argv) + " </dev/null")
 
 

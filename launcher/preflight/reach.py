@@ -2,10 +2,12 @@
 
 On every host of the cluster at the same time (so that the listeners exist while the
 connections are made), host/probe.py in its `reach` mode listens on that host's task ports
-and connects to every cluster address. One line per broken pair, e.g.
+and connects to every cluster address (in a large cluster, to every pair of hosts and every
+port: FULL_TEST_TASKS). One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
 Local hosts are probed with a subprocess, remote ones through the SSH backend; the whole
-test is bounded by the connect timeout plus the probe's hold time and the SSH start-up.
+test is bounded by the connect timeout plus the probe's hold time and the SSH start-up. On a host
+that the host check probes too, the same probe runs both, in one session (check.py).
 
 The same probe lists each host's addresses by interface and the address it dialed for each
 task: the interface of a host that holds the address the *other* hosts dialed for it is the one
@@ -24,10 +26,12 @@ from launcher.host import probe as host_probe
 from launcher.host.probe import interface_holding
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import HostShell, by_host, in_parallel
-from launcher.preflight.probes import reach_probe_command
+from launcher.preflight.probes import reach_args, reach_probe_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
-_RUN_TIMEOUT = REACH_TIMEOUT + host_probe.REACH_HOLD + 30.0  # the probe, plus a slow SSH session start
+# The probe (refused targets tried for REACH_WAIT x REACH_TIMEOUT, the last attempt up to
+# REACH_TIMEOUT, the listeners' hold), plus a slow SSH session start.
+_RUN_TIMEOUT = (host_probe.REACH_WAIT + 1) * REACH_TIMEOUT + host_probe.REACH_HOLD + 30.0
 HINT = (
     "hint: the tasks dial each other at their TF_CONFIG addresses: open those ports in the firewall "
     "between the hosts, and make every host resolve those names (an ssh-config alias is written as "
@@ -71,49 +75,109 @@ class Reachability:
     cut: tuple[tuple[str, str], ...] = ()
 
 
-def _probe(host: _Host, targets: Sequence[str], expected: int, shell: HostShell) -> dict:
-    """The probe's JSON result on `host`; raises MgpuError when it could not run."""
-    command = reach_probe_command(host.first, host.ports, targets, REACH_TIMEOUT, expected)
-    return shell.json(host.first, command, _RUN_TIMEOUT, "reachability probe")
+# Up to this many cluster tasks, every host dials every task. Beyond, each host dials every task of
+# its own and of the next host (in plan order, round), and the first task of every other host: every
+# pair of hosts is still tried, and every port from another host, with hosts + 2 x tasks-per-host
+# connections per host instead of every task (64 hosts of 8 tasks: 78, not 512).
+FULL_TEST_TASKS = 64
+
+
+def _dials(hosts: Sequence[_Host]) -> tuple[tuple[str, ...], ...]:
+    """Per host, the targets it dials, in cluster order (see FULL_TEST_TASKS)."""
+    every = tuple(_target(plan) for host in hosts for plan in host.plans)
+    if len(every) <= FULL_TEST_TASKS:
+        return (every,) * len(hosts)
+    dials = []
+    for i, host in enumerate(hosts):
+        neighbour = hosts[(i + 1) % len(hosts)]
+        chosen = {_target(plan) for plan in (*host.plans, *neighbour.plans)}
+        chosen.update(_target(other.first) for other in hosts)
+        dials.append(tuple(target for target in every if target in chosen))
+    return tuple(dials)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReachTest:
+    """The reachability test of a set of plans: the hosts that take part (those with cluster
+    tasks), the targets each dials, and how the hosts' answers are judged. The host check runs it
+    in its own session on each host it checks (check.py); `probe_reachability` on its own."""
+
+    hosts: tuple[_Host, ...]
+    dials: tuple[tuple[str, ...], ...]  # per host, the targets it dials
+
+    @classmethod
+    def of(cls, plans: Sequence[TaskPlan]) -> "ReachTest":
+        hosts = tuple(_hosts(plans))
+        return cls(hosts, _dials(hosts))
+
+    def index(self, plan: TaskPlan) -> int | None:
+        """Which of the hosts `plan` runs on; None when it is not in the test."""
+        for i, host in enumerate(self.hosts):
+            if (host.first.host, host.first.local) == (plan.host, plan.local):
+                return i
+        return None
+
+    def expected(self, i: int) -> list[int]:
+        """Per port of host `i`, how many hosts dial it: its listener waits for that many."""
+        return [sum(_target(plan) in dials for dials in self.dials)
+                for plan in self.hosts[i].plans if plan.port is not None]
+
+    def args(self, i: int) -> list[str]:
+        """host/probe.py's arguments for the test on host `i`."""
+        return reach_args(self.hosts[i].ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
+
+    @property
+    def run_timeout(self) -> float:
+        """Seconds the test gets on a host, once it is reached."""
+        return _RUN_TIMEOUT
+
+    def run(self, i: int, shell: HostShell) -> dict:
+        """The test alone on host `i`: its JSON answer; raises MgpuError when it could not run."""
+        host = self.hosts[i]
+        command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
+        return shell.json(host.first, command, self.run_timeout, "reachability probe")
+
+    def judge(self, results: Sequence[dict]) -> Reachability:
+        """The pairs that cannot connect, and each task's interface, from every host's answer (in
+        the order of `hosts`)."""
+        owner = {_target(plan): plan for host in self.hosts for plan in host.plans}
+        problems = []
+        cut = []
+        interfaces = {}
+        for host, result in zip(self.hosts, results):
+            for port, reason in sorted(result.get("listen_errors", {}).items()):
+                if "in use" in reason:
+                    continue  # a busy port is reported by the host check and the supervisor, in their words
+                problems.append(f"{host.names} on {host.first.host} cannot listen on port {port}: {reason}")
+            for target, outcome in result.get("reach", {}).items():
+                if outcome == "ok":
+                    continue
+                peer = owner[target]
+                if outcome.startswith("cannot resolve "):
+                    problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
+                else:
+                    problems.append(f"{host.names} on {host.first.host} cannot connect to {peer.name} at {target}: {outcome}")
+                cut.append((host.first.host, peer.host))
+        for i, (host, result) in enumerate(zip(self.hosts, results)):
+            others = [view for j, view in enumerate(results) if j != i] or [result]  # a lone host: its own view
+            for plan in host.plans:
+                interfaces[plan.name] = _interface(_target(plan), others, result)
+        return Reachability(tuple(problems), interfaces, tuple(dict.fromkeys(cut)))
 
 
 def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachability:
     """Every host at once: which task pairs cannot connect (or ports cannot be listened on), and
     the interface each task is reached through."""
-    hosts = _hosts(plans)
-    if not hosts:
+    test = ReachTest.of(plans)
+    if not test.hosts:
         return Reachability((), {})
-    members = [plan for host in hosts for plan in host.plans]
-    targets = [_target(plan) for plan in members]
-    owner = {_target(plan): plan for plan in members}
     shell = HostShell(ssh_backend)
-    jobs = [lambda host=host: _probe(host, targets, len(hosts), shell) for host in hosts]
+    jobs = [lambda i=i: test.run(i, shell) for i in range(len(test.hosts))]
     try:  # every host at once: its listeners must be up while the others connect
         results = in_parallel(jobs, len(jobs))
     except MgpuError as e:
         return Reachability((str(e),), {})
-    problems = []
-    cut = []
-    interfaces = {}
-    for host, result in zip(hosts, results):
-        for port, reason in sorted(result.get("listen_errors", {}).items()):
-            if "in use" in reason:
-                continue  # a busy port is reported by the host check and the supervisor, in their words
-            problems.append(f"{host.names} on {host.first.host} cannot listen on port {port}: {reason}")
-        for target, outcome in result.get("reach", {}).items():
-            if outcome == "ok":
-                continue
-            peer = owner[target]
-            if outcome.startswith("cannot resolve "):
-                problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
-            else:
-                problems.append(f"{host.names} on {host.first.host} cannot connect to {peer.name} at {target}: {outcome}")
-            cut.append((host.first.host, peer.host))
-    for i, (host, result) in enumerate(zip(hosts, results)):
-        others = [view for j, view in enumerate(results) if j != i] or [result]  # a lone host: its own view
-        for plan in host.plans:
-            interfaces[plan.name] = _interface(_target(plan), others, result)
-    return Reachability(tuple(problems), interfaces, tuple(dict.fromkeys(cut)))
+    return test.judge(results)
 
 
 def _interface(target: str, views: Sequence[dict], own: dict) -> str | None:
@@ -148,7 +212,11 @@ def describe_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str 
 def check_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Mapping[str, str | None]:
     """Raise CheckFailed listing every broken pair, with a hint, when a task cannot reach another;
     else return each task's interface (see Reachability.interfaces)."""
-    found = probe_reachability(plans, ssh_backend)
+    return reachable_interfaces(probe_reachability(plans, ssh_backend))
+
+
+def reachable_interfaces(found: Reachability) -> Mapping[str, str | None]:
+    """Each task's interface, when the test found no broken pair; else CheckFailed listing them all."""
     if found.problems:
         raise CheckFailed("tasks cannot reach each other:\n" + "\n".join(found.problems) + "\n" + HINT)
     return found.interfaces

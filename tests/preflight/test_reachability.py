@@ -58,3 +58,45 @@ def test_launch_refuses_to_start_when_a_name_does_not_resolve(tmp_path):
             f"(worker:1 at no-such-host.invalid:{second})") in lines
     assert lines[-1].startswith("hint: ")
     assert not list((tmp_path / "runs").glob("*/worker-0.log"))  # nothing started
+
+
+def test_the_host_check_and_the_reachability_test_share_one_probe_per_host(run_id, monkeypatch):
+    from launcher.preflight.check import check_hosts_and_reach
+    from launcher.preflight.on_host import HostShell
+
+    commands = []
+    run = HostShell.run
+
+    def counted(self, plan, command, *args, **kwargs):
+        commands.append(command)
+        return run(self, plan, command, *args, **kwargs)
+
+    monkeypatch.setattr(HostShell, "run", counted)
+    plans = make_plans(run_id, [], workers=2)  # one host: 127.0.0.1
+    reports, reachability = check_hosts_and_reach(plans, plans)
+    assert len(commands) == 1  # one session (here a subprocess) for both
+    assert [(r.host, r.ok, r.tasks) for r in reports] == [("127.0.0.1", True, ("worker:0", "worker:1"))]
+    assert reachability.problems == ()
+    assert set(reachability.interfaces) == {"worker:0", "worker:1"}
+
+
+def test_a_large_cluster_dials_every_pair_of_hosts_and_every_port_but_not_every_task(run_id):
+    from launcher.preflight.reach import FULL_TEST_TASKS, ReachTest
+
+    hosts, per_host = 12, 8  # 96 tasks: above FULL_TEST_TASKS
+    assert hosts * per_host > FULL_TEST_TASKS
+    plans = [dataclasses.replace(plan, host=f"h{i // per_host}", address=f"h{i // per_host}", port=2222 + i % per_host,
+                                 local=False)
+             for i, plan in enumerate(make_plans(run_id, [], workers=hosts * per_host))]
+    test = ReachTest.of(plans)
+    assert len(test.hosts) == hosts
+    owner = {f"{plan.address}:{plan.port}": plan.host for plan in plans}
+    for i, dials in enumerate(test.dials):
+        assert len(dials) == (hosts - 1) + 2 * per_host - 1  # not every one of the 96 tasks
+        assert {owner[target] for target in dials} == {host.first.host for host in test.hosts}  # every host
+    dialed_from_elsewhere = {target for i, dials in enumerate(test.dials) for target in dials
+                             if owner[target] != test.hosts[i].first.host}
+    assert dialed_from_elsewhere == set(owner)  # every port, from another host
+    for i in range(hosts):  # each listener waits for as many as dial it
+        assert sum(test.expected(i)) == sum(target in test.dials[j] for j in range(hosts) for target in owner
+                                            if owner[target] == test.hosts[i].first.host)
