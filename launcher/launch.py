@@ -21,7 +21,7 @@ from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import probe_reachability, reachable_interfaces
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.preflight.setup import run_setup
-from launcher.preflight.speed import warn_about_slow_hosts
+from launcher.preflight.speed import spans_hosts, warn_about_slow_hosts
 from launcher.preflight.sync import sync_to_hosts
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.backends.local import LocalBackend
@@ -95,14 +95,15 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
             run_dir = make_run_dir(options.supervise)  # for the setup's logs; supervision continues it
             run_setup(plans, lambda plan: (local_backend if plan.local else ssh_backend).start(plan, 0), run_dir)
         if options.check_hosts:
-            # The remote hosts' checks and the reachability test of every task, in one session per host.
-            reachability = run_checks(remote, ssh_backend, reach=plans)
+            # The remote hosts' checks, the reachability test of every task and, on more than one
+            # host, the speed probe, in one session per host.
+            reachability, speeds = run_checks(remote, ssh_backend, reach=plans, speed=spans_hosts(plans))
             # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
             plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
         _check_local_tf_keras(plans, options)
         hosts = _host_actions(ssh_backend, options, run_dir)
         if options.check_hosts:
-            slow = warn_about_slow_hosts(plans, ssh_backend)
+            slow = warn_about_slow_hosts(speeds)
             if slow and options.leave_out_slow:
                 plans = _leave_out_slow(plans, slow, hosts)
     except BaseException:
@@ -163,7 +164,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
                 if run_dir is not None:
                     run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
                 if options.check_hosts:
-                    reachability = run_checks(on_spare, ssh_backend, reach=plans)
+                    reachability, _ = run_checks(on_spare, ssh_backend, reach=plans)
                     plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
             except MgpuError as e:
                 notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")

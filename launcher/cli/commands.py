@@ -316,7 +316,6 @@ def check_command(**opts) -> None:
     from launcher.errors import CheckFailed
     from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version, raise_for_failures
     from launcher.preflight.reach import HINT as REACH_HINT, describe_interfaces
-    from launcher.preflight.speed import probe_speeds
 
     command = opts.pop("command")
     check_text(opts, command)
@@ -330,13 +329,13 @@ def check_command(**opts) -> None:
 
         ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:
-        # One session per host for both; what the reachability test found counts only where every
-        # host passed its check (the test needs their Python and ports).
-        reports, reachability = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
-                                                      local_tensorflow_version())
-        # The speed probe's ring needs every host's Python and every pair connected.
-        ready = all(r.ok for r in reports) and not reachability.problems
-        speeds = probe_speeds(plans, ssh_backend) if ready else []
+        # One session per host for the three; what the reachability test found counts only where
+        # every host passed its check (the test needs their Python and ports), and the speed
+        # probe's figures only where every pair connected too (its ring needs them).
+        reports, reachability, speeds = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
+                                                              local_tensorflow_version(), speed=True)
+        if not all(r.ok for r in reports) or reachability.problems:
+            speeds = []
     finally:
         if ssh_backend is not None:
             ssh_backend.close()

@@ -342,11 +342,11 @@ def reach(ports, targets, timeout, expected):
 # The speed probe. A compute figure is the best of SPEED_WINDOWS windows of SPEED_WINDOW seconds
 # each: a window spans more than one period of a CFS CPU quota (100 ms), so a quota shows, while
 # the best window forgives a moment's noise.
-SPEED_WINDOW = 0.25
+SPEED_WINDOW = 0.13
 SPEED_WINDOWS = 3
 SPEED_MATRIX = 256  # n of the n x n float64 product on the CPU
 GPU_MATRIX = 4096  # n of the n x n float32 product on the GPU
-TRANSFER_SECONDS = 0.5  # about how long a host sends to the next one
+TRANSFER_SECONDS = 0.25  # about how long a host sends to the next one
 TRANSFER_ROUNDS = 4  # in rounds: the first of TRANSFER_FIRST_ROUND bytes, the others sized from the best so far
 TRANSFER_FIRST_ROUND = 4 << 20
 TRANSFER_MAX_BYTES = 256 << 20  # the most one round sends
@@ -460,44 +460,74 @@ def _receive_one(listener, deadline, outcome):
             return
 
 
-def send_to(target, deadline, seconds=TRANSFER_SECONDS, rounds=TRANSFER_ROUNDS, max_bytes=TRANSFER_MAX_BYTES):
-    """MB/s of sending to `target` (host:port): the best of `rounds` rounds that each take about
-    seconds/rounds, each counted until the receiver has read it all (the best round forgives a
-    moment's noise, as the compute's best window does); connection attempts go on until `deadline`
-    (the neighbour's listener may start later)."""
-    host, port = _split_target(target)
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+class _NotTheReceiver(OSError):
+    """The connection closed before the first round was confirmed: what answered was not (yet) the
+    neighbour's receiver (its reachability test's listener, say, which closes what it accepts)."""
+
+
+def _connect_until(address, family, deadline):
+    """A connection to `address`, tried again while refused until `deadline` (the neighbour's
+    listener may start later)."""
     while True:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         try:
             sock.connect(address)
-            break
+            return sock
         except OSError:
             sock.close()
             if time.monotonic() + REACH_RETRY >= deadline:
                 raise
             time.sleep(REACH_RETRY)
+
+
+def _send_rounds(sock, deadline, seconds, rounds, max_bytes):
+    """The best rate in bytes per second of `rounds` rounds sent on `sock` (see send_to)."""
     chunk = memoryview(bytes(TRANSFER_CHUNK))
     best = 0.0
     size = TRANSFER_FIRST_ROUND
-    with sock:
-        sock.settimeout(max(1.0, deadline - time.monotonic()) + seconds)
-        for _ in range(rounds):
-            started = time.perf_counter()
+    sock.settimeout(max(1.0, deadline - time.monotonic()) + seconds)
+    for done in range(rounds):
+        started = time.perf_counter()
+        try:
             sock.sendall(size.to_bytes(8, "big"))
             left = size
             while left > 0:
                 sock.sendall(chunk[:min(left, TRANSFER_CHUNK)])
                 left -= min(left, TRANSFER_CHUNK)
-            if sock.recv(1) != b"k":
-                raise OSError("the receiver did not confirm")
-            elapsed = time.perf_counter() - started
-            best = max(best, size / elapsed)
-            # The next round sized to take its share of `seconds` at the best rate so far.
-            size = int(min(max_bytes, max(TRANSFER_FIRST_ROUND, best * seconds / rounds)))
-        sock.shutdown(socket.SHUT_WR)
-    return best / 1e6
+            answer = sock.recv(1)
+        except (ConnectionResetError, BrokenPipeError) as e:
+            if done == 0:
+                raise _NotTheReceiver(e.errno, e.strerror) from e
+            raise
+        if answer != b"k":
+            if done == 0:
+                raise _NotTheReceiver("the receiver did not confirm")
+            raise OSError("the receiver did not confirm")
+        elapsed = time.perf_counter() - started
+        best = max(best, size / elapsed)
+        # The next round sized to take its share of `seconds` at the best rate so far.
+        size = int(min(max_bytes, max(TRANSFER_FIRST_ROUND, best * seconds / rounds)))
+    sock.shutdown(socket.SHUT_WR)
+    return best
+
+
+def send_to(target, deadline, seconds=TRANSFER_SECONDS, rounds=TRANSFER_ROUNDS, max_bytes=TRANSFER_MAX_BYTES):
+    """MB/s of sending to `target` (host:port): the best of `rounds` rounds that each take about
+    seconds/rounds, each counted until the receiver has read it all (the best round forgives a
+    moment's noise, as the compute's best window does); connection attempts go on until `deadline`
+    (the neighbour's listener may start later, and until then its port may still be held by the
+    neighbour's reachability test, which closes what it accepts)."""
+    host, port = _split_target(target)
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    while True:
+        with _connect_until(address, family, deadline) as sock:
+            try:
+                return _send_rounds(sock, deadline, seconds, rounds, max_bytes) / 1e6
+            except _NotTheReceiver:
+                if time.monotonic() + REACH_RETRY >= deadline:
+                    raise
+        time.sleep(REACH_RETRY)
 
 
 def speed(port, target, timeout, gpus=None):
@@ -551,27 +581,44 @@ def _host_check(args):
     return probe(ports, modules, legacy_keras="legacy-keras" in flags, import_tensorflow="import-tensorflow" in flags)
 
 
+def _speed_stage(args, gpus):
+    """The speed probe of PORT TARGET TIMEOUT ("-" for no port or target), timed."""
+    port = None if args[0] == "-" else int(args[0])
+    target = None if args[1] == "-" else args[1]
+    started = time.monotonic()
+    result = speed(port, target, float(args[2]), gpus)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
+
+
 def main(argv):
-    if len(argv) > 1 and argv[1] == "reach":
-        ports = [int(port) for port in argv[2].split(",") if port]
-        targets = [target for target in argv[3].split(",") if target]
-        counts = [int(count) for count in argv[5].split(",")]  # per port, or one for every port
-        reached = reach(ports, targets, float(argv[4]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)))
-        if argv[6:7] != ["check"]:
-            print(json.dumps(reached))
-            return
-        result = _host_check(argv[7:])
-        result["reach"] = reached
-    elif len(argv) > 1 and argv[1] == "speed":
-        for name in ONE_THREAD_ENV:  # before numpy is imported
+    args = argv[1:]
+    speed_args = None
+    if len(args) >= 4 and args[-4] == "speed":  # always last, with its three arguments
+        args, speed_args = args[:-4], args[-3:]
+        for name in ONE_THREAD_ENV:  # before anything imports numpy (TensorFlow, in the host check)
             os.environ[name] = "1"
-        port = None if argv[2] == "-" else int(argv[2])
-        target = None if argv[3] == "-" else argv[3]
-        started = time.monotonic()
-        result = speed(port, target, float(argv[4]), gpu_count(timeout=10.0))
-        result["seconds"] = round(time.monotonic() - started, 3)
+    if args[:1] == ["reach"]:
+        ports = [int(port) for port in args[1].split(",") if port]
+        targets = [target for target in args[2].split(",") if target]
+        counts = [int(count) for count in args[4].split(",")]  # per port, or one for every port
+        reached = reach(ports, targets, float(args[3]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)))
+        if args[5:6] == ["check"]:
+            result = _host_check(args[6:])
+            result["reach"] = reached
+        else:
+            result = reached
+    elif args:
+        result = _host_check(args)
     else:
-        result = _host_check(argv[1:])
+        result = None
+    if speed_args is not None:
+        gpus = result.get("gpus") if result is not None and "gpus" in result else gpu_count(timeout=10.0)
+        measured = _speed_stage(speed_args, gpus)
+        if result is None:
+            result = measured
+        else:
+            result["speed"] = measured
     sys.stdout.flush()
     print(json.dumps(result))
 

@@ -27,6 +27,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
 from launcher.preflight.reach import Reachability, ReachTest
+from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
 PROBE_TIMEOUT = 90.0
@@ -46,6 +47,7 @@ class HostReport:
     problems: list[str] = dataclasses.field(default_factory=list)
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
     reached: dict | None = None  # the reachability test's answer, when it ran in the check's session
+    measured: dict | None = None  # the speed probe's answer, when it ran in the check's session
 
     @property
     def ok(self) -> bool:
@@ -87,15 +89,17 @@ def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport
 
 
 def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
-                reach_timeout: float = 0.0) -> HostReport:
+                reach_timeout: float = 0.0, speed: Sequence[str] = ()) -> HostReport:
     """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
-    first, its answer in the report's `reached`."""
+    first, its answer in the report's `reached`; with `speed` (ring_args), the speed probe last,
+    its answer in the report's `measured`."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
     try:
-        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach), PROBE_TIMEOUT + reach_timeout)
+        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed),
+                           PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0))
     except MgpuError as e:
         return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
@@ -105,6 +109,8 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
         return report
     if reach:
         report.reached = result.get("reach")
+    if speed:
+        report.measured = result.get("speed")
     if result.get("workdir_missing"):
         report.problems.append(f"no directory {first.workdir}")
     elif result.get("program_missing"):
@@ -144,22 +150,27 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
 
 
 def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], ssh_backend=None,
-                          local_version: str | None = None) -> tuple[list[HostReport], Reachability]:
+                          local_version: str | None = None, speed: bool = False
+                          ) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
     """The host check of `plans` (one report per host, in plan order) and the reachability test
-    between the tasks of `reach`, on every host at once.
+    between the tasks of `reach`, on every host at once; with `speed`, the speed probe of the
+    hosts of `reach` too (their figures, in their order; [] without).
 
     A host that both concern runs both in one SSH session, through one probe (the test first,
-    then the check, which may import TensorFlow); a host of only one of them runs that one. Every
-    host's connection is opened before any probe starts, so that the hosts' tests start together:
-    each host's listeners must be up while the others dial them. The reachability found is
-    meaningful only when every report is ok (a host that failed its check may not have answered).
+    then the check, which may import TensorFlow, then the speed probe); a host of only one of them
+    runs that one (the speed probe after the test). Every host's connection is opened before any
+    probe starts, so that the hosts' tests start together: each host's listeners must be up while
+    the others dial them. The reachability and the speeds found are meaningful only when every
+    report is ok (a host that failed its check may not have answered).
     """
     shell = HostShell(ssh_backend)
     test = ReachTest.of(reach)
+    firsts = [host.first for host in test.hosts]
     groups = by_host(plans)
     tested = [test.index(group[0]) for group in groups]
     untested = [i for i in range(len(test.hosts)) if i not in tested]  # in the test only: the test alone
     answers: list[dict | None] = [None] * len(test.hosts)
+    measured: list[dict | None] = [None] * len(test.hosts)
     errors: list[MgpuError] = []
     connected = threading.Barrier(len(groups) + len(untested) or 1)
 
@@ -176,10 +187,10 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         error = connect(group[0])
         if error is not None:
             return _unreachable(group, error)
-        report = _check_host(group, shell, test.args(i) if i is not None else (),
-                             test.run_timeout if i is not None else 0.0)
-        if i is not None:
-            answers[i] = report.reached
+        if i is None:
+            return _check_host(group, shell)
+        report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else ())
+        answers[i], measured[i] = report.reached, report.measured
         return report
 
     def reach_alone(i: int) -> None:
@@ -187,7 +198,9 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         try:
             if error is not None:
                 raise error
-            answers[i] = test.run(i, shell)
+            answer = test.run(i, shell, ring_args(firsts, i) if speed else (), SPEED_RUN_TIMEOUT if speed else 0.0)
+            measured[i] = answer.pop("speed", None)
+            answers[i] = answer
         except MgpuError as e:
             errors.append(e)
 
@@ -195,12 +208,13 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     jobs += [lambda i=i: reach_alone(i) for i in untested]
     reports = in_parallel(jobs, len(jobs))[:len(groups)]
     _compare_tensorflow(reports, local_version)
+    speeds = speeds_from(firsts, measured) if speed else []
     if errors:
-        return reports, Reachability((str(errors[0]),), {})
+        return reports, Reachability((str(errors[0]),), {}), speeds
     missing = [host.first.host for host, answer in zip(test.hosts, answers) if answer is None]
     if missing:
-        return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {})
-    return reports, test.judge(answers)
+        return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {}), speeds
+    return reports, test.judge(answers), speeds
 
 
 COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),
@@ -247,13 +261,14 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
 
 
 def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None,
-               reach: Sequence[TaskPlan] = ()) -> Reachability:
+               reach: Sequence[TaskPlan] = (), speed: bool = False) -> tuple[Reachability, list[HostSpeed]]:
     """The pre-launch check: print the table and raise if a host fails, else one summary line.
     With `reach`, the reachability test between those plans' tasks runs in the same sessions
-    (check_hosts_and_reach): what it found is returned, for the caller to judge."""
+    (check_hosts_and_reach), and with `speed` the speed probe of their hosts after it: what they
+    found is returned, for the caller to judge."""
     console = console or sys.stderr
     started = time.monotonic()
-    reports, reachability = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version())
+    reports, reachability, speeds = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version(), speed)
     failed = sum(not r.ok for r in reports)
     if reports and not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
@@ -261,4 +276,4 @@ def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = 
         console.write(render_table(reports) + "\n")
     console.flush()
     raise_for_failures(reports)
-    return reachability
+    return reachability, speeds

@@ -51,13 +51,15 @@ def probe_for(plan: TaskPlan) -> Probe:
     return Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
 
 
-def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = ()) -> str:
+def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
+                       speed: Sequence[str] = ()) -> str:
     """A command that probes a host and prints one JSON object on stdout.
 
     Keys: workdir_missing, program_missing, python_missing (true when so), else those
     of launcher/host/probe.py, whose source runs with the task's Python. With `reach` (the
     reachability test's arguments: reach_args), the same process runs that test first and adds
-    its answer under the key reach: one session per host for both.
+    its answer under the key reach: one session per host for both. With `speed` (speed_args), the
+    speed probe runs last, its answer under the key speed.
     """
     port_list = ",".join(str(int(p)) for p in ports)
     lines = []
@@ -73,7 +75,7 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
         + shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
                       port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
-                      *(["import-tensorflow"] if probe.tensorflow_required else [])))
+                      *(["import-tensorflow"] if probe.tensorflow_required else []), *speed))
         + " </dev/null"
     )
     return sh("\n".join(lines))
@@ -86,21 +88,21 @@ def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, exp
 
 
 def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
-                        expected: Sequence[int]) -> str:
-    """The reachability probe alone for the host of `plan` (see host/probe.py's `reach`).
+                        expected: Sequence[int], speed: Sequence[str] = ()) -> str:
+    """The reachability probe alone for the host of `plan` (see host/probe.py's `reach`), and with
+    `speed` (speed_args) the speed probe after it, its answer under the key speed.
 
-    This machine runs it with the launcher's own Python; another host with the tasks' Python."""
-    python = sys.executable if plan.local else probe_for(plan).python
-    argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected)]
-    return sh(shlex.join(argv) + " </dev/null")
-
-
-def speed_probe_command(plan: TaskPlan, port: int | None, target: str | None, timeout: float) -> str:
-    """The speed probe for the host of `plan` (see host/probe.py's `speed`), with the tasks' Python
-    (its numpy, torch or TensorFlow are what is timed); on this machine, where the tasks run
-    another program or their Python is not found, with the launcher's own."""
+    Another host runs it with the tasks' Python; this machine with the launcher's own, or for the
+    speed probe with the tasks' where they run Python and it is found (its numpy, torch or
+    TensorFlow are what is timed)."""
     python = probe_for(plan).python
-    if plan.local and not (probe_for(plan).python_required and shutil.which(python)):
+    if plan.local and not (speed and probe_for(plan).python_required and shutil.which(python)):
         python = sys.executable
-    argv = [python, "-c", probe_source(), "speed", "-" if port is None else str(port), target or "-", f"{timeout:g}"]
+    argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected), *speed]
     return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv) + " </dev/null")
+
+
+def speed_args(port: int | None, target: str | None, timeout: float) -> list[str]:
+    """The arguments of host/probe.py's speed probe (its `speed` mode): listen on `port` for the
+    previous host of the ring, send to `target`; neither on a lone host."""
+    return ["speed", "-" if port is None else str(port), target or "-", f"{timeout:g}"]

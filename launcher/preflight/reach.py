@@ -131,11 +131,12 @@ class ReachTest:
         """Seconds the test gets on a host, once it is reached."""
         return _RUN_TIMEOUT
 
-    def run(self, i: int, shell: HostShell) -> dict:
-        """The test alone on host `i`: its JSON answer; raises MgpuError when it could not run."""
+    def run(self, i: int, shell: HostShell, speed: Sequence[str] = (), speed_timeout: float = 0.0) -> dict:
+        """The test alone on host `i` (and with `speed`, speed_args, the speed probe after it, under
+        the key speed): its JSON answer; raises MgpuError when it could not run."""
         host = self.hosts[i]
-        command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
-        return shell.json(host.first, command, self.run_timeout, "reachability probe")
+        command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
+        return shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe")
 
     def judge(self, results: Sequence[dict]) -> Reachability:
         """The pairs that cannot connect, and each task's interface, from every host's answer (in

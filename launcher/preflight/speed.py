@@ -22,16 +22,18 @@ import sys
 from typing import Sequence, TextIO
 
 from launcher.config.addresses import format_address
-from launcher.errors import MgpuError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.on_host import HostShell, by_host, in_parallel
-from launcher.preflight.probes import speed_probe_command
+from launcher.preflight.on_host import by_host
+from launcher.preflight.probes import speed_args
 
 SLOW_FRACTION = 0.7  # a figure under this fraction of the median names its host
-SPEED_TIMEOUT = 5.0  # seconds for the ring's connections: the hosts' probes start at different times
-# The probe: its connections, the transfer, the compute, a GPU framework's import, and a slow SSH start.
-_RUN_TIMEOUT = SPEED_TIMEOUT + host_probe.TRANSFER_SECONDS + 60.0
+# Seconds for the ring's connections: the hosts come to the speed probe at different times (after
+# their host checks, which may import TensorFlow).
+SPEED_TIMEOUT = 5.0
+# What the speed probe adds to its host's session: its connections, the transfer, the compute, and
+# a GPU framework's import.
+SPEED_RUN_TIMEOUT = SPEED_TIMEOUT + host_probe.TRANSFER_SECONDS + 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,42 +132,40 @@ def _figure(result: dict, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
-def probe_speeds(plans: Sequence[TaskPlan], ssh_backend=None) -> list[HostSpeed]:
-    """Every cluster host's figures, measured on all of them at once (the ring's transfers need both
-    ends); a host whose probe could not run has none, and says why."""
-    hosts = by_host(plan for plan in plans if plan.port is not None)
-    if not hosts:
-        return []
-    shell = HostShell(ssh_backend)
-    lone = len(hosts) == 1
+def spans_hosts(plans: Sequence[TaskPlan]) -> bool:
+    """Whether the cluster tasks of `plans` are on more than one host: a launch probes speeds only then."""
+    return len(by_host(plan for plan in plans if plan.port is not None)) > 1
 
-    def job(i: int) -> dict:
-        first, following = hosts[i][0], hosts[(i + 1) % len(hosts)][0]
-        command = speed_probe_command(first, None if lone else first.port,
-                                      None if lone else format_address(following.address, following.port),
-                                      SPEED_TIMEOUT)
-        try:
-            return shell.json(first, command, _RUN_TIMEOUT, "speed probe")
-        except MgpuError as e:
-            return {"error": str(e).splitlines()[0]}
 
-    results = in_parallel([lambda i=i: job(i) for i in range(len(hosts))], len(hosts))
+def ring_args(firsts: Sequence[TaskPlan], i: int) -> list[str]:
+    """The speed probe's arguments on host `i` of `firsts` (each host's first cluster task, in plan
+    order): listen on its first task port, send to the next host's first task address; on a lone
+    host, the compute alone."""
+    if len(firsts) == 1:
+        return speed_args(None, None, SPEED_TIMEOUT)
+    following = firsts[(i + 1) % len(firsts)]
+    return speed_args(firsts[i].port, format_address(following.address, following.port), SPEED_TIMEOUT)
+
+
+def speeds_from(firsts: Sequence[TaskPlan], results: Sequence[dict | None]) -> list[HostSpeed]:
+    """Every host's figures from its speed probe's answer (None where the probe did not run), in the
+    order of `firsts`; each host's receiving figure is what the previous host measured sending."""
+    results = [{"error": "the speed probe did not run"} if result is None else result for result in results]
+    lone = len(firsts) == 1
     speeds = []
-    for i, (group, result) in enumerate(zip(hosts, results)):
+    for i, (first, result) in enumerate(zip(firsts, results)):
         problems = [str(result[key]) for key in ("error", "send_error", "cpu_error", "gpu_error") if result.get(key)]
         previous = results[i - 1] if not lone else {}
-        speeds.append(HostSpeed(group[0].host, _figure(result, "cpu_gflops"), _figure(result, "gpu_gflops"),
+        speeds.append(HostSpeed(first.host, _figure(result, "cpu_gflops"), _figure(result, "gpu_gflops"),
                                 _figure(result, "send_mbps"), _figure(previous, "send_mbps"), tuple(problems)))
     return speeds
 
 
-def warn_about_slow_hosts(plans: Sequence[TaskPlan], ssh_backend=None, console: TextIO | None = None) -> list[str]:
-    """Before a launch on more than one host: probe every host's speed, print a warning line for each
-    one far below the others (not a failure), and return those hosts."""
+def warn_about_slow_hosts(speeds: Sequence[HostSpeed], console: TextIO | None = None) -> list[str]:
+    """Before a launch on more than one host: print a warning line for each host far below the
+    others (not a failure), and return those hosts."""
     console = console or sys.stderr
-    if len(by_host(plan for plan in plans if plan.port is not None)) < 2:
-        return []
-    slow = slow_hosts(probe_speeds(plans, ssh_backend))
+    slow = slow_hosts(speeds)
     for line in warning_lines(slow):
         console.write(f"mgpu: warning: {line}\n")
     console.flush()

@@ -73,7 +73,7 @@ def test_the_host_check_and_the_reachability_test_share_one_probe_per_host(run_i
 
     monkeypatch.setattr(HostShell, "run", counted)
     plans = make_plans(run_id, [], workers=2)  # one host: 127.0.0.1
-    reports, reachability = check_hosts_and_reach(plans, plans)
+    reports, reachability, _ = check_hosts_and_reach(plans, plans)
     assert len(commands) == 1  # one session (here a subprocess) for both
     assert [(r.host, r.ok, r.tasks) for r in reports] == [("127.0.0.1", True, ("worker:0", "worker:1"))]
     assert reachability.problems == ()
