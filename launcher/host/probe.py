@@ -25,13 +25,18 @@ Both in one process: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED check 
 test's under the key reach. One SSH session per host instead of two, and the test starts
 before anything slow (importing TensorFlow) so that the hosts' listeners are up together.
 
-Or as: python probe.py speed PORT TARGET TIMEOUT, the speed probe that the launcher runs on every
-host at once: listen on PORT (this host's first task port) for the previous host of a ring, send
-to TARGET (the next host's first task address) for about TRANSFER_SECONDS, then time a fixed matrix
-product on one core with numpy (and on the first GPU with torch or TensorFlow, where nvidia-smi
-lists one). PORT and TARGET are "-" on a lone host. Prints one JSON object: cpu_gflops,
-gpu_gflops, send_mbps (null where not measured) and, for what could not be, cpu_error,
-gpu_error and send_error.
+Or as: python probe.py speed PORT TARGET TIMEOUT, the speed probe: listen on PORT (this host's
+first task port) for the previous host of a ring, send to TARGET (the next host's first task
+address) for about TRANSFER_SECONDS in rounds (connection attempts, and a first round that the
+neighbour's reachability test's listener closed, tried again for TIMEOUT seconds: the hosts come
+to it at different times), then time a fixed matrix product on one core with numpy, the best of
+SPEED_WINDOWS windows of SPEED_WINDOW seconds (and on the first GPU with torch or TensorFlow,
+where nvidia-smi lists one). PORT and TARGET are "-" on a lone host. Prints one JSON object:
+cpu_gflops, gpu_gflops, send_mbps (null where not measured) and, for what could not be,
+cpu_error, gpu_error and send_error. It may end any other mode (`reach ... check ... speed PORT
+TARGET TIMEOUT`, `reach ... speed ...`): it runs last, in the same process (so the launch needs
+no other SSH session for it), its answer under the key speed; numpy's threads are held to one
+before the host check can import it with TensorFlow.
 """
 
 import errno
