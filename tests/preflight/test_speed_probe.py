@@ -86,3 +86,32 @@ def test_check_json_shows_a_failing_host_without_figures_and_exits_1():
     (row,) = json.loads(done.stdout)["hosts"]
     assert row["ok"] is False and row["problems"] == ["/nonexistent not found"] and row["speed"] is None
     assert done.stderr.strip() == "mgpu: error: check failed on 127.0.0.1: /nonexistent not found"
+
+
+def test_the_sender_tries_again_while_the_port_still_closes_what_it_accepts():
+    # The neighbour's reachability test may still hold the port, accepting and closing: the
+    # sender's first round then fails, and it tries again until the neighbour's receiver is up.
+    import socket
+    import threading
+    import time
+
+    from launcher.host import probe as host_probe
+
+    (port,) = pick_free_ports(1)
+    sent = {}
+    with socket.create_server(("127.0.0.1", port)) as holder:
+        sender = threading.Thread(
+            target=lambda: sent.update(mbps=host_probe.send_to(f"127.0.0.1:{port}", time.monotonic() + 30)))
+        sender.start()
+        holder.settimeout(30)
+        conn, _ = holder.accept()
+        conn.close()
+    receiver = subprocess.Popen([sys.executable, "-c", probe_source(), "speed", str(port), "-", "30"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        sender.join(60)
+        out, _ = receiver.communicate(timeout=60)
+    finally:
+        receiver.kill()
+    assert sent["mbps"] > 0
+    assert json.loads(out)["cpu_gflops"] > 0
