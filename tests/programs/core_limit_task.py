@@ -6,6 +6,7 @@ ready and waits in silence; until then it prints, which is progress to the stall
 Every process of it dumps core on SIGABRT unless its limit was lowered first; the task itself ends
 only once its child has written its limits."""
 
+import faulthandler
 import os
 import pathlib
 import resource
@@ -26,12 +27,16 @@ subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; sleep 600 & touch child-r
 def end_after_the_child(signum, frame):
     """On ABRT this process ends only once the child has written its limits (bounded): a step whose
     first task has ended is stopped at once, and a busy machine could stop the child before it wrote.
-    It then ends by ABRT's default action, which dumps core unless its own limit was lowered too."""
+    It then ends by ABRT as it would have: faulthandler (where the launcher turned it on) writes the
+    stack, then the default action dumps core unless its own limit was lowered too."""
     for _ in range(600):
         if pathlib.Path(f"limits-{INDEX}.txt").exists():
             break
         time.sleep(0.1)
     signal.signal(signal.SIGABRT, signal.SIG_DFL)
+    if faulthandler.is_enabled():  # its handler again, now in front of the default action
+        faulthandler.disable()
+        faulthandler.enable()
     os.kill(os.getpid(), signal.SIGABRT)
 
 

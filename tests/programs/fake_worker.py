@@ -40,12 +40,18 @@ def selected(selectors):
     return False
 
 
-def value_for(specs, default):
+def text_for(specs, default):
+    """The value of the first SELECTOR=VALUE of `specs` that selects this task."""
     for spec in specs:
-        sel, _, value = spec.rpartition("=")
+        sel, _, value = spec.partition("=")
         if selected([sel]):
-            return float(value)
+            return value
     return default
+
+
+def value_for(specs, default):
+    value = text_for(specs, None)
+    return default if value is None else float(value)
 
 
 def cluster_address(name):
@@ -93,6 +99,8 @@ def main():
     ap.add_argument("--busy", action="append", default=[], help="tasks that use the CPU while they wait, silently")
     ap.add_argument("--tick", action="append", default=[], help="tasks that print a line every 0.2 s while they wait")
     ap.add_argument("--until-file", help="wait until this file exists (at most 60 s) instead of --sleep")
+    ap.add_argument("--after-file", action="append", default=[],
+                    help="SELECTOR=PATH: the task waits for PATH to exist (at most 60 s) before anything else")
     ap.add_argument("--exit", type=int, default=0)
     ap.add_argument("--fail", action="append", default=[], help="SELECTOR=CODE")
     ap.add_argument("--ready", action="store_true", help="print the readiness line")
@@ -112,6 +120,11 @@ def main():
     ap.add_argument("--steal-port", action="append", default=[], help="THIEF=VICTIM: task THIEF listens on task VICTIM's port first")
     args = ap.parse_args()
 
+    after = text_for(args.after_file, None)
+    for _ in range(1200):  # bounded: 60 s
+        if after is None or os.path.exists(after):
+            break
+        time.sleep(0.05)
     if selected(args.ignore_term):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.record:
