@@ -97,7 +97,8 @@ def test_first_failure_stops_every_other_task_and_its_grandchildren(run_id, reco
 def test_task_ignoring_term_is_killed_after_the_grace_period(run_id, record_dir, tmp_path):
     # worker:1 fails once worker:0 ignores TERM: its record is written after that.
     plans = make_plans(run_id, ["--forever", "--ignore-term", "worker:0", "--fail", "worker:1=1",
-                                "--record", str(record_dir), "--after-file", f"worker:1={record_dir}/worker-0.attempt0.json"])
+                                "--sleep-on", "worker:1=0", "--record", str(record_dir),
+                                "--after-file", f"worker:1={record_dir}/worker-0.attempt0.json"])
     result = supervise_plans(plans, run_id, tmp_path, grace_period=0.5)
     assert isinstance(result.error, TaskFailed)
     assert result.task("worker:0")["signal"] == "SIGKILL"
