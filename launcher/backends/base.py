@@ -116,6 +116,10 @@ class Attempt(abc.ABC):
         its view): its argv in its workdir, with its env added to the base env and MGPU_ATTEMPT
         set to the attempt's number. Raises MgpuError when the task cannot start."""
 
+    def starts_together(self, task: TaskPlan) -> bool:
+        """Whether start(task) may run at the same time as other starts, from another thread."""
+        return False
+
     def end(self) -> None:
         """After every task of the attempt has ended and been closed."""
 
@@ -154,12 +158,16 @@ class Backend(abc.ABC):
 class TaskByTask(Attempt):
     """An attempt whose tasks a backend starts one by one with its start(task, attempt)."""
 
-    def __init__(self, start: Callable[[TaskPlan, int], TaskProcess], attempt: int):
+    def __init__(self, start: Callable[[TaskPlan, int], TaskProcess], attempt: int, together: bool = False):
         self._start = start
         self._attempt = attempt
+        self._together = together  # start() may run from several threads at once
 
     def start(self, task: TaskPlan) -> TaskProcess:
         return self._start(task, self._attempt)
+
+    def starts_together(self, task: TaskPlan) -> bool:
+        return self._together
 
 
 class Routed(Backend):
@@ -212,6 +220,9 @@ class _RoutedAttempt(Attempt):
 
     def start(self, task: TaskPlan) -> TaskProcess:
         return self._attempts[self._routed.backend_for(task)].start(task)
+
+    def starts_together(self, task: TaskPlan) -> bool:
+        return self._attempts[self._routed.backend_for(task)].starts_together(task)
 
     def end(self) -> None:
         attempts = list(self._attempts.values())

@@ -172,6 +172,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     answers: list[dict | None] = [None] * len(test.hosts)
     measured: list[dict | None] = [None] * len(test.hosts)
     errors: list[MgpuError] = []
+    unreached: list[str] = []  # hosts whose connection failed
     connected = threading.Barrier(len(groups) + len(untested) or 1)
 
     def connect(plan: TaskPlan) -> MgpuError | None:
@@ -179,6 +180,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
             shell.connect(plan)
             return None
         except MgpuError as e:
+            unreached.append(plan.host)
             return e
         finally:
             connected.wait()
@@ -187,7 +189,9 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         error = connect(group[0])
         if error is not None:
             return _unreachable(group, error)
-        if i is None:
+        # Without every host, the test and the ring would wait for their peers' ports in vain (the
+        # launch fails on the unreached host anyway): the host check alone then, reported at once.
+        if i is None or unreached:
             return _check_host(group, shell)
         report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else ())
         answers[i], measured[i] = report.reached, report.measured
@@ -198,6 +202,8 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         try:
             if error is not None:
                 raise error
+            if unreached:
+                return
             answer = test.run(i, shell, ring_args(firsts, i) if speed else (), SPEED_RUN_TIMEOUT if speed else 0.0)
             measured[i] = answer.pop("speed", None)
             answers[i] = answer
@@ -211,6 +217,8 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     speeds = speeds_from(firsts, measured) if speed else []
     if errors:
         return reports, Reachability((str(errors[0]),), {}), speeds
+    if unreached:
+        return reports, Reachability((f"the reachability test did not run: {', '.join(unreached)} not reached",), {}), speeds
     missing = [host.first.host for host, answer in zip(test.hosts, answers) if answer is None]
     if missing:
         return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {}), speeds

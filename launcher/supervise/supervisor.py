@@ -55,6 +55,7 @@ The rules:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import os
 import secrets
@@ -79,6 +80,8 @@ from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
 
 POLL_INTERVAL = 0.05
+# Tasks started at once where their backend allows it (each start is a thread waiting on a remote shell).
+MAX_STARTS_AT_ONCE = 32
 LOG_FLUSH_INTERVAL = 0.5
 REAP_TIMEOUT = 5.0  # after KILL, how long a task may take to be reported gone
 DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take to reach end of file
@@ -320,11 +323,9 @@ class _Supervisor:
         begun: Attempt | None = None
         try:
             begun = self.backend.begin_attempt(self.plans, attempt)
-            for plan in self.plans:
-                if self.signals.received:
-                    stop = policy.Stop(runrecord.INTERRUPTED, signum=self.signals.received[0])
-                    return stop
-                tasks.append(self._start(begun, plan, attempt))
+            if not self._start_all(begun, attempt, tasks):
+                stop = policy.Stop(runrecord.INTERRUPTED, signum=self.signals.received[0])
+                return stop
             stop = self._watch(tasks)
             return stop
         finally:
@@ -339,16 +340,52 @@ class _Supervisor:
                 self._keep_stacks(tasks, attempt)
             self.record.attempt_ended(stop.status)
 
-    def _start(self, begun: Attempt, plan: TaskPlan, attempt: int) -> _Task:
-        output = self.output.open_task(plan, attempt)
+    def _start_all(self, begun: Attempt, attempt: int, tasks: list[_Task]) -> bool:
+        """Start the attempt's tasks, adding each that started to `tasks`, in plan order; False when
+        a signal came first. Tasks whose backend allows it start at once, from threads: over SSH each
+        start waits for a remote login shell, and one after another those waits add up with the
+        hosts. The first error, in plan order, is raised once every start has returned, so that
+        every task that did start is in `tasks`, to be stopped with the attempt."""
+        together = [plan for plan in self.plans if begun.starts_together(plan)]
+        outputs: dict[str, TaskOutput] = {}
+        procs: dict[str, TaskProcess] = {}
+        error: BaseException | None = None
+        interrupted = False
         try:
-            proc = begun.start(self._with_start_env(plan, attempt))
-        except BaseException:
-            output.close()
-            raise
-        output.attach(proc.stdout, proc.stderr)
-        self.record.task_started(plan, proc.pid, log_name(plan))
-        return _Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt)
+            for plan in self.plans:
+                outputs[plan.name] = self.output.open_task(plan, attempt)
+            with concurrent.futures.ThreadPoolExecutor(min(len(together), MAX_STARTS_AT_ONCE) or 1,
+                                                       thread_name_prefix="start") as pool:
+                pending = {plan.name: pool.submit(begun.start, self._with_start_env(plan, attempt))
+                           for plan in together}
+                for plan in self.plans:
+                    if plan.name in pending:
+                        try:
+                            procs[plan.name] = pending[plan.name].result()
+                        except BaseException as e:  # noqa: BLE001 - raised below, after the others returned
+                            error = error or e
+                    elif error is None and not interrupted:
+                        if self.signals.received:
+                            interrupted = True
+                            continue
+                        try:
+                            procs[plan.name] = begun.start(self._with_start_env(plan, attempt))
+                        except BaseException as e:  # noqa: BLE001
+                            error = e
+        finally:
+            for plan in self.plans:
+                output = outputs.get(plan.name)
+                proc = procs.get(plan.name)
+                if proc is None:
+                    if output is not None:
+                        output.close()
+                    continue
+                output.attach(proc.stdout, proc.stderr)
+                self.record.task_started(plan, proc.pid, log_name(plan))
+                tasks.append(_Task(plan, proc, output, sidecar=plan.type in self.sidecar_types, attempt=attempt))
+        if error is not None:
+            raise error
+        return not interrupted
 
     def _role(self, task: _Task) -> policy.TaskRole:
         plan = task.plan

@@ -204,7 +204,8 @@ class SshBackend(Backend):
         return env
 
     def begin_attempt(self, tasks, attempt: int) -> Attempt:
-        return TaskByTask(self.start, attempt)
+        # Each start waits for a remote login shell; one connection's sessions open safely from threads.
+        return TaskByTask(self.start, attempt, together=True)
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
         """Start the task; its join reporter looks at its own port and the coordinator's."""

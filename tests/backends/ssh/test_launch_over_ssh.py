@@ -16,7 +16,7 @@ import pytest
 
 from launcher.host.ports import pick_free_ports
 from launching import REPO, wait_for
-from ssh_helpers import PYTHON, run_processes, silent_listener, unique_run_id
+from ssh_helpers import PYTHON, run_processes, silent_listener, start_sshd, unique_run_id
 
 pytestmark = pytest.mark.ssh
 
@@ -388,3 +388,32 @@ def test_a_run_id_used_again_after_its_launcher_was_killed_keeps_the_new_tasks(s
                 proc.wait(10)
                 proc.stdout.close()
                 proc.stderr.close()
+
+
+def test_tasks_on_different_hosts_start_together(ssh_lab, tmp_path):
+    """Each start over SSH waits for the host's login shell; the hosts' starts overlap. Here the
+    first host's shell (sshd's ForceCommand) waits until the second host's task has written a file:
+    started one after another in plan order, the first task would find no file (its shell gives up
+    waiting after 30 s, and only then would the second task start)."""
+    started = tmp_path / "second-task-started"
+    waits = start_sshd(tmp_path, "waits", ssh_lab.authorized_keys, extra=(
+        f"ForceCommand i=0; while [ ! -e {started} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+        'eval "$SSH_ORIGINAL_COMMAND"\n'))
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(ssh_lab.known_hosts.read_text() + waits.known_hosts_line())
+        config = tmp_path / "ssh_config"
+        config.write_text(ssh_lab.ssh_config.read_text() + f"Host waits\n  HostName {waits.address}\n  Port {waits.port}\n"
+                          f"  User {ssh_lab.user}\n  IdentityFile {ssh_lab.client_key}\n")
+        program = ("import os, pathlib, sys; flag = pathlib.Path(sys.argv[1]); index = os.environ['MGPU_TASK_INDEX']\n"
+                   "if index == '1': flag.touch()\n"
+                   "print('task', index, 'sees the file' if flag.exists() else 'sees no file', flush=True)\n")
+        port_a, port_b = pick_free_ports(2)
+        proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"waits:{port_a},sshd-b:{port_b}", "--no-check",
+                    "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "5",
+                    "--run-id", unique_run_id("together"), "--", PYTHON, "-c", program, str(started))
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()
+        assert "task 0 sees the file" in out.decode(), out.decode() + err.decode()
+    finally:
+        waits.stop()
