@@ -346,12 +346,13 @@ def reach(ports, targets, timeout, expected):
 
 # The speed probe. A compute figure is the best of SPEED_WINDOWS windows of SPEED_WINDOW seconds
 # each: a window spans more than one period of a CFS CPU quota (100 ms), so a quota shows, while
-# the best window forgives a moment's noise.
-SPEED_WINDOW = 0.13
-SPEED_WINDOWS = 3
+# the better window forgives a moment's noise. Short, because every host spends them before its
+# tasks start (where hosts share cores, as in a test bed, their sum is what the launch waits for).
+SPEED_WINDOW = 0.11
+SPEED_WINDOWS = 2
 SPEED_MATRIX = 256  # n of the n x n float64 product on the CPU
 GPU_MATRIX = 4096  # n of the n x n float32 product on the GPU
-TRANSFER_SECONDS = 0.25  # about how long a host sends to the next one
+TRANSFER_SECONDS = 0.15  # about how long a host sends to the next one (the rounds after the first fill it)
 TRANSFER_ROUNDS = 4  # in rounds: the first of TRANSFER_FIRST_ROUND bytes, the others sized from the best so far
 TRANSFER_FIRST_ROUND = 4 << 20
 TRANSFER_MAX_BYTES = 256 << 20  # the most one round sends

@@ -5,7 +5,7 @@ In synchronous training every task waits for the slowest at each step, so a host
 throttled CPU or GPU, a CPU quota, a busy neighbour or a slow link slows the whole job. On every
 host of the cluster at once, host/probe.py's speed probe (last in the same process and SSH
 session as the host check and the reachability test: preflight/check.py) sends to the next host
-of a ring (in plan order) over the tasks' own addresses and ports for a quarter of a second, then
+of a ring (in plan order) over the tasks' own addresses and ports for about 0.15 s, then
 times a fixed matrix product on one core with numpy (and on the first GPU with torch or
 TensorFlow, where there is one). A host whose figure is under SLOW_FRACTION of the hosts' median is named; that
 judgement (`slow_hosts`) is pure.
