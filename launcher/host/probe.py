@@ -15,7 +15,8 @@ launcher runs on every host at once: listen on PORTS (this host's tasks), connec
 TARGET (host:port, comma-separated: every task's TF_CONFIG address), an attempt failing when
 unanswered for TIMEOUT seconds and a refused one tried again for REACH_WAIT x TIMEOUT, and keep
 listening until each port has accepted EXPECTED connections (one per host that dials it:
-comma-separated per port, or one count for all) or a little longer than the dialing may take. Prints one JSON object: listen_errors
+comma-separated per port, or one count for all) or, once its own dials are done, REACH_HOLD
+seconds more (TIMEOUT more again where one of them failed). Prints one JSON object: listen_errors
 {port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
 here}, and addresses [[address, interface], ...] of this host: from the addresses the other
 hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
@@ -56,6 +57,11 @@ REACH_RETRY = 0.1  # seconds between attempts to a target that refused (its list
 # no answer at all (a firewall that drops) fails after TIMEOUT; a target that answers ends its wait.
 REACH_WAIT = 4
 REACH_HOLD = 3.0  # seconds a listener waits past the dialing for peers that started later
+# Once this host's own dials have all been answered, every host it dials has started its probe (a
+# target answers only once that probe listens), and each dials this one as soon as it listens: a
+# dial still missing REACH_HOLD seconds later will not come (a firewall drops it, the name does not
+# resolve there), and the listeners close then, not at the end of the whole wait. Where one of this
+# host's own dials failed, that host's start is unknown: it gets TIMEOUT seconds more.
 
 
 def port_in_use(port, host="127.0.0.1"):
@@ -169,8 +175,9 @@ def _listen(port):
 
 
 def _accept_until(listeners, counts, expected, stop_at):
-    """Accept and close connections on every listener until each has its `expected` or time is up."""
-    while time.monotonic() < stop_at and any(counts[port] < expected[port] for port in listeners):
+    """Accept and close connections on every listener until each has its `expected` or time is up
+    (stop_at[0], which the dialing may bring forward)."""
+    while time.monotonic() < stop_at[0] and any(counts[port] < expected[port] for port in listeners):
         for port, sock in listeners.items():
             try:
                 conn, _ = sock.accept()
@@ -323,8 +330,8 @@ def reach(ports, targets, timeout, expected):
         except OSError as e:
             listen_errors[str(port)] = (e.strerror or str(e)).lower()
     counts = dict.fromkeys(listeners, 0)
-    acceptor = threading.Thread(target=_accept_until,
-                                args=(listeners, counts, expected, deadline + REACH_HOLD), daemon=True)
+    stop_at = [deadline + REACH_HOLD]
+    acceptor = threading.Thread(target=_accept_until, args=(listeners, counts, expected, stop_at), daemon=True)
     acceptor.start()
     results = {}
 
@@ -336,7 +343,9 @@ def reach(ports, targets, timeout, expected):
         thread.start()
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()) + timeout + 1.0)
-    acceptor.join(deadline + REACH_HOLD + 1.0 - time.monotonic())
+    answered = all(results.get(t) == "ok" for t in targets)
+    stop_at[0] = min(stop_at[0], time.monotonic() + REACH_HOLD + (0.0 if answered else timeout))
+    acceptor.join(max(0.0, stop_at[0] - time.monotonic()) + 1.0)
     for sock in listeners.values():
         sock.close()
     reached = {t: results.get(t, "timed out after %g s" % timeout) for t in targets}
