@@ -77,10 +77,12 @@ def _run(opts, started: float) -> int:
     if opts.tf_log_level is not None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(opts.tf_log_level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # TensorFlow's Lite converter imports JAX, where it is installed, for conversions the trainer
-    # never makes: a fifth of `import tensorflow`'s time, at every start and restart of every task.
-    # Marked absent, it is skipped (the converter takes the ImportError as "no JAX").
+    # TensorFlow's Lite converter imports JAX, and Keras's image-gallery plots import matplotlib,
+    # where they are installed, for conversions and plots the trainer never makes: together a
+    # quarter of `import tensorflow`'s time, at every start and restart of every task. Marked
+    # absent, they are skipped (both take the ImportError as "not installed").
     sys.modules.setdefault("jax", None)
+    sys.modules.setdefault("matplotlib", None)
     from launcher.trainer import run
     return run.run(opts, info, arrays, started)
 
