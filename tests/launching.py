@@ -60,6 +60,14 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def per_attempt(argv: list[str], option: str, first: object, later: object) -> list[str]:
+    """`argv` run through sh with `option FIRST` appended in a run's first attempt (MGPU_ATTEMPT 0)
+    and `option LATER` in the attempts after it: a first attempt long enough never to end before the
+    test stops one of its tasks, and a restart that ends soon."""
+    script = f'exec "$@" {option} "$(if [ "$MGPU_ATTEMPT" = 0 ]; then echo {first}; else echo {later}; fi)"'
+    return ["sh", "-c", script, "sh", *argv]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` a moment ago, picked as mgpu picks its local tasks' ports."""
     from launcher.host.ports import pick_free_ports

@@ -11,7 +11,7 @@ import pytest
 from needs import installed_version
 
 from launcher.host import proctree
-from launching import REPO, finish, start_mgpu, wait_for
+from launching import REPO, finish, per_attempt, start_mgpu, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 installed_version("keras")
@@ -23,12 +23,15 @@ EXAMPLE = [sys.executable, str(REPO / "examples" / "keras_jax_fit.py")]
 class Launch:
     """`mgpu launch ... -- python examples/keras_jax_fit.py ...` as a subprocess."""
 
-    def __init__(self, tmp_path, name, launch_args, example_args=()):
+    def __init__(self, tmp_path, name, launch_args, example_args=(), epochs_per_attempt=None):
         run_id = f"{name}-{secrets.token_hex(4)}"  # unique on this machine: processes are found by it
         self.run_dir = tmp_path / "runs" / run_id
         self.run_id = run_id
+        program = [*EXAMPLE, *example_args]
+        if epochs_per_attempt:  # (the first attempt's, the later ones')
+            program = per_attempt(program, "--epochs", *epochs_per_attempt)
         self.proc = start_mgpu("launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
-                               "--run-id", run_id, "--", *EXAMPLE, *example_args, cwd=tmp_path)
+                               "--run-id", run_id, "--", *program, cwd=tmp_path)
 
     def finish(self, timeout=240):
         return finish(self.proc, timeout)
@@ -125,8 +128,9 @@ def test_a_killed_worker_ends_the_run_and_leaves_nothing(tmp_path, launches):
 
 
 def test_a_killed_worker_restarts_the_job_which_then_succeeds(tmp_path, launches):
+    # 30 epochs in the first attempt, which cannot end before the kill; 2 in the job formed again.
     launch = launches(tmp_path, "restarted", ["--local", "2", "--max-restarts", "1", "--grace-period", "60"],
-                      ["--epochs", "30"])
+                      epochs_per_attempt=(30, 2))
     launch.wait_for_log("worker:0", "Epoch 2/")
     assert launch.proc.poll() is None, "the run ended before worker:1 could be killed"
     os.kill(launch.task_pid("worker:1"), signal.SIGKILL)

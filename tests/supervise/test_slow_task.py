@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 PROGRAM = str(REPO / "tests" / "programs" / "torch_ddp.py")
 WORK = "300"  # matrix products a step: some tens of milliseconds of one core
 NAMED_WITHIN = 180.0  # seconds from the start of an imbalance
-WINDOW = 20.0  # --slow-window: shorter than the default, so that the test takes a minute, not three
+WINDOW = 12.0  # --slow-window: shorter than the default, so that the test takes a minute, not three
 
 
 def record(runs: pathlib.Path, run_id: str) -> dict:
@@ -129,14 +129,17 @@ def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
             proc.wait(60)
 
 
-# Sleeps, and says it spent its time computing (MGPU_TASK_INDEX 1) or waiting (the others).
+# Sleeps, and says it spent its time computing (MGPU_TASK_INDEX 1) or waiting (the others), until
+# the file HOLD exists.
 SPLIT_PRINTER = (
     "import os, time\n"
     "slow = os.environ['MGPU_TASK_INDEX'] == '1'\n"
-    "for _ in range(int(os.environ['STEPS'])):\n"
+    "while not os.path.exists(os.environ['HOLD']):\n"
     "    time.sleep(0.5)\n"
     "    print('MGPU_TIME_SPLIT', *((480, 20) if slow else (200, 300)), flush=True)\n"
 )
+# The split is exact, not sampled: a short window shows the rule as well as a long one.
+SPLIT_WINDOW = 8.0
 
 
 def test_the_tasks_own_time_split_names_the_slow_task_where_cpu_samples_see_nothing(tmp_path):
@@ -145,21 +148,22 @@ def test_the_tasks_own_time_split_names_the_slow_task_where_cpu_samples_see_noth
     runs = tmp_path / "runs"
     run_id = f"split-{os.getpid()}"
     console = tmp_path / "console.txt"
-    steps = int((WINDOW + 15) / 0.5)  # long enough for a window of splits, with room
+    hold = tmp_path / "hold"
     with open(console, "w") as out:
         proc = start_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(runs),
-                          "--slow-window", f"{WINDOW:g}", "--",
+                          "--slow-window", f"{SPLIT_WINDOW:g}", "--",
                           sys.executable, "-c", SPLIT_PRINTER, stdout=out,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "STEPS": str(steps)})
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HOLD": str(hold)})
     try:
-        wait_for_line(console, "is the slowest", WINDOW + 120, proc)
+        wait_for_line(console, "is the slowest", SPLIT_WINDOW + 120, proc)
         lines = slowest_lines(console)
-        assert len(lines) == 1 and re.search(rf"\[mgpu\] worker:1 on \S+ is the slowest: busy 96% of the last {WINDOW:g} s, "
+        assert len(lines) == 1 and re.search(rf"\[mgpu\] worker:1 on \S+ is the slowest: busy 96% of the last {SPLIT_WINDOW:g} s, "
                                              r"the others 40%: they wait for it \(its own time split\)", lines[0]), lines
         assert "MGPU_TIME_SPLIT" not in console.read_text()
         status = subprocess.run([sys.executable, "-m", "launcher", "status", run_id, "--log-dir", str(runs)],
                                 capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert re.search(r"worker:1 .* 96%\*", status.stdout) and "slowest: worker:1" in status.stdout, status.stdout
+        hold.touch()
         assert proc.wait(120) == 0, console.read_text()[-3000:]
     finally:
         if proc.poll() is None:

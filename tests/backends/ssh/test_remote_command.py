@@ -458,13 +458,14 @@ def test_the_join_reporter_ignores_other_sessions_sockets():
         coordinator.close()
 
 
-# A child that computes for argv[1] seconds, then sleeps beside its parent, which sleeps: the
-# session's threads, summed over processes.
+# A child that computes until the file argv[1] exists, then sleeps beside its parent, which sleeps:
+# the session's threads, summed over processes.
 COMPUTE_THEN_SLEEP = (
     "import os, sys, time\n"
     "if os.fork() == 0:\n"
-    "    end = time.monotonic() + float(sys.argv[1])\n"
-    "    while time.monotonic() < end: pass\n"
+    "    while not os.path.exists(sys.argv[1]):\n"
+    "        end = time.monotonic() + 0.01\n"
+    "        while time.monotonic() < end: pass\n"
     "    time.sleep(600)\n"
     "print('up', flush=True)\n"
     "time.sleep(600)\n"
@@ -475,14 +476,17 @@ COMPUTE_THEN_SLEEP = (
 def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
     """Usage lines every USAGE_INTERVAL_CS (five times that without pgrep, on a PATH of only the
     tools the loop needs): runnable time grows with the wall clock while a child of the task
-    computes (on a CPU or waiting for one), hardly at all once it sleeps."""
+    computes (on a CPU or waiting for one), hardly at all once it sleeps. The child computes
+    through the first interval and is told to stop at its end; a 2 s interval after that may still
+    hold a moment of the computing, so with pgrep the one after it is the sleeping one."""
     every = remote_command.USAGE_INTERVAL_CS / 100 * (1 if pgrep else 5)
+    intervals = 3 if pgrep else 2
     tools = tmp_path / "bin"
     tools.mkdir()
     for tool in ["cat", "awk", "sleep", "ls", "printf"] + (["pgrep"] if pgrep else []):
         (tools / tool).symlink_to(shutil.which(tool))
-    proc = start_like_sshd(remote_command.task_command(
-        [sys.executable, "-c", COMPUTE_THEN_SLEEP, str(1.5 * every)], {}, None, 1))
+    stop = tmp_path / "stop"
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", COMPUTE_THEN_SLEEP, str(stop)], {}, None, 1))
     reporter = None
     try:
         pgid = read_pgid(proc)
@@ -491,11 +495,12 @@ def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, env={"PATH": str(tools)})
         samples = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (len(samples) < 2 or samples[-1][0] - samples[0][0] < 3 * every):
+        while len(samples) <= intervals:  # each readline is bounded: the reporter prints every `every` s
             usage = remote_command.parse_usage(reporter.stdout.readline().decode())
             assert usage is not None
             samples.append(usage)
+            if len(samples) == 2:
+                stop.touch()
         assert all(later[0] - earlier[0] >= every - 0.02 for earlier, later in zip(samples, samples[1:]))
         shares = [(b[2] - a[2]) / (b[0] - a[0]) for a, b in zip(samples, samples[1:])]
         assert shares[0] > 0.8, samples  # computing: runnable all the time
