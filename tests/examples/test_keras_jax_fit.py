@@ -88,23 +88,6 @@ def assert_one_job_with_equal_weights(results, processes):
     assert len({r["loss"] for r in results.values()}) == 1, results
 
 
-def test_two_workers_train_one_job_seen_ready_before_its_first_epoch_and_end_with_equal_weights(tmp_path, launches):
-    # Only process 0 listens; process 1 is seen joining by its connection to it. No ready line.
-    # A start timeout far past any join: a slow machine does not fail it.
-    launch = launches(tmp_path, "two", ["--local", "2", "--start-timeout", "120"], ["--epochs", "2"])
-    code, out = launch.finish()
-    assert code == 0, out[-3000:]
-    results = launch.results(["worker:0", "worker:1"])
-    assert_one_job_with_equal_weights(results, 2)
-    assert results["worker:0"]["process_id"] == 0  # worker 0 coordinates when there is no chief
-    assert results["worker:0"]["accuracy"] > 0.5  # it learned: the synthetic set is learnable
-    assert launch.record()["status"] == "succeeded"
-    lines = out.splitlines()
-    ready = next(i for i, line in enumerate(lines) if line.startswith("[mgpu] all 2 tasks ready after"))
-    assert ready < min(i for i, line in enumerate(lines) if "Epoch 1/2" in line), out[-3000:]
-    assert all(task["ready_at"] for task in launch.record()["attempts"][0]["tasks"].values())
-
-
 def test_with_a_chief_the_chief_is_process_0(tmp_path, launches):
     launch = launches(tmp_path, "chief", ["--local", "1", "--chief"])
     code, out = launch.finish()
@@ -127,17 +110,28 @@ def test_a_killed_worker_ends_the_run_and_leaves_nothing(tmp_path, launches):
     assert not proctree.tagged_processes(launch.run_id)
 
 
-def test_a_killed_worker_restarts_the_job_which_then_succeeds(tmp_path, launches):
+def test_a_killed_worker_restarts_the_job_which_then_trains_to_equal_weights_seen_ready_first(tmp_path, launches):
     # 30 epochs in the first attempt, which cannot end before the kill; 2 in the job formed again.
-    launch = launches(tmp_path, "restarted", ["--local", "2", "--max-restarts", "1", "--grace-period", "60"],
-                      epochs_per_attempt=(30, 2))
+    # A start timeout far past any join: a slow machine does not fail it.
+    launch = launches(tmp_path, "restarted", ["--local", "2", "--max-restarts", "1", "--grace-period", "60",
+                                              "--start-timeout", "120"], epochs_per_attempt=(30, 2))
     launch.wait_for_log("worker:0", "Epoch 2/")
     assert launch.proc.poll() is None, "the run ended before worker:1 could be killed"
     os.kill(launch.task_pid("worker:1"), signal.SIGKILL)
     code, out = launch.finish()
     assert code == 0, out[-3000:]
     attempts = launch.record()["attempts"]
-    assert len(attempts) == 2
+    assert len(attempts) == 2 and launch.record()["status"] == "succeeded"
     # The second attempt formed the job again, on the same coordinator address, and finished it.
-    assert_one_job_with_equal_weights(launch.results(["worker:0", "worker:1"]), 2)
+    results = launch.results(["worker:0", "worker:1"])
+    assert_one_job_with_equal_weights(results, 2)
+    assert results["worker:0"]["process_id"] == 0  # worker 0 coordinates when there is no chief
+    assert results["worker:0"]["accuracy"] > 0.5  # it learned: the synthetic set is learnable
+    # Only process 0 listens; process 1 is seen joining by its connection to it (no ready line),
+    # before the job's first epoch.
+    lines = out.splitlines()
+    restart = next(i for i, line in enumerate(lines) if "restarting all tasks" in line)
+    first_epoch = next(i for i, line in enumerate(lines) if "Epoch 1/2" in line)
+    assert any(line.startswith("[mgpu] all 2 tasks ready after") for line in lines[restart:first_epoch]), out[-3000:]
+    assert all(task["ready_at"] for task in attempts[1]["tasks"].values())
     assert not proctree.tagged_processes(launch.run_id)

@@ -1,5 +1,5 @@
-"""The trainer under the real `mgpu launch`: identical replicas, an evaluator, preemption and resume, and
-the slow worker named from its own time split."""
+"""The trainer under the real `mgpu launch`: identical replicas, an evaluator, TensorFlow's C++ records
+hidden unless asked for, preemption and resume, and the slow worker named from its own time split."""
 
 import json
 import os
@@ -12,7 +12,8 @@ from needs import installed_version
 
 import cpu_limits
 from launcher import protocol
-from launching import finish, start_mgpu, wait_for, wait_for_line
+from launcher.supervise import diagnosis
+from launching import finish, run_mgpu, start_mgpu, wait_for, wait_for_line
 from trainer_helpers import FAST
 
 pytestmark = pytest.mark.slow
@@ -20,6 +21,9 @@ installed_version("tensorflow", "the train extra")
 
 # What a worker logs when the coordination service it talks to has gone away first.
 UNCLEAN_EXIT = ("CoordinationService", "have crashed", "Heartbeat")
+# A record TensorFlow's gRPC server logs at INFO level once it listens (after the start-up banner).
+SERVER_STARTED = "Started server with target"
+ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 
 def run_record(log_dir, run_id):
@@ -38,6 +42,12 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     assert len(set(metrics["replica_fingerprints"])) == 1 and len(metrics["replica_fingerprints"]) == 2
     assert json.loads((model_dir / "eval_results.json").read_text())["final"]["checkpoint"] == "ckpt-60"
     assert "[mgpu] all 3 tasks ready" in out
+    assert not [word for word in UNCLEAN_EXIT if word in out]
+    chatter = [line for line in out.splitlines()
+               if diagnosis.is_noise(line.split("] ", 1)[-1]) and line.split("] ", 1)[-1].strip()]
+    assert chatter == [], chatter
+    closing = out.splitlines()[-1]
+    assert closing.startswith("[mgpu] done: 3 tasks succeeded in ") and closing.endswith("/runs/with-evaluator/")
     # The chief's progress, drawn by the launcher as a bar with rate and ETA; the log keeps the protocol lines.
     bars = [line for line in out.splitlines() if line.startswith("[worker:0] ") and " steps/s]" in line]
     assert bars and bars[-1].startswith("[worker:0] 100%|") and "| 60/60 [" in bars[-1], out[-3000:]
@@ -48,6 +58,9 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
     for name in ("worker-0", "worker-1", "evaluator-0"):
         log = (log_dir / "with-evaluator" / f"{name}.log").read_text()
         assert not [word for word in UNCLEAN_EXIT if word in log], log[-3000:]
+        # TensorFlow's C++ INFO records are hidden by default (TF_CPP_MIN_LOG_LEVEL); it prints its
+        # start-up notices whatever that says: the logs have them, the console does not.
+        assert SERVER_STARTED not in log and ABSL_PREAMBLE in log
         # Every worker says how its time split between computing and waiting for the other; the evaluator is no part of that.
         splits = [protocol.parse_time_split(line) for line in log.splitlines() if line.startswith(protocol.TIME_SPLIT_PREFIX)]
         assert all(splits) and (len(splits) > 0) == name.startswith("worker"), log[-3000:]
@@ -145,3 +158,16 @@ def test_the_worker_slowed_by_a_cpu_quota_waits_least_and_is_named_from_its_time
     figures = f"worker 0: {fast}, worker 1 (slowed): {slowed}"
     assert wait_share(fast) > 0.5, figures
     assert wait_share(slowed) < wait_share(fast) / 2, figures
+
+
+def test_tf_log_level_zero_and_show_tf_logs_show_the_info_records(tmp_path):
+    """What the evaluator run above hides is shown where asked for."""
+    done = run_mgpu("launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
+                    "--run-id", "verbose", "--show-tf-logs", "--", *FAST, "--train-steps", "4", "--log-every", "2",
+                    "--tf-log-level", "0", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    logs = [(tmp_path / "runs" / "verbose" / f"worker-{i}.log").read_text() for i in (0, 1)]
+    assert all(SERVER_STARTED in log for log in logs)
+    for name in ("worker:0", "worker:1"):
+        assert f"[{name}] {ABSL_PREAMBLE}" in done.stdout + done.stderr
+        assert any(line.startswith(f"[{name}] I") and SERVER_STARTED in line for line in done.stdout.splitlines())
