@@ -64,7 +64,8 @@ def per_attempt(argv: list[str], option: str, first: object, later: object) -> l
     """`argv` run through sh with `option FIRST` appended in a run's first attempt (MGPU_ATTEMPT 0)
     and `option LATER` in the attempts after it: a first attempt long enough never to end before the
     test stops one of its tasks, and a restart that ends soon."""
-    script = f'exec "$@" {option} "$(if [ "$MGPU_ATTEMPT" = 0 ]; then echo {first}; else echo {later}; fi)"'
+    from launcher.protocol import ENV_ATTEMPT
+    script = f'exec "$@" {option} "$(if [ "${ENV_ATTEMPT}" = 0 ]; then echo {first}; else echo {later}; fi)"'
     return ["sh", "-c", script, "sh", *argv]
 
 
