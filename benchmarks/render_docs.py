@@ -174,10 +174,12 @@ STARTUP_NOTES = """How the checks' cost grows:
   parallel.
 - Hosts that start their probe later: a target that refuses (no listener yet) is dialed again for
   up to 4 x the 5 s connect timeout, while one that does not answer at all (a firewall that drops)
-  fails after 5 s. A listener stays until each host has dialed it, or 3 s past the end of its own
-  host's dials (8 s where one of them failed): once a host's own dials are answered, every host it
-  dials has started, and each dials it at once. So a firewalled port or a name that does not
-  resolve is reported in about 10 s, not after the whole 23 s wait.
+  fails after 5 s. A listener stays until each host has dialed it, or until every host has said
+  that its own dials are done: the launcher hears each host's probe say so, and then tells every
+  probe to stop listening, since no dial is still to come. So a name that does not resolve is
+  reported at once, and a firewalled port after its 5 s connect timeout, not after the whole 23 s
+  wait. (Without the launcher's word, a listener stays 3 s past the end of its own host's dials, 8 s
+  where one of them failed.)
 - Last in the same session, on more than one host, the speed probe: two compute windows of 0.11 s
   and about 0.15 s of transfer to the next host. On real hosts these run in parallel; here the
   hosts share two cores, so at 16 hosts they add about 0.7 s (16 x 0.22 s of compute on 2 cores).

@@ -16,7 +16,9 @@ TARGET (host:port, comma-separated: every task's TF_CONFIG address), an attempt 
 unanswered for TIMEOUT seconds and a refused one tried again for REACH_WAIT x TIMEOUT, and keep
 listening until each port has accepted EXPECTED connections (one per host that dials it:
 comma-separated per port, or one count for all) or, once its own dials are done, REACH_HOLD
-seconds more (TIMEOUT more again where one of them failed). Prints one JSON object: listen_errors
+seconds more (TIMEOUT more again where one of them failed). Once its own dials are done it prints
+the line DIALED; a line RELEASE on its stdin (the launcher's word that every host has dialed) ends
+the listening at once: no dial is still to come. Then it prints one JSON object: listen_errors
 {port: reason}, reach {target: "ok" | reason}, dialed {target: the IP address it resolved to
 here}, and addresses [[address, interface], ...] of this host: from the addresses the other
 hosts dialed, the launcher finds the interface of each host that NCCL and Gloo must use.
@@ -57,6 +59,12 @@ REACH_RETRY = 0.1  # seconds between attempts to a target that refused (its list
 # no answer at all (a firewall that drops) fails after TIMEOUT; a target that answers ends its wait.
 REACH_WAIT = 4
 REACH_HOLD = 3.0  # seconds a listener waits past the dialing for peers that started later
+# The launcher, which hears every host, may end that wait sooner: each host says DIALED (a line on
+# stdout) once its own dials are done, and when every host has, the launcher sends RELEASE (a line on
+# stdin) to each. A peer whose dial failed fast (a name that does not resolve there) then costs no
+# wait at all. Without a launcher to say it (stdin at its end), the timers below decide alone.
+DIALED = "mgpu-reach-dialed"
+RELEASE = "release"
 # Once this host's own dials have all been answered, every host it dials has started its probe (a
 # target answers only once that probe listens), and each dials this one as soon as it listens: a
 # dial still missing REACH_HOLD seconds later will not come (a firewall drops it, the name does not
@@ -174,10 +182,11 @@ def _listen(port):
     return sock
 
 
-def _accept_until(listeners, counts, expected, stop_at):
-    """Accept and close connections on every listener until each has its `expected` or time is up
-    (stop_at[0], which the dialing may bring forward)."""
-    while time.monotonic() < stop_at[0] and any(counts[port] < expected[port] for port in listeners):
+def _accept_until(listeners, counts, expected, stop_at, released):
+    """Accept and close connections on every listener until each has its `expected`, time is up
+    (stop_at[0], which the dialing may bring forward), or `released` is set."""
+    while (time.monotonic() < stop_at[0] and not released.is_set()
+           and any(counts[port] < expected[port] for port in listeners)):
         for port, sock in listeners.items():
             try:
                 conn, _ = sock.accept()
@@ -320,7 +329,21 @@ def _resolved(host):
         return None
 
 
-def reach(ports, targets, timeout, expected):
+def _wait_for_release(stream, released):
+    """Set `released` when a RELEASE line comes on `stream` (binary); return at its end."""
+    try:
+        for line in iter(stream.readline, b""):
+            if line.strip() == RELEASE.encode():
+                released.set()
+                return
+    except (OSError, ValueError):
+        return
+
+
+def reach(ports, targets, timeout, expected, released=None, on_dialed=None):
+    """The reachability test (see the module docstring); `released`, a threading.Event, ends the
+    listening when set; `on_dialed` is called once this host's own dials are done."""
+    released = released if released is not None else threading.Event()
     started = time.monotonic()
     deadline = started + REACH_WAIT * timeout
     listeners, listen_errors = {}, {}
@@ -331,7 +354,8 @@ def reach(ports, targets, timeout, expected):
             listen_errors[str(port)] = (e.strerror or str(e)).lower()
     counts = dict.fromkeys(listeners, 0)
     stop_at = [deadline + REACH_HOLD]
-    acceptor = threading.Thread(target=_accept_until, args=(listeners, counts, expected, stop_at), daemon=True)
+    acceptor = threading.Thread(target=_accept_until, args=(listeners, counts, expected, stop_at, released),
+                                daemon=True)
     acceptor.start()
     results = {}
 
@@ -343,6 +367,8 @@ def reach(ports, targets, timeout, expected):
         thread.start()
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()) + timeout + 1.0)
+    if on_dialed is not None:
+        on_dialed()
     answered = all(results.get(t) == "ok" for t in targets)
     stop_at[0] = min(stop_at[0], time.monotonic() + REACH_HOLD + (0.0 if answered else timeout))
     acceptor.join(max(0.0, stop_at[0] - time.monotonic()) + 1.0)
@@ -617,7 +643,12 @@ def main(argv):
         ports = [int(port) for port in args[1].split(",") if port]
         targets = [target for target in args[2].split(",") if target]
         counts = [int(count) for count in args[4].split(",")]  # per port, or one for every port
-        reached = reach(ports, targets, float(args[3]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)))
+        released = threading.Event()
+        stdin = getattr(sys.stdin, "buffer", None)  # None where the probe was started without one
+        if stdin is not None:
+            threading.Thread(target=_wait_for_release, args=(stdin, released), daemon=True).start()
+        reached = reach(ports, targets, float(args[3]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)),
+                        released, lambda: print(DIALED, flush=True))
         if args[5:6] == ["check"]:
             result = _host_check(args[6:])
             result["reach"] = reached

@@ -24,7 +24,7 @@ from typing import Sequence, TextIO
 from launcher.errors import CheckFailed, MgpuError, UsageError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.on_host import HostShell, by_host, in_parallel
+from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
@@ -89,17 +89,19 @@ def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport
 
 
 def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
-                reach_timeout: float = 0.0, speed: Sequence[str] = ()) -> HostReport:
+                reach_timeout: float = 0.0, speed: Sequence[str] = (),
+                conversation: Conversation | None = None) -> HostReport:
     """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
-    first, its answer in the report's `reached`; with `speed` (ring_args), the speed probe last,
-    its answer in the report's `measured`."""
+    first, its answer in the report's `reached`, and talks in `conversation` (Release); with
+    `speed` (ring_args), the speed probe last, its answer in the report's `measured`."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
     try:
         output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed),
-                           PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0))
+                           PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
+                           conversation=conversation)
     except MgpuError as e:
         return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
@@ -165,6 +167,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     """
     shell = HostShell(ssh_backend)
     test = ReachTest.of(reach)
+    release = test.release()
     firsts = [host.first for host in test.hosts]
     groups = by_host(plans)
     tested = [test.index(group[0]) for group in groups]
@@ -193,7 +196,11 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         # launch fails on the unreached host anyway): the host check alone then, reported at once.
         if i is None or unreached:
             return _check_host(group, shell)
-        report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else ())
+        try:
+            report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else (),
+                                 release.conversation(i))
+        finally:
+            release.ended(i)
         answers[i], measured[i] = report.reached, report.measured
         return report
 
@@ -204,7 +211,8 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
                 raise error
             if unreached:
                 return
-            answer = test.run(i, shell, ring_args(firsts, i) if speed else (), SPEED_RUN_TIMEOUT if speed else 0.0)
+            answer = test.run(i, shell, ring_args(firsts, i) if speed else (), SPEED_RUN_TIMEOUT if speed else 0.0,
+                              release)
             measured[i] = answer.pop("speed", None)
             answers[i] = answer
         except MgpuError as e:

@@ -31,6 +31,50 @@ class HostOutput:
         return (self.err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {self.code}"])[-1]
 
 
+class Conversation:
+    """Talk with a preflight command while it runs: `heard` gets each line of its stdout (without the
+    newline) as it comes, from the thread that reads it; `say` writes to its stdin, which stays open
+    until it ends. What is said before the command starts is sent when it does; after it ends, nothing."""
+
+    def __init__(self, heard: Callable[[bytes], None]):
+        self.heard = heard
+        self._lock = threading.Lock()
+        self._send: Callable[[bytes], object] | None = None
+        self._early = bytearray()  # said before the command started
+        self._ended = False
+
+    def attach(self, send: Callable[[bytes], object]) -> None:
+        """The command has started; `send` writes to its stdin."""
+        with self._lock:
+            if self._ended:
+                return
+            self._send = send
+            early, self._early = bytes(self._early), bytearray()
+            if early:
+                self._deliver(early)
+
+    def say(self, data: bytes) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            if self._send is None:
+                self._early += data
+            else:
+                self._deliver(data)
+
+    def detach(self) -> None:
+        """The command has ended (or never started): nothing more reaches it."""
+        with self._lock:
+            self._ended = True
+            self._send = None
+
+    def _deliver(self, data: bytes) -> None:
+        try:
+            self._send(data)
+        except Exception:  # noqa: BLE001 - a command that has just ended hears nothing more, which is all this means
+            self._send = None
+
+
 class HostShell:
     """Runs a /bin/sh command line on the host of a plan; `ssh_backend` (a backends.ssh.SshBackend)
     reaches remote hosts, and a run without one can only reach this machine."""
@@ -47,15 +91,19 @@ class HostShell:
             raise ConnectError(f"{plan.host}: no SSH backend to reach it")
         self._ssh_backend.connect(plan).release()
 
-    def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check") -> HostOutput:
-        """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host.
+    def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check",
+            conversation: Conversation | None = None) -> HostOutput:
+        """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host; with
+        `conversation`, talked with while it runs (its stdin open), else its stdin at its end.
 
         Raises CheckFailed when it outlives `timeout`, and the SSH backend's errors (ConnectError,
         HostKeyError) when the host cannot be reached."""
         if not plan.local:
             if self._ssh_backend is None:
                 raise ConnectError(f"{plan.host}: no SSH backend to reach it")
-            return HostOutput(*self._ssh_backend.run(plan, command, timeout))
+            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation))
+        if conversation is not None:
+            return _run_here_talking(plan, command, timeout, what, conversation)
         try:
             done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)
@@ -63,13 +111,55 @@ class HostShell:
             raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
         return HostOutput(done.returncode, done.stdout, done.stderr)
 
-    def json(self, plan: TaskPlan, command: str, timeout: float, what: str) -> dict:
+    def json(self, plan: TaskPlan, command: str, timeout: float, what: str,
+             conversation: Conversation | None = None) -> dict:
         """The JSON object that `command` prints last; CheckFailed naming why when there is none."""
-        output = self.run(plan, command, timeout, what)
+        output = self.run(plan, command, timeout, what, conversation)
         result = output.last_json()
         if result is None:
             raise CheckFailed(f"{plan.host}: the {what} did not run: {output.last_error_line()}")
         return result
+
+
+def _run_here_talking(plan: TaskPlan, command: str, timeout: float, what: str,
+                      conversation: Conversation) -> HostOutput:
+    """HostShell.run on this machine, with a conversation."""
+    proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    out, err = bytearray(), bytearray()
+
+    def read_out() -> None:
+        for line in iter(proc.stdout.readline, b""):
+            out.extend(line)
+            if line.endswith(b"\n"):
+                conversation.heard(line[:-1])
+
+    def send(data: bytes) -> None:
+        proc.stdin.write(data)
+        proc.stdin.flush()
+
+    readers = [threading.Thread(target=read_out, daemon=True),
+               threading.Thread(target=lambda: err.extend(proc.stderr.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
+    conversation.attach(send)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired as e:
+        proc.kill()
+        proc.wait()
+        raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
+    finally:
+        conversation.detach()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass  # the command ended before reading it all
+        for reader in readers:
+            reader.join(timeout)
+        proc.stdout.close()
+        proc.stderr.close()
+    return HostOutput(proc.returncode, bytes(out), bytes(err))
 
 
 def last_json(out: bytes) -> dict | None:

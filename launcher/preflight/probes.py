@@ -76,7 +76,7 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
                       port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
                       *(["import-tensorflow"] if probe.tensorflow_required else []), *speed))
-        + " </dev/null"
+        + ("" if reach else " </dev/null")  # the reachability test listens on stdin (host/probe.py: RELEASE)
     )
     return sh("\n".join(lines))
 
@@ -99,7 +99,7 @@ def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[
     if plan.local and not (speed and probe_for(plan).python_required and shutil.which(python)):
         python = sys.executable
     argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected), *speed]
-    return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv) + " </dev/null")
+    return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv))  # stdin: see host/probe.py's RELEASE
 
 
 def speed_args(port: int | None, target: str | None, timeout: float) -> list[str]:

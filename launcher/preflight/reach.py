@@ -18,6 +18,7 @@ on Debian a host resolves its own name to 127.0.1.1.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Mapping, Sequence
 
 from launcher.config.addresses import format_address
@@ -25,7 +26,7 @@ from launcher.errors import CheckFailed, MgpuError
 from launcher.host import probe as host_probe
 from launcher.host.probe import interface_holding
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.on_host import HostShell, by_host, in_parallel
+from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
 from launcher.preflight.probes import reach_args, reach_probe_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
@@ -96,6 +97,39 @@ def _dials(hosts: Sequence[_Host]) -> tuple[tuple[str, ...], ...]:
     return tuple(dials)
 
 
+class Release:
+    """Ends the listening of every host's test together (see host/probe.py: DIALED, RELEASE): each
+    host's probe says when its own dials are done, and once every host has said it, or its probe
+    has ended or never started, each is told that no dial is still to come."""
+
+    def __init__(self, hosts: int):
+        self._waiting = set(range(hosts))
+        self._lock = threading.Lock()
+        self._conversations = [Conversation(lambda line, i=i: self._heard(i, line)) for i in range(hosts)]
+
+    def conversation(self, i: int) -> Conversation:
+        """Host i's probe's."""
+        return self._conversations[i]
+
+    def ended(self, i: int) -> None:
+        """Host i's probe has ended, or will never run: it dials no more."""
+        self._done(i)
+
+    def _heard(self, i: int, line: bytes) -> None:
+        if line.strip() == host_probe.DIALED.encode():
+            self._done(i)
+
+    def _done(self, i: int) -> None:
+        with self._lock:
+            if i not in self._waiting:
+                return
+            self._waiting.discard(i)
+            if self._waiting:
+                return
+        for conversation in self._conversations:
+            conversation.say(host_probe.RELEASE.encode() + b"\n")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReachTest:
     """The reachability test of a set of plans: the hosts that take part (those with cluster
@@ -131,12 +165,22 @@ class ReachTest:
         """Seconds the test gets on a host, once it is reached."""
         return _RUN_TIMEOUT
 
-    def run(self, i: int, shell: HostShell, speed: Sequence[str] = (), speed_timeout: float = 0.0) -> dict:
+    def release(self) -> Release:
+        """What ends the listening of the hosts' tests together (one for each run of the test)."""
+        return Release(len(self.hosts))
+
+    def run(self, i: int, shell: HostShell, speed: Sequence[str] = (), speed_timeout: float = 0.0,
+            release: Release | None = None) -> dict:
         """The test alone on host `i` (and with `speed`, speed_args, the speed probe after it, under
         the key speed): its JSON answer; raises MgpuError when it could not run."""
         host = self.hosts[i]
         command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
-        return shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe")
+        try:
+            return shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe",
+                              release.conversation(i) if release is not None else None)
+        finally:
+            if release is not None:
+                release.ended(i)
 
     def judge(self, results: Sequence[dict]) -> Reachability:
         """The pairs that cannot connect, and each task's interface, from every host's answer (in
@@ -173,7 +217,8 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachabil
     if not test.hosts:
         return Reachability((), {})
     shell = HostShell(ssh_backend)
-    jobs = [lambda i=i: test.run(i, shell) for i in range(len(test.hosts))]
+    release = test.release()
+    jobs = [lambda i=i: test.run(i, shell, release=release) for i in range(len(test.hosts))]
     try:  # every host at once: its listeners must be up while the others connect
         results = in_parallel(jobs, len(jobs))
     except MgpuError as e:

@@ -189,11 +189,12 @@ class SshBackend(Backend):
             pool.append(conn)
             return conn
 
-    def run(self, task: TaskPlan, command: str, timeout: float) -> tuple[int, bytes, bytes]:
-        """Run a short command on the task's host: (exit code, stdout, stderr)."""
+    def run(self, task: TaskPlan, command: str, timeout: float, conversation=None) -> tuple[int, bytes, bytes]:
+        """Run a short command on the task's host: (exit code, stdout, stderr); `conversation`: see
+        Connection.run."""
         conn = self.connect(task)
         try:
-            return conn.run(command, timeout)
+            return conn.run(command, timeout, conversation)
         finally:
             conn.release()
 

@@ -120,14 +120,22 @@ class Connection:
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise ConnectError(f"{self.target.label}: cannot open an SSH session: {e}") from e
 
-    def run(self, command: str, timeout: float) -> tuple[int, bytes, bytes]:
-        """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout."""
+    def run(self, command: str, timeout: float, conversation=None) -> tuple[int, bytes, bytes]:
+        """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout.
+
+        Without `conversation` the command's stdin is at its end from the start. With one (see
+        preflight/on_host.py's Conversation), stdin stays open for what it says, and it hears each
+        line of stdout as it comes."""
         chan = self.open_session(timeout)
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
-            chan.shutdown_write()
+            if conversation is None:
+                chan.shutdown_write()
+            else:
+                conversation.attach(chan.sendall)
             out, err = bytearray(), bytearray()
+            heard = 0  # how much of `out` the conversation has heard: whole lines only
             deadline = time.monotonic() + timeout
             while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready() and chan.eof_received):
                 if time.monotonic() > deadline:
@@ -136,6 +144,10 @@ class Connection:
                 if chan.recv_ready():
                     out += chan.recv(65536)
                     got = True
+                    if conversation is not None:
+                        while (end := out.find(b"\n", heard)) >= 0:
+                            conversation.heard(bytes(out[heard:end]))
+                            heard = end + 1
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
@@ -150,6 +162,8 @@ class Connection:
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise ConnectError(f"{self.target.label}: {e or type(e).__name__}") from e
         finally:
+            if conversation is not None:
+                conversation.detach()
             chan.close()
 
     def close(self) -> None:
