@@ -41,15 +41,17 @@ demo: venv
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
 
 # Two pytest processes, each given whole files, so that a file's fixtures are made once
-# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end.
+# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. The files go out in the
+# order of collection, costliest first (tests/conftest.py), not re-sorted by how many tests they hold.
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --durations=25
+	$(PY) -m pytest $(XDIST) --durations=25
 
 # Each test file's seconds, for the order in which `make test` hands files to its processes.
 test-durations: venv
-	MGPU_TEST_DURATIONS=tests/durations.json $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) -q
+	MGPU_TEST_DURATIONS=tests/durations.json $(PY) -m pytest $(XDIST) -q
 
 test-fast: venv
 	$(PY) -m pytest -m fast -q

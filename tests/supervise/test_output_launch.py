@@ -8,12 +8,15 @@ import sys
 
 import pytest
 
+from launcher.supervise import supervisor
 from launching import start_mgpu, wait_for
 from supervisor_helpers import make_plans, supervise_plans
 
 pytestmark = pytest.mark.timeout(180)
 
-LATE_READER_WAIT = 12.0  # longer than any console wait a launcher could give up after
+# Longer than any wait for output the launcher has (its tasks' output to reach end of file), so a
+# launcher that gave up on its console after one would be seen.
+LATE_READER_WAIT = supervisor.DRAIN_TIMEOUT + 2.0
 
 
 def launch(run_id, tmp_path, *program, stdout=None):
