@@ -163,10 +163,11 @@ done
 """
 
 
-def join_report_command(session_id: int, own_port: int | None, coordinator_port: int | None) -> str:
+def join_report_command(session_id: int, own_port: int | None, coordinator_port: int | None,
+                        usage_interval_cs: int = USAGE_INTERVAL_CS) -> str:
     """The command line of the join reporter for one remote task (see the module docstring)."""
     ports = " ".join("-" if port is None else str(int(port)) for port in (own_port, coordinator_port))
-    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports} {USAGE_INTERVAL_CS}"
+    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports} {int(usage_interval_cs)}"
 
 
 def parse_usage(report: str) -> tuple[float, float, float] | None:

@@ -472,14 +472,17 @@ COMPUTE_THEN_SLEEP = (
 )
 
 
-@pytest.mark.parametrize("pgrep", [True, False], ids=["pgrep", "without-pgrep"])
-def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
-    """Usage lines every USAGE_INTERVAL_CS (five times that without pgrep, on a PATH of only the
-    tools the loop needs): runnable time grows with the wall clock while a child of the task
-    computes (on a CPU or waiting for one), hardly at all once it sleeps. The child computes
-    through the first interval and is told to stop at its end; a 2 s interval after that may still
-    hold a moment of the computing, so with pgrep the one after it is the sleeping one."""
-    every = remote_command.USAGE_INTERVAL_CS / 100 * (1 if pgrep else 5)
+@pytest.mark.parametrize("pgrep, interval_cs", [(True, remote_command.USAGE_INTERVAL_CS), (False, 100)],
+                         ids=["pgrep", "without-pgrep"])
+def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep, interval_cs):
+    """Usage lines every interval (five times that without pgrep, on a PATH of only the tools the
+    loop needs): runnable time grows with the wall clock while a child of the task computes (on a
+    CPU or waiting for one), hardly at all once it sleeps. The child computes through the first
+    interval and is told to stop at its end; a 2 s interval after that may still hold a moment of
+    the computing, so with pgrep the one after it is the sleeping one. Without pgrep the test asks
+    for 1 s instead of the product's 2 s: 5 s between samples, which the loop, looking every 2 s
+    once the task has joined, makes 6 s."""
+    every = interval_cs / 100 * (1 if pgrep else 5)
     intervals = 3 if pgrep else 2
     tools = tmp_path / "bin"
     tools.mkdir()
@@ -491,7 +494,7 @@ def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep):
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
-        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None)],
+        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None, interval_cs)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, env={"PATH": str(tools)})
         samples = []
