@@ -1,8 +1,10 @@
 """A task that would leave core files when asked for its stacks: it turns core dumps on (as
 `ulimit -c unlimited` would) and starts a child shell that, on SIGABRT, writes its own core file
 limit at that moment (the line of /proc/<pid>/limits) to limits-<task index>.txt in the current
-folder, and a `sleep`. Once the child's trap is set (child-ready-<index> appears) it says it is
-ready and waits in silence; until then it prints, which is progress to the stall watchdog.
+folder, and a `sleep`. Once the children of every task of the job (WORLD_SIZE, all in the same
+folder) have set their traps (child-ready-<index> appear) it says it is ready and waits in
+silence; until then it prints, which is progress to the stall watchdog: no task is asked for its
+stacks before its child can answer, however slowly the others start.
 Every process of it dumps core on SIGABRT unless its limit was lowered first; the task itself ends
 only once its child has written its limits."""
 
@@ -15,6 +17,7 @@ import subprocess
 import time
 
 INDEX = os.environ.get("MGPU_TASK_INDEX", "0")
+TASKS = int(os.environ.get("WORLD_SIZE", "1"))
 
 resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 # On ABRT the shell first ignores TERM and INT (and so does its grep): the launcher stops what is
@@ -41,10 +44,10 @@ def end_after_the_child(signum, frame):
 
 
 signal.signal(signal.SIGABRT, end_after_the_child)
-for _ in range(600):
-    if pathlib.Path(f"child-ready-{INDEX}").exists():
+for _ in range(1200):
+    if all(pathlib.Path(f"child-ready-{index}").exists() for index in range(TASKS)):
         break
-    print("waiting for the child shell", flush=True)
+    print("waiting for the child shells", flush=True)
     time.sleep(0.1)
 print("MGPU_TASK_READY", flush=True)
 for _ in range(600):
