@@ -2,7 +2,6 @@
 hidden unless asked for, preemption and resume, and the slow worker named from its own time split."""
 
 import json
-import os
 import pathlib
 import signal
 
@@ -122,9 +121,10 @@ def test_the_worker_slowed_by_a_cpu_quota_waits_least_and_is_named_from_its_time
     the gradient exchange, and the launcher names the slow one from these exact figures. Worker 1
     is slowed once it trains (before, TensorFlow's start would take minutes at its quota): worker 0
     then waits for it, and it hardly waits (only its own share of the all-reduce's work, slowed
-    too). A tenth of a core, and worker 0 first in line for a CPU (nice -10): on a busy machine a
-    free worker may itself get no more than a third of a core. A batch of 1024 makes each step's
-    computation outweigh the all-reduce many times."""
+    too). A tenth of a core, and worker 0 first in line for a CPU (a cgroup weighted well above the
+    rest of the machine, cpu_limits.PRIORITY_WEIGHT): on a busy machine a free worker may otherwise
+    itself get no more than a third of a core. A batch of 1024 makes each step's computation
+    outweigh the all-reduce many times."""
     log_dir, console = tmp_path / "runs", tmp_path / "console.txt"
     with open(console, "w") as out:
         proc = start_mgpu(
@@ -134,13 +134,12 @@ def test_the_worker_slowed_by_a_cpu_quota_waits_least_and_is_named_from_its_time
             "--train-steps", "1000000", "--log-every", "1000000", cwd=tmp_path, stdout=out)
     logs = [log_dir / "split" / f"worker-{i}.log" for i in range(2)]
     try:
-        with cpu_limits.cpu_quota(0.1) as slow:
+        with cpu_limits.cpu_quota(0.1) as slow, cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT) as favoured:
             wait_for(lambda: time_splits(logs[1]) or proc.poll() is not None, 240,
                      lambda: console.read_text()[-3000:])
             assert proc.poll() is None, console.read_text()[-3000:]
             pids = {name: task["pid"] for name, task in run_record(log_dir, "split")["attempts"][0]["tasks"].items()}
-            for pid in cpu_limits.tree(pids["worker:0"]):
-                os.setpriority(os.PRIO_PROCESS, pid, -10)
+            favoured.add_tree(pids["worker:0"])
             slow.add_tree(pids["worker:1"])
             moved = [len(time_splits(log)) for log in logs]
             wait_for_line(console, "is the slowest", 180, proc)
