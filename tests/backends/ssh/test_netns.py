@@ -173,20 +173,19 @@ def test_a_firewalled_port_is_named_before_anything_starts(port_blocked_on_h2, n
 
 
 @pytest.mark.slow
-def test_without_the_check_a_firewalled_trainer_is_named_by_the_watchdog_or_its_error(port_blocked_on_h2, netns, tmp_path):
+def test_without_the_check_a_firewalled_trainer_is_named_by_its_error(port_blocked_on_h2, netns, tmp_path):
+    # TensorFlow gives up on the first collective (about 30 s after the start on a quiet machine):
+    # the error names the address it could not reach, and the hint says why. The start timeout is
+    # far longer, so that a slow TensorFlow start on a loaded machine is never what ends the run.
     run_id = unique_run_id("blocked")
     done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
                 str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--no-check",
-                "--start-timeout", "15", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=120)
+                "--start-timeout", "300", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=400)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     report = done.stderr[done.stderr.index("mgpu: error: "):]
-    # Either the watchdog fires first, or TensorFlow gives up on the first collective: both say why.
-    if report.startswith("mgpu: error: start timeout: "):
-        assert "never joined the cluster" in report, report
-    else:
-        assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
-        assert f"{port_blocked_on_h2.hosts['h2']}:2222" in report, report
-        assert "\nhint: a task could not reach another" in report, report
+    assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
+    assert f"{port_blocked_on_h2.hosts['h2']}:2222" in report, report
+    assert "\nhint: a task could not reach another" in report, report
     assert not run_processes(run_id)
 
 
