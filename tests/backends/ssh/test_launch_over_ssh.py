@@ -213,11 +213,11 @@ def test_sigint_during_the_checks_returns_at_once(ssh_lab, tmp_path, command):
     with silent_listener() as listener:
         config = silent_host_config(ssh_lab, tmp_path, listener.port)
         proc = mgpu(ssh_lab, tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
-                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "30", "--python", PYTHON)
+                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "600", "--python", PYTHON)
         try:
-            wait_for(lambda: listener.accepted, 20)  # the check is waiting for the banner
+            wait_for(lambda: listener.accepted, 60)  # the check is waiting for the banner
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=10)  # well before the 30 s connect timeout
+            out, err = proc.communicate(timeout=120)  # long before the 600 s connect timeout, however busy the machine
         finally:
             proc.kill()
             proc.wait(10)
