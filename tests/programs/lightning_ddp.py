@@ -37,6 +37,10 @@ def main() -> None:
     weights = sum(p.detach().sum().item() for p in model.parameters())
     print(f"lightning rank {trainer.global_rank} of {trainer.world_size}, node {trainer.node_rank}, "
           f"local rank {trainer.local_rank}: weights sum {weights:.6f}", flush=True)
+    # Every rank leaves together: Lightning leaves the process group up after fit, and tearing it down
+    # at interpreter exit while another rank still uses it can abort the process (std::terminate).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
