@@ -40,12 +40,13 @@ demo: venv
 		--dataset synthetic --train-steps 200 --log-every 25 --eval-every 100 \
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
 
-# Three pytest processes, each given whole files, so that a file's fixtures are made once
-# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. Three on two cores: a
-# quarter of the suite's time is spent waiting (on sshd, Slurm, and the timeouts tests provoke),
-# which a third process fills. The files go out in the order of collection, costliest first
-# (tests/conftest.py), not re-sorted by how many tests they hold.
-TEST_WORKERS ?= 3
+# Two pytest processes, each given whole files, so that a file's fixtures are made once
+# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. TEST_WORKERS=3 fills the
+# quarter of the suite's time spent waiting (on sshd, Slurm, the timeouts tests provoke) and takes
+# a fifth less time on a quiet two-core machine, but not every test holds yet under that much
+# contention. The files go out in the order of collection, costliest first (tests/conftest.py), not
+# re-sorted by how many tests they hold.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
