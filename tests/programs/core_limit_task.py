@@ -6,7 +6,8 @@ folder) have set their traps (child-ready-<index> appear) it says it is ready an
 silence; until then it prints, which is progress to the stall watchdog: no task is asked for its
 stacks before its child can answer, however slowly the others start.
 Every process of it dumps core on SIGABRT unless its limit was lowered first; the task itself ends
-only once its child has written its limits."""
+only once the children of every task have written their limits: a step whose first task has ended
+is stopped at once, children included."""
 
 import faulthandler
 import os
@@ -28,12 +29,13 @@ subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; sleep 600 & touch child-r
 
 
 def end_after_the_child(signum, frame):
-    """On ABRT this process ends only once the child has written its limits (bounded): a step whose
-    first task has ended is stopped at once, and a busy machine could stop the child before it wrote.
+    """On ABRT this process ends only once every task's child has written its limits (bounded): a step
+    whose first task has ended is stopped at once, and on a busy machine the other tasks' children
+    could be stopped before they wrote.
     It then ends by ABRT as it would have: faulthandler (where the launcher turned it on) writes the
     stack, then the default action dumps core unless its own limit was lowered too."""
     for _ in range(600):
-        if pathlib.Path(f"limits-{INDEX}.txt").exists():
+        if all(pathlib.Path(f"limits-{index}.txt").exists() for index in range(TASKS)):
             break
         time.sleep(0.1)
     signal.signal(signal.SIGABRT, signal.SIG_DFL)
