@@ -2,10 +2,12 @@
 task's Python stack; output or CPU use from any training task is progress."""
 
 import json
+import os
 import pathlib
 import sys
 import time
 
+import cpu_limits
 from launcher.errors import TaskFailed
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, recorded_ready, released_once,
@@ -74,10 +76,15 @@ def test_output_from_any_training_task_is_progress(run_id, tmp_path):
 
 
 def test_cpu_use_is_progress(run_id, tmp_path):
-    # Both tasks compute silently for longer than the stall timeout: a long evaluation, say.
+    """Both tasks compute silently for longer than the stall timeout: a long evaluation, say. They
+    (and the supervisor, in this process) run with the weight of processes under test
+    (cpu_limits.PRIORITY_WEIGHT): other work on a loaded machine could otherwise leave a busy task
+    less than the progress share of a core for a whole timeout."""
     plans = make_plans(run_id, ["--ready", "--busy", "all", "--sleep", "5"], waits_for_ready=True,
                        env=FAULTHANDLER)
-    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0)
+    with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT) as favoured:
+        favoured.add(os.getpid())  # the tasks it starts are in the group too
+        result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0)
     assert result.error is None, result.error
 
 
