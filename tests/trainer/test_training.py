@@ -46,7 +46,8 @@ def single_run(tmp_path_factory):
     model_dir, export_dir = tmp / "model", tmp / "export"
     args = [*RUN, "--batch-size-per-replica", str(BATCH), "--model-dir", str(model_dir)]
     worker_config, evaluator_config = cluster_configs(1, evaluator=True)
-    trainer = Trainer([*args, "--export-dir", str(export_dir)], tmp / "worker.log", worker_config)
+    trainer = Trainer([*args, "--export-dir", str(export_dir)], tmp / "worker.log", worker_config,
+                      python_options=("-X", "importtime"))
     evaluator = Trainer([*args, "--evaluator-timeout", "120"], tmp / "evaluator.log", evaluator_config)
     codes = wait_all([trainer, evaluator], timeout=240)
     return {"dir": tmp, "model_dir": model_dir, "export_dir": export_dir, "codes": codes,
@@ -99,6 +100,18 @@ def test_one_process_learns_synthetic_data(single_run):
     for kind in ("train", "eval", "evaluator"):
         events = list((single_run["model_dir"] / kind).glob("events.out.tfevents.*"))
         assert events and events[0].stat().st_size > 100, kind
+
+
+def test_the_trainer_loads_neither_jax_nor_matplotlib(single_run):
+    """TensorFlow's Lite converter would import JAX and Keras's plots matplotlib, both installed here,
+    at every start of every task; the trainer never uses them."""
+    assert single_run["codes"][0] == 0
+    imported = single_run["trainer"].imported()
+    assert "tensorflow" in imported and "numpy" in imported  # the lines were read
+    # A refused import leaves a line for the name asked for ("jax", "matplotlib.pyplot"); one that
+    # loads, a line for each module of the package as well.
+    loaded = {name for name in imported if name.startswith(("jax.", "jaxlib", "matplotlib."))}
+    assert loaded <= {"matplotlib.pyplot"}, sorted(loaded)[:10]
 
 
 def test_evaluator_writes_results_for_the_final_checkpoint(single_run):

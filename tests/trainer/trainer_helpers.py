@@ -13,7 +13,8 @@ import time
 from launcher.host.ports import pick_free_ports
 from launching import REPO
 
-_TF_LOG = re.compile(r"^[IWEF]\d{4} |^To enable the following instructions")
+# TensorFlow's C++ log, and what `python -X importtime` writes.
+_TF_LOG = re.compile(r"^[IWEF]\d{4} |^To enable the following instructions|^import time: ")
 
 # Tiny and exactly reproducible: small model (no dropout), synthetic data, one thread.
 FAST = ["--model", "small", "--dataset", "synthetic", "--threads", "1"]
@@ -32,7 +33,8 @@ def cluster_configs(num_workers: int, evaluator: bool = False) -> list[dict]:
 class Trainer:
     """One `python -m launcher.trainer` process with its output in a log file."""
 
-    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None):
+    def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None,
+                 python_options: tuple[str, ...] = ()):
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
@@ -41,7 +43,7 @@ class Trainer:
             env["TF_CONFIG"] = json.dumps(tf_config)
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.trainer", *args],
+        self.proc = subprocess.Popen([sys.executable, *python_options, "-m", "launcher.trainer", *args],
                                      cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
@@ -52,6 +54,11 @@ class Trainer:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def imported(self) -> set[str]:
+        """The modules the process loaded, from the lines of `python -X importtime` (python_options)."""
+        return {line.rsplit("|", 1)[1].strip() for line in self.output().splitlines()
+                if line.startswith("import time: ") and line.count("|") == 2}
 
     def lines(self) -> list[str]:
         """The program's own lines, without TensorFlow's C++ log noise."""
