@@ -40,13 +40,12 @@ demo: venv
 		--dataset synthetic --train-steps 200 --log-every 25 --eval-every 100 \
 		--model-dir mgpu-runs/demo-model --export-dir mgpu-runs/demo-export
 
-# Two pytest processes, each given whole files, so that a file's fixtures are made once
-# (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. TEST_WORKERS=3 fills the
-# quarter of the suite's time spent waiting (on sshd, Slurm, the timeouts tests provoke) and takes
-# a fifth less time on a quiet two-core machine, but not every test holds yet under that much
-# contention. The files go out in the order of collection, costliest first (tests/conftest.py), not
-# re-sorted by how many tests they hold.
-TEST_WORKERS ?= 2
+# Three pytest processes on two cores, each given whole files, so that a file's fixtures are made
+# once (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. A quarter of the
+# suite's time is spent waiting (on sshd, Slurm, the timeouts tests provoke): a third process fills
+# those waits and takes a fifth less time than two. The files go out in the order of collection,
+# costliest first (tests/conftest.py), not re-sorted by how many tests they hold.
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
