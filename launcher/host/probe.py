@@ -116,15 +116,55 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "t
                             "intel-tensorflow")
 
 
+def _distribution_key(name):
+    """A distribution's name as installers spell it in their metadata folders (PEP 503, then
+    `-` as `_`): "tensorflow-cpu", "Tensorflow_CPU" and "tensorflow.cpu" are one."""
+    return "_".join(part for part in name.lower().replace("-", "_").replace(".", "_").split("_") if part)
+
+
+def installed_version(names, path=None):
+    """The version of the first of `names` (distributions) installed on `path` (sys.path), from its
+    metadata folder (NAME-VERSION.dist-info or .egg-info), as importlib.metadata finds it, without
+    importing importlib.metadata: that import alone (email, zipfile, csv) costs a probe more than
+    the rest of the host check when TensorFlow is not imported. None when none is installed."""
+    folders = []
+    for entry in sys.path if path is None else path:
+        try:
+            folders.append((entry or ".", os.listdir(entry or ".")))
+        except OSError:  # not a folder (a zip), or gone
+            continue
+    for name in names:
+        wanted = _distribution_key(name)
+        for entry, listing in folders:
+            for folder in listing:
+                stem, dot, kind = folder.rpartition(".")
+                if kind not in ("dist-info", "egg-info") or _distribution_key(stem.split("-")[0]) != wanted:
+                    continue
+                version = _metadata_version(os.path.join(entry, folder), "METADATA" if kind == "dist-info" else "PKG-INFO")
+                if version:
+                    return version
+    return None
+
+
+def _metadata_version(folder, file_name):
+    """The Version field of a metadata folder's METADATA (or PKG-INFO, or the folder itself where an
+    .egg-info is one file), None if unreadable."""
+    target = os.path.join(folder, file_name) if os.path.isdir(folder) else folder
+    try:
+        with open(target, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():  # the headers end at the first empty line
+                    break
+    except OSError:
+        pass
+    return None
+
+
 def installed_tensorflow_version():
     """TensorFlow's version from package metadata (without importing it), or None."""
-    import importlib.metadata
-    for name in TENSORFLOW_DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return installed_version(TENSORFLOW_DISTRIBUTIONS)
 
 
 def probe(ports, modules, legacy_keras=False, import_tensorflow=True):
