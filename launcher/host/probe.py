@@ -137,7 +137,7 @@ def installed_version(names, path=None):
         wanted = _distribution_key(name)
         for entry, listing in folders:
             for folder in listing:
-                stem, dot, kind = folder.rpartition(".")
+                stem, _, kind = folder.rpartition(".")
                 if kind not in ("dist-info", "egg-info") or _distribution_key(stem.split("-")[0]) != wanted:
                     continue
                 version = _metadata_version(os.path.join(entry, folder), "METADATA" if kind == "dist-info" else "PKG-INFO")

@@ -56,7 +56,8 @@ class Trainer:
         return self.log_path.read_text(errors="replace")
 
     def imported(self) -> set[str]:
-        """The modules the process loaded, from the lines of `python -X importtime` (python_options)."""
+        """The modules the process imported or tried to, from the lines of `python -X importtime`
+        (python_options)."""
         return {line.rsplit("|", 1)[1].strip() for line in self.output().splitlines()
                 if line.startswith("import time: ") and line.count("|") == 2}
 
