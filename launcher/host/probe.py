@@ -672,15 +672,6 @@ def _speed_stage(args, gpus):
     return result
 
 
-def _import_if_installed(name):
-    """Import `name` now, so that a later import finds it loaded; a failure is left for that import
-    to meet and report."""
-    try:
-        __import__(name)
-    except Exception:
-        pass
-
-
 def main(argv):
     args = argv[1:]
     speed_args = None
@@ -688,9 +679,6 @@ def main(argv):
         args, speed_args = args[:-4], args[-3:]
         for name in ONE_THREAD_ENV:  # before anything imports numpy (TensorFlow, in the host check)
             os.environ[name] = "1"
-        # numpy's import for the compute figure (a tenth of a second, seconds from a cold network
-        # file system) goes on while the reachability test waits on the network.
-        threading.Thread(target=_import_if_installed, args=("numpy",), daemon=True).start()
     if args[:1] == ["reach"]:
         ports = [int(port) for port in args[1].split(",") if port]
         targets = [target for target in args[2].split(",") if target]
