@@ -43,7 +43,7 @@ demo: venv
 # Three pytest processes on two cores, each given whole files, so that a file's fixtures are made
 # once (TEST_WORKERS=0: one, in order); the 25 slowest tests listed at the end. A quarter of the
 # suite's time is spent waiting (on sshd, Slurm, the timeouts tests provoke): a third process fills
-# those waits and takes a fifth less time than two. The files go out in the order of collection,
+# those waits and takes about a sixth less time than two. The files go out in the order of collection,
 # costliest first (tests/conftest.py), not re-sorted by how many tests they hold.
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)

@@ -46,6 +46,7 @@ import errno
 import ipaddress
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -119,7 +120,7 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "t
 def _distribution_key(name):
     """A distribution's name as installers spell it in their metadata folders (PEP 503, then
     `-` as `_`): "tensorflow-cpu", "Tensorflow_CPU" and "tensorflow.cpu" are one."""
-    return "_".join(part for part in name.lower().replace("-", "_").replace(".", "_").split("_") if part)
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def installed_version(names, path=None):

@@ -10,9 +10,8 @@ from launcher.host import probe
 def test_every_distribution_installed_here_has_the_version_importlib_metadata_gives():
     names = {dist.metadata["Name"] for dist in importlib.metadata.distributions()}
     assert len(names) > 20  # the venv's packages were found
-    differ = {name: (probe.installed_version([name]), importlib.metadata.version(name)) for name in names
-              if probe.installed_version([name]) != importlib.metadata.version(name)}
-    assert differ == {}
+    found = {name: (probe.installed_version([name]), importlib.metadata.version(name)) for name in names}
+    assert {name: versions for name, versions in found.items() if versions[0] != versions[1]} == {}
 
 
 def test_names_are_matched_as_installers_spell_them(tmp_path):
