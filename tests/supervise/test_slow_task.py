@@ -76,7 +76,10 @@ def phases(proc, runs: pathlib.Path, run_id: str, console: pathlib.Path, pids: d
         lines = slowest_lines(console)
         assert len(lines) == 1 and re.search(r"\[mgpu\] worker:1 on \S+ is the slowest: busy \d+% of the last "
                                              rf"{WINDOW:g} s, the others \d+%: they wait for it \(CPU samples\)", lines[0]), lines
-        assert record(runs, run_id)["attempts"][-1]["slowest"]["task"] == "worker:1"
+        # The console line comes first; run.json is written after it.
+        slowest = wait_for(lambda: ((record(runs, run_id).get("attempts") or [{}])[-1]).get("slowest"), 30,
+                           "the slowest task in run.json")
+        assert slowest["task"] == "worker:1"
         quota_shares = busy(runs, run_id)
 
     # worker:0 on a core shared with a burner, worker:1 on the other core alone. A group's weight is
