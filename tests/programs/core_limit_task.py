@@ -1,7 +1,9 @@
 """A task that would leave core files when asked for its stacks: it turns core dumps on (as
 `ulimit -c unlimited` would) and starts a child shell that, on SIGABRT, writes its own core file
 limit at that moment (the line of /proc/<pid>/limits) to limits-<task index>.txt in the current
-folder, and a `sleep`. Once the children of every task of the job (WORLD_SIZE, all in the same
+folder. The shell waits on a `sleep` that ignores SIGABRT: a signal that reaches every process of
+the task may reach the sleep first, and a shell whose only job has ended leaves `wait` and exits
+before its trap runs. Once the children of every task of the job (WORLD_SIZE, all in the same
 folder) have set their traps (child-ready-<index> appear) it says it is ready and waits in
 silence; until then it prints, which is progress to the stall watchdog: no task is asked for its
 stacks before its child can answer, however slowly the others start.
@@ -24,8 +26,9 @@ resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_
 # On ABRT the shell first ignores TERM and INT (and so does its grep): the launcher stops what is
 # left of the task at once, and the limits file appears whole or not at all.
 ON_ABRT = (f"trap '' TERM INT; grep '^Max core file size' /proc/$$/limits > limits-{INDEX}.tmp "
-           f"&& mv limits-{INDEX}.tmp limits-{INDEX}.txt; exit 3")
-subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; sleep 600 & touch child-ready-{INDEX}; wait'])
+           f"&& mv limits-{INDEX}.tmp limits-{INDEX}.txt; kill \\$sleeper; exit 3")
+subprocess.Popen(["sh", "-c", f'trap "{ON_ABRT}" ABRT; (trap "" ABRT; exec sleep 600) & sleeper=$!; '
+                  f'touch child-ready-{INDEX}; wait'])
 
 
 def end_after_the_child(signum, frame):

@@ -528,7 +528,9 @@ def test_asking_a_stalled_step_for_its_stacks_leaves_no_core_file(slurm, tmp_pat
                                                       sys.executable, str(program)))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "mgpu: error: stall: no training task made progress for " in done.stderr, done.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
     for index in range(2):
+        assert f"limits-{index}.txt" in left, (left, done.stdout + done.stderr)
         limits = (tmp_path / f"limits-{index}.txt").read_text().split()
         assert limits[4] == "0", limits  # Max core file size <soft> <hard> bytes
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
