@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import sys
 import uuid
 
@@ -19,6 +20,33 @@ from launcher.cli import cli
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from launcher.host import proctree  # noqa: E402
+
+
+# A shell without job control starts its background commands with SIGINT and SIGQUIT ignored, and
+# what ignores a signal passes that on to every program it starts: the Ctrl-C tests' mgpu would then
+# never see theirs. What these tests start gets the defaults, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+# A handler left set to "ignore" (or a signal left blocked) by launcher code run in the test process
+# passes to every process the later tests start: a Ctrl-C test would then wait in vain.
+_WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found():
+    """Fails the test that leaves this process's signal handlers or mask changed, and restores them."""
+    handlers = {signum: signal.getsignal(signum) for signum in _WATCHED_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [signal.Signals(signum).name for signum, handler in handlers.items() if signal.getsignal(signum) != handler]
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    if signal.pthread_sigmask(signal.SIG_SETMASK, mask) != mask:
+        changed.append("the signal mask")
+    assert not changed, f"the test left {', '.join(changed)} changed in the test process"
 
 
 @pytest.fixture
@@ -93,7 +121,7 @@ FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trai
         "tests/trainer/test_exchange_cost.py", "tests/supervise/test_diagnosis.py", "tests/supervise/test_stacks.py",
         "tests/supervise/test_output_reader.py", "tests/supervise/test_policy.py", "tests/supervise/test_summary.py",
         "tests/supervise/test_runs.py", "tests/preflight/test_slow_hosts.py", "tests/supervise/test_pace.py",
-        "tests/host/test_package_metadata.py")
+        "tests/host/test_package_metadata.py", "tests/preflight/test_in_parallel.py")
 NOT_FAST_MARKS = ("slow", "ssh", "netns")
 FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
 USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"

@@ -187,6 +187,12 @@ def by_host(plans: Iterable[TaskPlan]) -> list[list[TaskPlan]]:
 T = TypeVar("T")
 
 
+# How often the waiting main thread looks for Ctrl-C. The kernel may hand SIGINT to any thread (to
+# another one whenever the main thread already has a signal pending); Python then runs its handler
+# only when the main thread runs again, which an unbounded join would not let it do.
+INTERRUPT_CHECK = 0.2
+
+
 def in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
     """Run `jobs`, up to `limit` at once; their results in order, or the first job's error.
 
@@ -214,7 +220,8 @@ def in_parallel(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        while thread.is_alive():
+            thread.join(INTERRUPT_CHECK)
     for error in errors:
         if error is not None:
             raise error

@@ -360,6 +360,10 @@ class _Supervisor:
                            for plan in together}
                 for plan in self.plans:
                     if plan.name in pending:
+                        # In steps of POLL_INTERVAL: a signal the kernel handed to a start's thread
+                        # is handled only once this (the main) thread runs again.
+                        while not pending[plan.name].done():
+                            concurrent.futures.wait((pending[plan.name],), POLL_INTERVAL)
                         try:
                             procs[plan.name] = pending[plan.name].result()
                         except BaseException as e:  # noqa: BLE001 - raised below, after the others returned
