@@ -48,7 +48,10 @@ demo: venv
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# The launcher compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the hundreds of mgpu
+# processes the tests start would compile its modules again, a tenth of a second of CPU each.
 test: venv
+	$(PY) -m compileall -q launcher
 	$(PY) -m pytest $(XDIST) --durations=25
 
 # Each test file's seconds, for the order in which `make test` hands files to its processes.

@@ -22,11 +22,9 @@ from launcher.preflight.reach import probe_reachability, reachable_interfaces
 from launcher.preflight.run_id import check_run_id_unused
 from launcher.preflight.setup import run_setup
 from launcher.preflight.speed import spans_hosts, warn_about_slow_hosts
-from launcher.preflight.sync import sync_to_hosts
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
-from launcher.backends.ssh import backend as ssh_backend_module, transport
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
 from launcher.supervise import detach, run_lock
@@ -88,7 +86,7 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
             # Remote ssh-config aliases are judged by the address they really reach.
             _warn_about_exposure(plans, ssh_backend.resolved_address, options)
             # The program and its requirements first: the checks look for them.
-            sync_to_hosts(remote, ssh_backend)
+            _sync_to_hosts(remote, ssh_backend)
         else:
             _warn_about_exposure(plans, None, options)
         if plans[0].setup is not None:
@@ -160,7 +158,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
             try:
                 plans = list(options.replan(changed))
                 on_spare = [plan for plan in plans if plan.host == spare and not plan.local]
-                sync_to_hosts(on_spare, ssh_backend)
+                _sync_to_hosts(on_spare, ssh_backend)
                 if run_dir is not None:
                     run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
                 if options.check_hosts:
@@ -305,8 +303,16 @@ def _check_local_tf_keras(plans: Sequence[TaskPlan], options: LaunchOptions) -> 
         run_checks(local, None)
 
 
+def _sync_to_hosts(plans: Sequence[TaskPlan], ssh_backend) -> None:
+    from launcher.preflight.sync import sync_to_hosts  # over SFTP: paramiko (see make_ssh_backend)
+    sync_to_hosts(plans, ssh_backend)
+
+
 def make_ssh_backend(options: SshOptions, grace_period: float = DEFAULT_GRACE_PERIOD):
     """An SSH backend; with options.debug, the log of its connections is shown too."""
+    # Here, not at the top: paramiko takes a tenth of a second to import, which a run on this
+    # machine alone never needs.
+    from launcher.backends.ssh import backend as ssh_backend_module, transport
     if options.debug:
         transport.enable_debug_logging()
     return ssh_backend_module.SshBackend(options, grace_period)
