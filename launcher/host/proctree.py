@@ -28,11 +28,53 @@ def is_alive(proc: psutil.Process) -> bool:
 
 
 def descendants(proc: psutil.Process) -> list[psutil.Process]:
-    """Every descendant of `proc`, found through parent links (a snapshot)."""
+    """Every descendant of `proc`, found through parent links (a snapshot).
+
+    Linux lists each thread's children (/proc/PID/task/TID/children), so the walk reads the tree
+    alone; psutil would read every process of the machine, each time the supervisor looks (several
+    times a second a task), which on a node of thousands of processes takes a core."""
+    pids = _child_pids_from_proc(proc.pid)
+    if pids is None:  # no such lists (a kernel without CONFIG_PROC_CHILDREN, not Linux)
+        try:
+            return proc.children(recursive=True)
+        except psutil.Error:
+            return []
+    found = []
     try:
-        return proc.children(recursive=True)
+        oldest = proc.create_time()
     except psutil.Error:
         return []
+    for pid in pids:
+        try:
+            child = psutil.Process(pid)
+            if child.create_time() >= oldest:  # not a later process that reused an ended one's id
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _child_pids_from_proc(root: int) -> list[int] | None:
+    """The ids of `root`'s descendants from /proc's children lists; None where there are none."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return None
+    found: list[int] = []
+    parents = [root]
+    while parents:
+        parent = parents.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # ended meanwhile
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children", "rb") as f:
+                    children = [int(pid) for pid in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            parents += children
+    return found
 
 
 def _tcp_sockets(proc: psutil.Process) -> list:
