@@ -17,7 +17,7 @@ import threading
 
 import paramiko
 
-from launcher.errors import ConnectError, MgpuError
+from launcher.errors import ConnectError
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
@@ -34,7 +34,7 @@ SHELL_START_TIMEOUT = 60.0  # seconds for the remote login shell to start a task
 
 class SshTaskProcess(TaskProcess):
     def __init__(self, conn: Connection, chan: paramiko.Channel, stderr: ChannelStream, pgid: int, options: SshOptions,
-                 own_port: int | None = None, coordinator_port: int | None = None):
+                 own_port: int | None = None, coordinator_port: int | None = None, marker: bytes | None = None):
         self._conn = conn
         self._chan = chan
         self._options = options
@@ -48,38 +48,22 @@ class SshTaskProcess(TaskProcess):
         self._coordinator_port = coordinator_port
         self._listening = False
         self._connected = False
-        self._join_chan: paramiko.Channel | None = None
-        self._join_failed = False
-        self._join_done = threading.Event()  # the reporter has said all it will
+        self._join_failed = marker is None  # no reporter beside the task
         self._usage: CpuUsage | None = None  # the reporter's latest
-        threading.Thread(target=self._read_join_reports, daemon=True, name=f"ssh-join-report {pgid}").start()
+        if marker is not None:
+            stderr.take_reports(marker, self._take_report)
 
-    sessions = 2  # SSH sessions this task holds on its connection: the task's, and its join reporter's
+    sessions = 1  # SSH sessions this task holds on its connection
 
-    def _read_join_reports(self) -> None:
-        """Open the join reporter's session and take its reports (see remote_command.py)."""
-        command = remote_command.join_report_command(self.pid, self._own_port, self._coordinator_port)
-        try:
-            chan = self._conn.open_session(self._options.connect_timeout)
-            with self._lock:
-                if self._closed:
-                    chan.close()
-                    return
-                self._join_chan = chan
-            chan.exec_command(command)
-            reports = ChannelStream(chan.recv)
-            while line := reports.readline():
-                report = line.strip().decode("ascii", "replace")
-                if report == remote_command.LISTENING:
-                    self._listening = True
-                elif report == remote_command.CONNECTED:
-                    self._connected = True
-                elif (usage := remote_command.parse_usage(report)) is not None:
-                    self._usage = CpuUsage(*usage)
-        except (MgpuError, paramiko.SSHException, EOFError, OSError):
-            self._join_failed = True
-        finally:
-            self._join_done.set()
+    def _take_report(self, line: bytes) -> None:
+        """A report of the join reporter, out of the task's stderr (see remote_command.py)."""
+        report = line.decode("ascii", "replace")
+        if report == remote_command.LISTENING:
+            self._listening = True
+        elif report == remote_command.CONNECTED:
+            self._connected = True
+        elif (usage := remote_command.parse_usage(report)) is not None:
+            self._usage = CpuUsage(*usage)
 
     def usage(self) -> CpuUsage | None:
         """Reported by the remote join reporter every couple of seconds (see remote_command.py)."""
@@ -140,11 +124,9 @@ class SshTaskProcess(TaskProcess):
             if self._closed:
                 return
             self._closed = True
-            join_chan = self._join_chan
-        # Closing the channel ends the session; the remote hang-up guard then kills anything left in the group.
+        # Closing the channel ends the session; the remote hang-up guard then kills anything left in
+        # the group, and the join reporter ends on its own once the task has.
         self._chan.close()
-        if join_chan is not None:
-            join_chan.close()  # the join reporter ends on its own once the task has
         self._conn.release(self.sessions)
 
 
@@ -210,9 +192,11 @@ class SshBackend(Backend):
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
         """Start the task; its join reporter looks at its own port and the coordinator's."""
-        remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
-                                             self.grace_period)
         own_port, coordinator = task.port, task.coordinator_port
+        nonce = remote_command.new_nonce()
+        reporter = remote_command.join_report_command("$$", own_port, coordinator, nonce)
+        remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
+                                             self.grace_period, reporter)
         sessions = SshTaskProcess.sessions
         conn = self.connect(task, sessions)
         try:
@@ -231,7 +215,8 @@ class SshBackend(Backend):
         except BaseException:
             conn.release(sessions)
             raise
-        return SshTaskProcess(conn, chan, stderr, pgid, self.options, own_port, coordinator)
+        return SshTaskProcess(conn, chan, stderr, pgid, self.options, own_port, coordinator,
+                              remote_command.report_marker(nonce))
 
     def _read_pgid(self, chan: paramiko.Channel, stderr: ChannelStream, conn: Connection) -> int:
         """Consume the wrapper's process-group line; lines the login shell printed before it stay in the stream."""

@@ -26,9 +26,13 @@ Every argv element and env value goes through shlex.quote, so quotes, $(),
 backticks, newlines and unicode arrive byte-exact. After the PGID line, which comes
 before the task runs, stdout and stderr carry only the task's own bytes.
 
-Whether the task has joined its cluster, and how it uses the CPU, are reported out of band, by a
-second session on the same connection (join_report_command): a loop that reports on its own
-stdout, once each, when a process of the task's session listens on the task's own port
+Whether the task has joined its cluster, and how it uses the CPU, are reported on the task's own
+stderr, in frames the launcher takes out again (stream.py's take_reports) so that the task's bytes
+stay exact: each report is one line after a marker with a random part of the launch's own
+(report_marker), written at once. The wrapper starts the join reporter (join_report_command) before
+it execs argv, detached as the guard is (no child of the task, which might wait for its children),
+in the task's session: a loop that reports, once each, when a process of the task's session
+(but itself) listens on the task's own port
 (LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
 established connection to the coordinator's port (CONNECTED: the other JAX and
 PyTorch processes, which never listen). It reads /proc/net/tcp{,6} and the
@@ -37,13 +41,15 @@ has connected: it has joined, and only its listening is left to report). Every
 USAGE_INTERVAL_CS it also reports the CPU use of the session's processes (found with pgrep -s, or
 by a slower loop over /proc, then five times less often) (USAGE): the sums over their threads of
 /proc's schedstat, nanoseconds on a CPU and on a CPU or waiting for one, with
-the host's uptime in centiseconds, the sampler's clock. It exits once the task has ended.
+the host's uptime in centiseconds, the sampler's clock. It exits once the task has ended. No
+second SSH session per task is needed for it, nor the login shell each session starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import shlex
 import signal
 from typing import Iterable, Mapping, Sequence
@@ -94,33 +100,37 @@ class RemoteTask:
     stdin: bytes  # to send on the session's stdin at once: the env values
 
 
-# Reports of the join reporter, one per line on its stdout.
+# Reports of the join reporter, each a line after the marker.
 LISTENING = "listening"
 CONNECTED = "connected"
 USAGE = "usage"  # "usage <uptime cs> <ns on a CPU> <ns on a CPU or waiting for one>"
 USAGE_INTERVAL_CS = 200
 
 # $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none),
-# $4 = centiseconds between usage reports.
+# $4 = centiseconds between usage reports, $5 = the marker's random part. It is in the task's
+# session and group: it ignores what the launcher sends them (ABRT asks for stacks), counts its own
+# CPU use out, and ends once the session's leader (the task) has.
 # Field 4 after the command name in /proc/PID/stat is the session; in /proc/net/tcp* field 4 is
 # the state (0A listening, 01 established), fields 2 and 3 the local and remote address:port.
 # /proc/uptime's first field has two decimals: without its dot, it counts centiseconds.
-_JOIN_REPORTER = r"""trap '' INT TERM HUP
-sid=$1; every=$4
+_JOIN_REPORTER = r"""trap '' INT TERM HUP ABRT
+sid=$1; every=$4; nonce=$5; me=$$
+say() { printf 'mgpu-%s %s
+' "$nonce" "$*"; }
 hex() { [ "$1" = - ] || printf ':%04X' "$1"; }
 own=$(hex "$2"); coord=$(hex "$3")
 listening=; connected=; joined=; next=0
 # The session's processes: pgrep reads /proc in C; a loop in sh costs some 0.2 ms of CPU a process,
 # so without pgrep a host with thousands of processes is sampled five times less often.
 if command -v pgrep >/dev/null 2>&1; then
-  session() { pgrep -s "$sid"; }
+  session() { pgrep -s "$sid" | grep -v -x "$me"; }
 else
   every=$((every * 5))
   session() {
     for dir in /proc/[0-9]*; do
       { read -r stat < "$dir/stat"; } 2>/dev/null || continue
       set -- ${stat##*) }
-      [ "$4" = "$sid" ] && echo "${dir#/proc/}"
+      [ "$4" = "$sid" ] && [ "${dir#/proc/}" != "$me" ] && echo "${dir#/proc/}"
     done
   }
 fi
@@ -140,8 +150,8 @@ while kill -0 "$sid" 2>/dev/null; do
         set -- $found
         while [ "$#" -ge 2 ]; do
           case "$links" in *"socket:[$2]"*)
-            if [ "$1" = listening ] && [ -z "$listening" ]; then listening=1; echo listening; fi
-            if [ "$1" = connected ] && [ -z "$connected" ]; then connected=1; echo connected; fi;;
+            if [ "$1" = listening ] && [ -z "$listening" ]; then listening=1; say listening; fi
+            if [ "$1" = connected ] && [ -z "$connected" ]; then connected=1; say connected; fi;;
           esac
           shift 2
         done
@@ -156,18 +166,41 @@ while kill -0 "$sid" 2>/dev/null; do
     next=$((now + every))
     used=$(for pid in $(session); do cat "/proc/$pid/task/"*/schedstat 2>/dev/null; done |
       awk '{ c += $1; w += $2 } END { printf "%.0f %.0f", c, c + w }')
-    echo "usage $now $used"
+    say usage "$now" $used
   fi
-  if [ -z "$joined" ] && [ -z "$connected" ]; then sleep 0.25; else sleep 2; fi
+  sleep 0.25
 done
 """
 
 
-def join_report_command(session_id: int, own_port: int | None, coordinator_port: int | None,
-                        usage_interval_cs: int = USAGE_INTERVAL_CS) -> str:
-    """The command line of the join reporter for one remote task (see the module docstring)."""
+def report_marker(nonce: str) -> bytes:
+    """What comes before each of the join reporter's reports in the task's stderr."""
+    return f"\x1emgpu-{nonce} ".encode("ascii")
+
+
+def new_nonce() -> str:
+    """The marker's random part: no program's own output has it by chance."""
+    return secrets.token_hex(8)
+
+
+def join_report_command(session_id: int | str, own_port: int | None, coordinator_port: int | None,
+                        nonce: str, usage_interval_cs: int = USAGE_INTERVAL_CS) -> str:
+    """The command line of the join reporter for one remote task (see the module docstring):
+    `exec /bin/sh -c ...`; `session_id` may be a shell word ("$$")."""
     ports = " ".join("-" if port is None else str(int(port)) for port in (own_port, coordinator_port))
-    return sh(_JOIN_REPORTER) + f" mgpu-join {int(session_id)} {ports} {int(usage_interval_cs)}"
+    sid = session_id if isinstance(session_id, str) else str(int(session_id))
+    if not nonce.isalnum():
+        raise ValueError(f"bad report nonce {nonce!r}")
+    return sh(_JOIN_REPORTER) + f" mgpu-join {sid} {ports} {int(usage_interval_cs)} {nonce}"
+
+
+def _beside_the_task(reporter: str) -> str:
+    """The wrapper's line that starts `reporter` (a join_report_command), detached, its output on
+    the task's stderr. In a session of its own where the host has setsid: then neither it nor the
+    commands it runs count as the task's processes, and the signals for the task's group pass it by."""
+    assert reporter.startswith("exec /bin/sh ")
+    run = reporter.replace("exec ", "exec $mgpu_setsid ", 1)
+    return f"mgpu_setsid=$(command -v setsid); ( ( {run} </dev/null >&2 ) & )"
 
 
 def parse_usage(report: str) -> tuple[float, float, float] | None:
@@ -189,9 +222,11 @@ def task_command(
     env: Mapping[str, str],
     workdir: str | None,
     grace_period: float,
+    reporter: str | None = None,
 ) -> RemoteTask:
     """The command line that starts one task over SSH, and what to send on its stdin (see the
-    module docstring). Raises ValueError for a bad env name."""
+    module docstring); `reporter`: a join_report_command for the session "$$", started beside the
+    task with its output on the task's stderr. Raises ValueError for a bad env name."""
     if not argv:
         raise ValueError("empty argv")
     names = [parse_env_name(name) for name in env]
@@ -211,6 +246,8 @@ def task_command(
         + f' mgpu-guard "$$" {math.ceil(grace_period)} {" ".join(tags)} <&3 >/dev/null 2>&1 3<&- ) & )',
         "exec 3<&-",
     ]
+    if reporter is not None:
+        lines.append(_beside_the_task(reporter))
     if names:
         lines.append("export " + " ".join(f'{name}="$mgpu_v{i}"' for i, name in enumerate(names)))
     run = "exec " + " ".join(shlex.quote(a) for a in argv)

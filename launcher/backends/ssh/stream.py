@@ -1,11 +1,16 @@
-"""An SSH channel's stdout or stderr as a binary stream that reads whole lines fast."""
+"""An SSH channel's stdout or stderr as a binary stream that reads whole lines fast, and that can
+take out of it the reports a remote helper writes into it (framed lines, see take_reports)."""
 
 from __future__ import annotations
 
 import io
 import socket
+from typing import Callable
 
 import paramiko
+
+# A report longer than this after its marker is not one: its bytes stay in the stream.
+MAX_REPORT_BYTES = 256
 
 
 class ChannelStream(io.RawIOBase):
@@ -24,6 +29,17 @@ class ChannelStream(io.RawIOBase):
         self._buffer = bytearray()
         self._eof = False
         self.on_eof = on_eof
+        self._marker = b""
+        self._on_report: Callable[[bytes], None] | None = None
+        self._held = bytearray()  # what may be the start of a report: its end has not come yet
+
+    def take_reports(self, marker: bytes, on_report: Callable[[bytes], None]) -> None:
+        """From now on, each `marker` + report + newline that arrives is taken out of the stream,
+        wherever it lands (even inside a line of the stream's own), and its report handed to
+        `on_report`. A writer that writes each framed report at once (a pipe keeps such small
+        writes whole) then shares the stream with the task, whose bytes stay exactly as they were."""
+        self._marker = marker
+        self._on_report = on_report
 
     def readable(self) -> bool:
         return True
@@ -82,7 +98,44 @@ class ChannelStream(io.RawIOBase):
             chunk = b""
         if not chunk:
             self._eof = True
-        self._buffer += chunk
+            self._buffer += self._held  # an unfinished report is the stream's own bytes
+            self._held.clear()
+        elif self._on_report is None:
+            self._buffer += chunk
+        else:
+            self._buffer += self._without_reports(chunk)
+
+    def _without_reports(self, chunk: bytes) -> bytes:
+        """`chunk` (after what was held back) less the reports in it; what may begin one is held back."""
+        data = bytes(self._held) + chunk
+        self._held.clear()
+        kept = bytearray()
+        start = 0
+        while True:
+            found = data.find(self._marker, start)
+            if found < 0:
+                break
+            end = data.find(b"\n", found + len(self._marker), found + len(self._marker) + MAX_REPORT_BYTES)
+            if end < 0:
+                if len(data) - found - len(self._marker) < MAX_REPORT_BYTES:  # its end may come yet
+                    kept += data[start:found]
+                    self._held += data[found:]
+                    return bytes(kept)
+                kept += data[start:found + 1]  # too long to be a report: the stream's own
+                start = found + 1
+                continue
+            kept += data[start:found]
+            self._on_report(data[found + len(self._marker):end])
+            start = end + 1
+        tail = data[start:]
+        # The stream may end with the first bytes of a marker.
+        for size in range(min(len(tail), len(self._marker) - 1), 0, -1):
+            if self._marker.startswith(tail[-size:]):
+                kept += tail[:-size]
+                self._held += tail[-size:]
+                return bytes(kept)
+        kept += tail
+        return bytes(kept)
 
     def readinto(self, buffer) -> int:
         line = self.readline(len(buffer))

@@ -251,7 +251,7 @@ def test_a_remote_tasks_stderr_reaches_its_log_byte_exact(ssh_lab, tmp_path):
     """Text that looks like the remote wrapper's reports is the task's own, and stays in its log."""
     run_id = unique_run_id("byte-exact")
     (port,) = pick_free_ports(1)
-    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\n"
+    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\n\x1emgpu-0123456789abcdef usage 1 2 3\n"
     program = f"import sys; sys.stderr.buffer.write({text!r})"
     proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port}", *ssh_args(ssh_lab), "--run-id", run_id,
                 "--no-check", "--", PYTHON, "-c", program)

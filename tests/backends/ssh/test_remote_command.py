@@ -329,13 +329,43 @@ def test_a_channel_stream_hands_out_every_byte_it_receives():
     assert data == b"loading data MGPU_REMOTE_LISTENING\ndone\n"
 
 
+def test_a_channel_stream_takes_out_framed_reports_wherever_they_land():
+    """Reports inside a line of the task's, split over reads, and a marker's first bytes at the end
+    of one read: the reports go to their handler, the task's bytes stay as they were, and what only
+    looked like the start of a report is the task's at the end of the stream."""
+    from launcher.backends.ssh.stream import ChannelStream
+
+    marker = remote_command.report_marker("0123abcd")
+    chunks = [b"load", b"ing " + marker[:5], marker[5:] + b"usage 1 2 3\n data", b" " + marker + b"listening\n" + marker[:9],
+              marker[9:] + b"connected\ndone\n\x1emgpu-0123abc", b""]
+    reports = []
+    stream = ChannelStream(lambda size: chunks.pop(0))
+    stream.take_reports(marker, reports.append)
+    data = b""
+    while chunk := stream.read1(65536):
+        data += chunk
+    assert data == b"loading  data done\n\x1emgpu-0123abc"
+    assert reports == [b"usage 1 2 3", b"listening", b"connected"]
+
+
 # -- the join reporter -------------------------------------------------------------------------
 
 
+NONCE = "0123abcd"
+MARKER = remote_command.report_marker(NONCE)
+
+
 def start_join_reporter(session_id: int, own_port, coordinator_port) -> subprocess.Popen:
-    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(session_id, own_port, coordinator_port)],
+    return subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(session_id, own_port, coordinator_port,
+                                                                                 NONCE)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+
+
+def report(line: bytes) -> bytes:
+    """A line of the reporter's, less its marker (which every line of it has)."""
+    assert line.startswith(MARKER), line
+    return line[len(MARKER):]
 
 
 def listening_server(host: str = "127.0.0.2") -> socket.socket:
@@ -391,11 +421,11 @@ def unread(stream) -> bytes:
 
 def join_reports(out: bytes) -> list[bytes]:
     """The reporter's lines about joining, without its usage samples."""
-    return [line for line in out.splitlines(keepends=True) if not line.startswith(b"usage ")]
+    return [report(line) for line in out.splitlines(keepends=True) if not report(line).startswith(b"usage ")]
 
 
 def next_join_report(stream) -> bytes:
-    while (line := stream.readline()).startswith(b"usage "):
+    while (line := report(stream.readline())).startswith(b"usage "):
         pass
     return line
 
@@ -476,17 +506,16 @@ COMPUTE_THEN_SLEEP = (
                          ids=["pgrep", "without-pgrep"])
 def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep, interval_cs):
     """Usage lines every interval (five times that without pgrep, on a PATH of only the tools the
-    loop needs): runnable time grows with the wall clock while a child of the task computes (on a
+    loop needs, grep beside pgrep): runnable time grows with the wall clock while a child of the task computes (on a
     CPU or waiting for one), hardly at all once it sleeps. The child computes through the first
     interval and is told to stop at its end; a 2 s interval after that may still hold a moment of
     the computing, so with pgrep the one after it is the sleeping one. Without pgrep the test asks
-    for 1 s instead of the product's 2 s: 5 s between samples, which the loop, looking every 2 s
-    once the task has joined, makes 6 s."""
+    for 1 s instead of the product's 2 s: 5 s between samples."""
     every = interval_cs / 100 * (1 if pgrep else 5)
     intervals = 3 if pgrep else 2
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ["cat", "awk", "sleep", "ls", "printf"] + (["pgrep"] if pgrep else []):
+    for tool in ["cat", "awk", "sleep", "ls", "printf"] + (["pgrep", "grep"] if pgrep else []):
         (tools / tool).symlink_to(shutil.which(tool))
     stop = tmp_path / "stop"
     proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", COMPUTE_THEN_SLEEP, str(stop)], {}, None, 1))
@@ -494,12 +523,13 @@ def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep, interva
     try:
         pgid = read_pgid(proc)
         assert proc.stdout.readline() == b"up\n"
-        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None, interval_cs)],
+        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None, NONCE,
+                                                                                         interval_cs)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, env={"PATH": str(tools)})
         samples = []
         while len(samples) <= intervals:  # each readline is bounded: the reporter prints every `every` s
-            usage = remote_command.parse_usage(reporter.stdout.readline().decode())
+            usage = remote_command.parse_usage(report(reporter.stdout.readline()).decode().strip())
             assert usage is not None
             samples.append(usage)
             if len(samples) == 2:

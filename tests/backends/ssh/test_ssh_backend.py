@@ -56,6 +56,14 @@ def drain(proc) -> tuple[bytes, bytes]:
     return b"".join(chunks["out"]), b"".join(chunks["err"])
 
 
+def read_stderr_beside(proc) -> threading.Thread:
+    """Read the task's stderr to its end in the background, as the supervisor does: the join
+    reporter's reports come in it. The thread ends with the stream (the reporter gone too)."""
+    reader = threading.Thread(target=lambda: [None for _ in iter(proc.stderr.readline, b"")], daemon=True)
+    reader.start()
+    return reader
+
+
 def wait_exit(proc, timeout: float = 120) -> int:
     wait_for(lambda: proc.poll() is not None, timeout, "the task's end", interval=0.02)
     return proc.poll()
@@ -551,17 +559,23 @@ def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
 
 
 def test_stderr_arrives_byte_exact_even_with_the_wrappers_marker_texts(runner):
-    """The wrapper's reports travel on a session of their own: nothing of the task's output is cut."""
-    text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\nno newline"
-    program = f"import sys; sys.stderr.buffer.write({text!r})"
+    """The join reporter's reports share the task's stderr, framed with a marker of the launch's
+    own: they are taken out wherever they land (the task writes a byte at a time for 5 s, through
+    two or three usage reports), and the task's own look-alikes stay."""
+    text = (b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\n"
+            b"\x1emgpu-0123456789abcdef listening\n\x1emgpu-\x1e\nno newline")
+    program = (f"import sys, time\nfor b in {text!r}:\n"
+               f"    sys.stderr.buffer.write(bytes([b])); sys.stderr.flush(); time.sleep(5 / {len(text)})")
     with socket.socket() as server:  # so that a join reporter runs, with something to report
         server.bind(("127.0.0.2", 0))
         server.listen()
         proc = runner.start(cluster_plan("sshd-a", [PYTHON, "-c", program], server.getsockname()[1]), attempt=0)
         out, err = drain(proc)
         assert wait_exit(proc) == 0
+        usage = proc.usage()
         proc.close()
     assert (out, err) == (b"", text)
+    assert usage is not None and usage.runnable_seconds > 0  # reports came, and were taken out
 
 
 def cluster_plan(host: str, argv, coordinator_port: int, own_port: int | None = None) -> TaskPlan:
@@ -590,16 +604,19 @@ def test_a_task_that_connects_to_the_coordinator_has_joined(runner, connects):
         port = coordinator.getsockname()[1]
         task = cluster_plan("sshd-a", [PYTHON, "-c", CLIENT, str(port if connects else 0)], port)
         proc = runner.start(task, attempt=0)
+        stderr = read_stderr_beside(proc)
         try:
             assert proc.stdout.readline() == b"up\n"
             if connects:
-                wait_for(lambda: proc.joined(task.port, port), 15)
+                wait_for(lambda: proc.joined(task.port, port), 60)
                 assert proc.listens_on(task.port) is False  # it never listens: joined, but not by its port
             else:
                 # The task runs and does neither: the join reporter, which exits when the task does, says nothing.
+                wait_for(lambda: proc.usage() is not None, 60, "the reporter's first report")
                 proc.signal_tree(signal.SIGTERM)
                 assert wait_exit(proc) == -signal.SIGTERM
-                assert proc._join_done.wait(15)
+                stderr.join(30)
+                assert not stderr.is_alive()  # the reporter has said all it will
                 assert proc.joined(task.port, port) is False and proc.listens_on(task.port) is False
             assert proc.joined(task.port + 1, port) is None  # ports it was not started with: cannot tell
         finally:
@@ -614,6 +631,7 @@ def test_a_task_that_listens_on_its_own_port_has_joined(runner):
                "print('up', flush=True); time.sleep(300)" % own)
     task = cluster_plan("sshd-a", [PYTHON, "-c", program], free_port("127.0.0.2"), own)
     proc = runner.start(task, attempt=0)
+    read_stderr_beside(proc)
     try:
         assert proc.stdout.readline() == b"up\n"
         wait_for(lambda: proc.joined(task.port, None), 60)
