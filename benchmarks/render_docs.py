@@ -183,8 +183,9 @@ STARTUP_NOTES = """How the checks' cost grows:
 - Last in the same session, on more than one host, the speed probe: two compute windows of 0.11 s
   and about 0.15 s of transfer to the next host. On real hosts these run in parallel; here the
   hosts share two cores, so at 16 hosts they add about 0.7 s (16 x 0.22 s of compute on 2 cores).
-- Then the tasks start, all at once, on the connections the checks opened: two sessions per task
-  (the task, and the reporter of whether it has joined the cluster).
+- Then the tasks start, all at once, on the connections the checks opened: one session per task,
+  the reporter of whether it has joined the cluster (and of its CPU use) started beside it in the
+  same session.
 
 On this 2-core machine every host's sshd, login shell and Python share the same two cores, so the
 OpenSSH floor itself grows with hosts; compare each row's times with its floor. What a host costs
@@ -192,9 +193,9 @@ there, in CPU: a login about 0.2 s; each further session on an open connection a
 of it the login shell reading the user's start-up files (bash reads ~/.bashrc for every command sshd
 runs; here it starts pyenv); a Python start 0.02 s, the probe 0.03 s more, and the speed probe's
 numpy import 0.14 s. The floor pays one login, one session and one Python per host; a launch with
-its checks pays the login, three sessions (probe, task, join reporter), two Pythons and numpy. On
-real hosts each host pays its own share in parallel; here they add up, and from 8 hosts on a launch
-takes 2.7 to 2.9 times the floor.
+its checks pays the login, two sessions (probe, task), two Pythons and numpy. On real hosts each
+host pays its own share in parallel; here they add up, and from 8 hosts on a launch takes 2.5 to 2.7
+times the floor.
 """.splitlines()
 
 
