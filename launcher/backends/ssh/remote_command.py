@@ -24,20 +24,21 @@ POSIX sh running a small wrapper, which:
 
 Every argv element and env value goes through shlex.quote, so quotes, $(),
 backticks, newlines and unicode arrive byte-exact. After the PGID line, which comes
-before the task runs, stdout and stderr carry only the task's own bytes.
+before the task runs, stdout and stderr carry only the task's own bytes (and, in stderr, the
+join reporter's framed reports, which the launcher takes out).
 
 Whether the task has joined its cluster, and how it uses the CPU, are reported on the task's own
 stderr, in frames the launcher takes out again (stream.py's take_reports) so that the task's bytes
-stay exact: each report is one line after a marker with a random part of the launch's own
+stay exact: each report is one line after a marker with a random part of the task's own
 (report_marker), written at once. The wrapper starts the join reporter (join_report_command) before
 it execs argv, detached as the guard is (no child of the task, which might wait for its children),
-in the task's session: a loop that reports, once each, when a process of the task's session
-(but itself) listens on the task's own port
+in a session of its own where the host has setsid (else in the task's): a loop that reports, once
+each, when a process of the task's session (but itself) listens on the task's own port
 (LISTENING: TensorFlow's servers; JAX and PyTorch process 0) and when one holds an
 established connection to the coordinator's port (CONNECTED: the other JAX and
 PyTorch processes, which never listen). It reads /proc/net/tcp{,6} and the
-processes' socket inodes, polls four times a second (every 2 s once the task
-has connected: it has joined, and only its listening is left to report). Every
+processes' socket inodes, and polls four times a second, so that it also ends soon after the
+task. Every
 USAGE_INTERVAL_CS it also reports the CPU use of the session's processes (found with pgrep -s, or
 by a slower loop over /proc, then five times less often) (USAGE): the sums over their threads of
 /proc's schedstat, nanoseconds on a CPU and on a CPU or waiting for one, with
