@@ -17,6 +17,7 @@ so the program needs no download.
 import argparse
 import importlib.metadata
 import os
+import shutil
 import sys
 import tempfile
 
@@ -102,6 +103,8 @@ def main(argv=None):
     model.save(target)
     if chief:
         print(f"fit: model saved to {target}", flush=True)
+    else:
+        shutil.rmtree(target, ignore_errors=True)
     return 0
 
 

@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.slow]
 PROGRAM = str(REPO / "tests" / "programs" / "torch_ddp.py")
 WORK = "300"
 NAMED_WITHIN = 180.0
-STALL_TIMEOUT = "20"
-SLOW_WINDOW = "12"  # shorter than the default, so that the test takes a minute, not three
+STALL_TIMEOUT = "10"
+SLOW_WINDOW = "8"  # shorter than the default (four of the supervisor's samples), so that the test takes half a minute, not three
 
 
 @contextlib.contextmanager
