@@ -161,9 +161,10 @@ STARTUP_NOTES = """How the checks' cost grows:
   paramiko), so on one machine this part grows linearly with hosts.
 - One session per host: one probe, started with the tasks' Python, runs the reachability test
   first (listen on the host's task ports, dial every task's address, end as soon as every pair has
-  answered) and then the host check (Python, modules, free ports, GPUs; TensorFlow imported only
-  when the tasks need it). Per host that is one login shell, one Python start, and one connection
-  per task of the cluster: linear in the number of tasks.
+  answered) and then the host check (Python, modules, free ports, GPUs; TensorFlow's version read
+  from its package metadata: a launch never imports it in the check, `mgpu check` does where the
+  tasks need it). Per host that is one login shell, one Python start, and one connection per task
+  of the cluster: linear in the number of tasks.
 - Across the cluster, every host dialing every task makes hosts x tasks connections: 64 hosts of 8
   tasks would make 32,768 (512 per host), and the launcher would read one answer per host and task.
   Up to 64 tasks every host does dial every task. Beyond, each host dials every task of its own and

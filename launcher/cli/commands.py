@@ -333,7 +333,8 @@ def check_command(**opts) -> None:
         # every host passed its check (the test needs their Python and ports), and the speed
         # probe's figures only where every pair connected too (its ring needs them).
         reports, reachability, speeds = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
-                                                              local_tensorflow_version(), speed=True)
+                                                              local_tensorflow_version(), speed=True,
+                                                              import_tensorflow=True)
         if not all(r.ok for r in reports) or reachability.problems:
             speeds = []
     finally:

@@ -163,6 +163,9 @@ def _metadata_version(folder, file_name):
     return None
 
 
+NOT_INSTALLED = "not installed"  # tensorflow_error where no package metadata names a TensorFlow
+
+
 def installed_tensorflow_version():
     """TensorFlow's version from package metadata (without importing it), or None."""
     return installed_version(TENSORFLOW_DISTRIBUTIONS)
@@ -189,7 +192,7 @@ def probe(ports, modules, legacy_keras=False, import_tensorflow=True):
         if version:
             out["tensorflow"] = version
         else:
-            out["tensorflow_error"] = "not installed"
+            out["tensorflow_error"] = NOT_INSTALLED
     if legacy_keras:  # tf_keras, what `tf.keras` means with TF_USE_LEGACY_KERAS=1
         try:
             import tf_keras

@@ -1,9 +1,12 @@
 """Pre-launch host checks (`mgpu check`, and `mgpu launch` before starting remote tasks).
 
 For every host, in parallel: can we log in; does the task's program exist;
-which Python, and does it import TensorFlow (and the built-in trainer when the
-tasks run it) with the same TensorFlow version as this machine (or, without
-TensorFlow here, as the first host); are the tasks' ports free; how many GPUs
+which Python, and does it import the built-in trainer when the tasks run it; is TensorFlow
+installed with the same version as on this machine (or, without TensorFlow here, as on the
+first host); `mgpu check` imports it too where the tasks require it (seconds, more with CUDA),
+while `mgpu launch` reads its version from package metadata only: a TensorFlow that is installed
+but does not import fails the task itself within seconds, named with its error, and a launch does
+not pay the import twice at every start. Are the tasks' ports free; how many GPUs
 does nvidia-smi list; with --legacy-keras (TF_USE_LEGACY_KERAS=1 in the plan), does tf_keras
 import, of the host's TensorFlow series. One table row per host; any failure raises. TensorFlow
 is required by the built-in trainer and by --legacy-keras: another program may not use it (a
@@ -29,7 +32,7 @@ from launcher.preflight.probes import host_probe_command, probe_for
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
 
-# Seconds a host gets to run the probe once connected (importing TensorFlow takes a few).
+# Seconds a host gets to run the probe once connected (importing TensorFlow, in `mgpu check`, takes a few).
 PROBE_TIMEOUT = 90.0
 
 
@@ -90,7 +93,7 @@ def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport
 
 def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
                 reach_timeout: float = 0.0, speed: Sequence[str] = (),
-                conversation: Conversation | None = None) -> HostReport:
+                conversation: Conversation | None = None, import_tensorflow: bool = False) -> HostReport:
     """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
     first, its answer in the report's `reached`, and talks in `conversation` (Release); with
     `speed` (ring_args), the speed probe last, its answer in the report's `measured`."""
@@ -99,7 +102,7 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
     try:
-        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed),
+        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed, import_tensorflow),
                            PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
                            conversation=conversation)
     except MgpuError as e:
@@ -127,7 +130,9 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     elif probe.python_required:
         report.tensorflow = "missing"
         if probe.tensorflow_required:
-            report.problems.append(f"tensorflow does not import: {result.get('tensorflow_error', '?')}")
+            error = result.get("tensorflow_error", "?")
+            report.problems.append("tensorflow is not installed" if error == host_probe.NOT_INSTALLED
+                                   else f"tensorflow does not import: {error}")
     if probe.legacy_keras:
         _check_tf_keras(report, result)
     for module in result.get("missing_modules", []):
@@ -152,11 +157,12 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
 
 
 def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], ssh_backend=None,
-                          local_version: str | None = None, speed: bool = False
+                          local_version: str | None = None, speed: bool = False, import_tensorflow: bool = False
                           ) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
     """The host check of `plans` (one report per host, in plan order) and the reachability test
     between the tasks of `reach`, on every host at once; with `speed`, the speed probe of the
-    hosts of `reach` too (their figures, in their order; [] without).
+    hosts of `reach` too (their figures, in their order; [] without); with `import_tensorflow`,
+    TensorFlow imported where the tasks require it (`mgpu check`), else its version read.
 
     A host that both concern runs both in one SSH session, through one probe (the test first,
     then the check, which may import TensorFlow, then the speed probe); a host of only one of them
@@ -195,10 +201,10 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
         # Without every host, the test and the ring would wait for their peers' ports in vain (the
         # launch fails on the unreached host anyway): the host check alone then, reported at once.
         if i is None or unreached:
-            return _check_host(group, shell)
+            return _check_host(group, shell, import_tensorflow=import_tensorflow)
         try:
             report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else (),
-                                 release.conversation(i))
+                                 release.conversation(i), import_tensorflow)
         finally:
             release.ended(i)
         answers[i], measured[i] = report.reached, report.measured

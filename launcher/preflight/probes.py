@@ -52,14 +52,15 @@ def probe_for(plan: TaskPlan) -> Probe:
 
 
 def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
-                       speed: Sequence[str] = ()) -> str:
+                       speed: Sequence[str] = (), import_tensorflow: bool = False) -> str:
     """A command that probes a host and prints one JSON object on stdout.
 
     Keys: workdir_missing, program_missing, python_missing (true when so), else those
     of launcher/host/probe.py, whose source runs with the task's Python. With `reach` (the
     reachability test's arguments: reach_args), the same process runs that test first and adds
     its answer under the key reach: one session per host for both. With `speed` (speed_args), the
-    speed probe runs last, its answer under the key speed.
+    speed probe runs last, its answer under the key speed. With `import_tensorflow`, TensorFlow is
+    imported where the tasks require it, not only its version read.
     """
     port_list = ",".join(str(int(p)) for p in ports)
     lines = []
@@ -75,7 +76,7 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
         + shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
                       port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
-                      *(["import-tensorflow"] if probe.tensorflow_required else []), *speed))
+                      *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []), *speed))
         + ("" if reach else " </dev/null")  # the reachability test listens on stdin (host/probe.py: RELEASE)
     )
     return sh("\n".join(lines))
