@@ -7,8 +7,9 @@ launcher imports the same functions, so each question has one answer everywhere.
 Run as: python probe.py PORTS MODULES [legacy-keras] [import-tensorflow], with comma-separated
 lists; prints one JSON object with the keys python, busy_ports, missing_modules, tensorflow or
 tensorflow_error, gpus, and with legacy-keras also tf_keras or tf_keras_error. TensorFlow's
-version is read from its package metadata; with import-tensorflow (tasks that need it) TensorFlow
-is imported too, which takes seconds, so that a broken installation is found before the run.
+and tf_keras's versions are read from their package metadata; with import-tensorflow (`mgpu
+check`, where the tasks need it) both are imported too, which takes seconds, so that an
+installation that is there but broken is found.
 
 Or as: python probe.py reach PORTS TARGETS TIMEOUT EXPECTED, the reachability test that the
 launcher runs on every host at once: listen on PORTS (this host's tasks), connect to every
@@ -193,12 +194,18 @@ def probe(ports, modules, legacy_keras=False, import_tensorflow=True):
             out["tensorflow"] = version
         else:
             out["tensorflow_error"] = NOT_INSTALLED
-    if legacy_keras:  # tf_keras, what `tf.keras` means with TF_USE_LEGACY_KERAS=1
+    if legacy_keras and import_tensorflow:  # tf_keras, what `tf.keras` means with TF_USE_LEGACY_KERAS=1
         try:
             import tf_keras
             out["tf_keras"] = tf_keras.__version__
         except Exception as e:
             out["tf_keras_error"] = _first_line(e)
+    elif legacy_keras:  # importing tf_keras imports TensorFlow
+        version = installed_version(("tf-keras",))
+        if version:
+            out["tf_keras"] = version
+        else:
+            out["tf_keras_error"] = NOT_INSTALLED
     out["gpus"] = gpu_count(timeout=20.0)
     return out
 

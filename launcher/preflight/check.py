@@ -73,7 +73,8 @@ def legacy_keras_fix(tensorflow_version: str | None) -> str:
 
 
 def _check_tf_keras(report: HostReport, result: dict) -> None:
-    """tf_keras must import and be of the host's TensorFlow series (each tf-keras requires its own)."""
+    """tf_keras must be installed (and import, where `mgpu check` imported it) and be of the host's
+    TensorFlow series (each tf-keras requires its own)."""
     tensorflow = result.get("tensorflow")
     if "tf_keras" in result:
         report.tf_keras = result["tf_keras"]
@@ -82,7 +83,8 @@ def _check_tf_keras(report: HostReport, result: dict) -> None:
                                    f"(--legacy-keras): {legacy_keras_fix(tensorflow)}")
     else:
         report.tf_keras = "missing"
-        report.problems.append(f"tf_keras does not import (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
+        state = "is not installed" if result.get("tf_keras_error") == host_probe.NOT_INSTALLED else "does not import"
+        report.problems.append(f"tf_keras {state} (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
 
 
 def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport:

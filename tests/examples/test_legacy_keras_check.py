@@ -15,14 +15,19 @@ TF_VERSION = installed_version("tensorflow", "the train extra")
 SERIES = ".".join(TF_VERSION.split(".")[:2])
 
 
-def mgpu(args, tmp_path, shadow=None):
-    """mgpu with, if `shadow` is given, a tf_keras package of that source first on the path."""
+def mgpu(args, tmp_path, shadow=None, shadow_version=None):
+    """mgpu with, if `shadow` is given, a tf_keras package of that source first on the path, and
+    with `shadow_version`, its package metadata of that version."""
     path = [str(REPO)]
     if shadow is not None:
         package = tmp_path / "shadow" / "tf_keras"
         package.mkdir(parents=True)
         (package / "__init__.py").write_text(shadow)
         path.insert(0, str(package.parent))
+        if shadow_version is not None:
+            metadata = package.parent / f"tf_keras-{shadow_version}.dist-info"
+            metadata.mkdir()
+            (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tf-keras\nVersion: {shadow_version}\n")
     return run_mgpu(*args, cwd=tmp_path, env=mgpu_env(PYTHONPATH=os.pathsep.join(path), HOME=str(tmp_path)),
                     timeout=240)
 
@@ -49,8 +54,10 @@ def test_check_names_the_pip_command_when_tf_keras_is_missing(tmp_path):
 
 
 def test_launch_refuses_a_tf_keras_of_another_series_before_starting(tmp_path):
+    """Read from the package metadata: the check before a launch imports neither tf_keras nor TensorFlow."""
     done = mgpu(["launch", "--local", "2", "--legacy-keras", "--run-id", "mismatch", "--", sys.executable, "-c",
-                 "open('started', 'w')"], tmp_path, shadow="__version__ = '2.15.1'\n")
+                 "open('started', 'w')"], tmp_path, shadow="raise ImportError('tf_keras must not be imported here')\n",
+                shadow_version="2.15.1")
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last == (f"mgpu: error: check failed on 127.0.0.1: tf_keras 2.15.1 does not match tensorflow {TF_VERSION} "

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from launcher.plan.planner import TRAINER_MODULE
+from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE
 from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version
 from supervisor_helpers import make_plans
 
@@ -39,12 +39,14 @@ def test_mgpu_check_imports_it_and_names_the_error(trainer_plan, poisoned_tensor
     assert report.problems == ["tensorflow does not import: tensorflow must not be imported here"]
 
 
-def test_a_host_without_tensorflow_is_told_it_is_not_installed(trainer_plan, tmp_path, monkeypatch):
-    """The tasks' Python runs without its site-packages (-S): no TensorFlow metadata on its path."""
+def test_a_host_without_tensorflow_or_tf_keras_is_told_they_are_not_installed(trainer_plan, tmp_path, monkeypatch):
+    """The tasks' Python runs without its site-packages (-S): no package metadata on its path."""
     python = tmp_path / "python-without-site"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
     python.chmod(0o755)
-    plan = dataclasses.replace(trainer_plan, argv=(str(python), "-m", TRAINER_MODULE))
+    plan = dataclasses.replace(trainer_plan, argv=(str(python), "-m", TRAINER_MODULE),
+                               env={**trainer_plan.env, LEGACY_KERAS_ENV: "1"})
     monkeypatch.setenv("PYTHONPATH", "")
     [report], _, _ = check_hosts_and_reach([plan], [])
     assert "tensorflow is not installed" in report.problems, report.problems
+    assert [p for p in report.problems if p.startswith("tf_keras is not installed (--legacy-keras needs it): pip install")]
