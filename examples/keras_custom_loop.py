@@ -13,6 +13,7 @@ per class plus noise), so the program needs no download.
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -97,6 +98,8 @@ def main(argv=None):
             manager.save(checkpoint_number=done)
     if chief:
         print(f"loop: finished at step {int(step.numpy())}; checkpoints in {directory}", flush=True)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

@@ -35,6 +35,21 @@ if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
 _WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_the_base_temp(tmp_path_factory):
+    """What the programs the tests start leave in the temporary folder (TensorFlow's autograph keeps
+    a source file per converted function, a thousand and more a run) goes under pytest's own base
+    folder, which pytest removes after a few runs, not into /tmp for good."""
+    folder = tmp_path_factory.mktemp("programs-tmp", numbered=True)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _signals_left_as_found():
     """Fails the test that leaves this process's signal handlers or mask changed, and restores them."""
