@@ -88,7 +88,10 @@ def test_keras_3_fit_fails_with_a_hint(tmp_path):
                                                             "--steps-per-epoch", "2")], tmp_path), 300)
     assert code == 1, out[-3000:]
     assert "fit: keras 3." in out
+    # The summary gives Keras's error, not TensorFlow's start-up noise, and one hint.
+    assert "  ValueError: Attempt to convert a value (PerReplica" in out, out[-3000:]
     hints = [line.strip() for line in out.splitlines() if line.strip().startswith("hint: ")]
     assert len(hints) == 1, hints
     # The fix stands alone: a pip user has no examples/ folder to be sent to.
     assert "--legacy-keras" in hints[0] and "KERAS_BACKEND=jax" in hints[0] and "examples/" not in hints[0]
+    assert "keras-team/keras#20585" in hints[0]

@@ -53,23 +53,6 @@ def test_a_python_exception_is_summarised_by_its_type_message_and_frame(tmp_path
     assert "Traceback (most recent call last):" in log
 
 
-def test_keras3_fit_under_multi_worker_mirrored_strategy_gets_the_hint(tmp_path):
-    # keras-team/keras#20585: Keras 3's fit cannot run under MultiWorkerMirroredStrategy.
-    code, _, err = launch(tmp_path, """
-        import numpy as np
-        import keras
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-            model.compile(optimizer="sgd", loss="mse")
-        model.fit(np.zeros((64, 4), "float32"), np.zeros((64, 1), "float32"), batch_size=16, epochs=1, verbose=0)
-    """)
-    assert code == 1
-    assert "  ValueError: Attempt to convert a value (PerReplica" in err
-    [hint] = hint_lines(err)
-    assert "--legacy-keras" in hint and "keras-team/keras#20585" in hint and "examples/" not in hint  # stands alone
-
-
 def test_a_port_taken_by_another_process_gets_the_hint(tmp_path):
     # The program itself holds its task's port before TensorFlow's server tries to bind it.
     code, _, err = launch(tmp_path, """
