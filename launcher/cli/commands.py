@@ -287,8 +287,10 @@ at once (a numpy matrix product on one core, the first GPU's where there is
 one, a transfer to the next host of a ring): a host under 0.7 of the median
 is named in the SPEED column and a warning (not a failure). `mgpu launch` runs
 the same checks on remote hosts first, and with --legacy-keras on this machine
-too; the reachability test runs for every launch, local tasks included, and
-the speed probe for a launch on more than one host (--no-check skips them all).
+too, reading TensorFlow's and tf_keras's versions without importing them (the
+tasks import them at once); the reachability test runs for every launch, local
+tasks included, and the speed probe for a launch on more than one host
+(--no-check skips them all).
 
 \b
 Examples:
