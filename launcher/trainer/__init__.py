@@ -83,6 +83,8 @@ def _run(opts, started: float) -> int:
     # absent, they are skipped (both take the ImportError as "not installed").
     sys.modules.setdefault("jax", None)
     sys.modules.setdefault("matplotlib", None)
+    from launcher.trainer import scratch
+    scratch.use_own_folder()  # before TensorFlow's import: its autograph files go there
     from launcher.trainer import run
     return run.run(opts, info, arrays, started)
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from launcher import protocol
 from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
-from launcher.trainer import builders, evaluator, export, results
+from launcher.trainer import builders, evaluator, export, results, scratch
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
@@ -61,6 +61,7 @@ def leave(info: ClusterInfo, code: int) -> NoReturn:
         wait_until_closed(info.peer_addresses(), timeout=PEER_EXIT_TIMEOUT)
     sys.stdout.flush()
     sys.stderr.flush()
+    scratch.remove()  # os._exit runs no atexit handler
     os._exit(code)
 
 

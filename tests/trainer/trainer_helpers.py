@@ -34,8 +34,8 @@ class Trainer:
     """One `python -m launcher.trainer` process with its output in a log file."""
 
     def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None,
-                 python_options: tuple[str, ...] = ()):
-        env = dict(os.environ)
+                 python_options: tuple[str, ...] = (), env: dict[str, str] | None = None):
+        env = {**os.environ, **(env or {})}
         env.pop("TF_CONFIG", None)
         for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             env.pop(name, None)
