@@ -164,7 +164,7 @@ def _metadata_version(folder, file_name):
     return None
 
 
-NOT_INSTALLED = "not installed"  # tensorflow_error where no package metadata names a TensorFlow
+NOT_INSTALLED = "not installed"  # tensorflow_error or tf_keras_error where no package metadata names the package
 
 
 def installed_tensorflow_version():
