@@ -15,7 +15,7 @@ import time
 import tensorflow as tf
 
 from launcher import protocol
-from launcher.trainer import builders, models, results
+from launcher.trainer import builders, models, outdirs
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.datasets import Arrays
 from launcher.trainer.options import TrainOptions, global_batch_size
@@ -83,7 +83,7 @@ def run(opts: TrainOptions, arrays: Arrays) -> int:
                 done.add(os.path.basename(path))
                 evaluations.append({"checkpoint": os.path.basename(path), "step": last_step,
                                     **metrics})
-                results.write_json(results_path, {"evaluations": evaluations,
+                outdirs.write_json(results_path, {"evaluations": evaluations,
                                                   "final": evaluations[-1]})
                 last_new = time.monotonic()
                 if last_step >= opts.train_steps:

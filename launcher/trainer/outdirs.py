@@ -6,13 +6,16 @@ root's) and not writable by others, sticky or not (a sticky folder still takes n
 from anyone): a folder such as
 /tmp/run1 made beforehand by another user is refused. A missing folder is made here (mode
 0755, whatever the umask), so that no one else can make it first between the check and the
-first write.
+first write. The JSON files the trainer writes itself there (metrics.json, eval_results.json)
+are written so that no link planted in the folder redirects them either (write_json).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import secrets
 import stat
 
 from launcher.errors import UsageError
@@ -54,3 +57,34 @@ def _owner_name(uid: int) -> str:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write atomically, so a reader never sees half a file.
+
+    The model dir may be one that others can write (a shared /tmp folder): the temporary file
+    gets an unguessable name and is created new (O_EXCL) without following a symbolic link, and
+    both it and the rename are addressed through the directory's descriptor, so no link planted
+    in the folder, or in place of it, can make the trainer write another file.
+    """
+    directory, name = os.path.split(path)
+    dir_fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        partial = f".{name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(partial, _CREATE_NEW, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(partial, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,11 +1,9 @@
-"""End-of-run results: replica fingerprints and metrics.json."""
+"""The replicas' fingerprints at the end of a run: a checksum of each copy of the weights, gathered
+from every replica, so that the chief can say whether they all ended the same."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import secrets
 
 import tensorflow as tf
 
@@ -38,34 +36,3 @@ def gather_fingerprints(strategy: tf.distribute.Strategy, local: list[int]) -> l
 
     gathered = strategy.experimental_local_results(gather(values))[0].numpy()
     return [f"{int(x):012x}" for x in gathered]
-
-
-def write_json(path: str, data: dict) -> None:
-    """Write atomically, so a reader never sees half a file.
-
-    The model dir may be one that others can write (a shared /tmp folder): the temporary file
-    gets an unguessable name and is created new (O_EXCL) without following a symbolic link, and
-    both it and the rename are addressed through the directory's descriptor, so no link planted
-    in the folder, or in place of it, can make the trainer write another file.
-    """
-    directory, name = os.path.split(path)
-    dir_fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        partial = f".{name}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(partial, _CREATE_NEW, 0o644, dir_fd=dir_fd)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(partial, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            raise
-    finally:
-        os.close(dir_fd)
-
-
-_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from launcher import protocol
 from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
-from launcher.trainer import builders, evaluator, export, results, scratch
+from launcher.trainer import builders, evaluator, export, outdirs, results, scratch
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
@@ -148,7 +148,7 @@ def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Out
         strategy, results.local_fingerprints(strategy, model.weights))
     if info.is_chief:
         if opts.model_dir is not None:
-            results.write_json(os.path.join(opts.model_dir, "metrics.json"), {
+            outdirs.write_json(os.path.join(opts.model_dir, "metrics.json"), {
                 "loss": outcome.final_eval["loss"],
                 "accuracy": outcome.final_eval["accuracy"],
                 "global_step": outcome.step,

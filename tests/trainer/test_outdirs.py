@@ -3,11 +3,7 @@
 import json
 import os
 
-from needs import require
-
-require("tensorflow", "the train extra")  # launcher.trainer.results imports it
-
-from launcher.trainer import results  # noqa: E402
+from launcher.trainer import outdirs
 
 
 def test_write_json_ignores_links_planted_in_the_model_dir(tmp_path):
@@ -21,7 +17,7 @@ def test_write_json_ignores_links_planted_in_the_model_dir(tmp_path):
         (model_dir / name).symlink_to(victim)
     target.symlink_to(victim)
 
-    results.write_json(str(target), {"step": 3})
+    outdirs.write_json(str(target), {"step": 3})
 
     assert victim.read_text() == "precious\n"
     assert not target.is_symlink() and json.loads(target.read_text()) == {"step": 3}
@@ -31,7 +27,7 @@ def test_write_json_ignores_links_planted_in_the_model_dir(tmp_path):
 
 def test_write_json_replaces_the_previous_file(tmp_path):
     target = tmp_path / "eval_results.json"
-    results.write_json(str(target), {"a": 1})
-    results.write_json(str(target), {"a": 2})
+    outdirs.write_json(str(target), {"a": 1})
+    outdirs.write_json(str(target), {"a": 2})
     assert json.loads(target.read_text()) == {"a": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["eval_results.json"]
