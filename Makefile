@@ -15,6 +15,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
+BENCH_INSTALLED := $(VENV)/.installed-bench
 DATA_DIR ?= ../shared/data/fashion-mnist
 PYENV_ROOT ?= $(HOME)/.pyenv
 # pyenv's builds where there are some, else whatever python3.10 and python3.13 are on PATH.
@@ -23,16 +24,25 @@ FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3
 # mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
 FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
-.PHONY: test-durations venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-accuracy docs clean
+.PHONY: test-durations venv bench-venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-accuracy docs clean
 
-# Re-installs whenever the package metadata changes.
+# Re-installs whenever the package metadata changes. Not the bench extra (matplotlib): the tests
+# plot nothing, and where matplotlib is installed, `import tensorflow` and `import keras` load it
+# (Keras's image-gallery plots), some 0.3-0.7 CPU-s in each of the many tasks the tests start.
 $(INSTALLED): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --quiet --upgrade pip
+	$(PY) -m pip install --quiet --quiet -e '.[train,dev,legacy-keras]'
+	touch $@
+
+# The benchmarks draw their plots with matplotlib.
+$(BENCH_INSTALLED): $(INSTALLED)
 	$(PY) -m pip install --quiet --quiet -e '.[train,dev,bench,legacy-keras]'
 	touch $@
 
 venv: $(INSTALLED)
+
+bench-venv: $(BENCH_INSTALLED)
 
 demo: venv
 	rm -rf mgpu-runs/demo-model mgpu-runs/demo-export  # a fresh run, not a resume of the last one
@@ -73,16 +83,16 @@ test-fast-pythons:
 		$$venv/bin/python -m pytest -m fast -q; \
 	done
 
-bench: venv
+bench: bench-venv
 	$(PY) benchmarks/run_all.py $(if $(WORKERS),--workers $(WORKERS))
 
-bench-links: venv
+bench-links: bench-venv
 	$(PY) benchmarks/links.py $(if $(LINKS),--links $(LINKS))
 
-bench-startup: venv
+bench-startup: bench-venv
 	$(PY) benchmarks/startup.py $(if $(HOSTS),--hosts $(HOSTS))
 
-bench-accuracy: venv
+bench-accuracy: bench-venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)
 
 docs: venv

@@ -154,13 +154,16 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def stem(result: dict, results_dir: pathlib.Path) -> pathlib.Path:
+    return results_dir / f"workers-{result['machine']['cores']}cores"
+
+
 def write(result: dict, results_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The results as JSON and as the page's table (the plot is drawn apart, with matplotlib)."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    stem = results_dir / f"workers-{result['machine']['cores']}cores"
-    paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
+    paths = [stem(result, results_dir).with_suffix(".json"), stem(result, results_dir).with_suffix(".md")]
     paths[0].write_text(json.dumps(result, indent=2) + "\n")
     paths[1].write_text(markdown(result))
-    plot(result, paths[2])
     return paths
 
 
@@ -170,5 +173,7 @@ def main(workers: str, quick: bool, results_dir: pathlib.Path, oversubscribe: bo
     default_repeats, default_steps = (1, 20) if quick else (3, 120)
     result = sweep(counts, repeats or default_repeats, steps or default_steps, oversubscribe)
     paths = write(result, results_dir)
+    paths.append(stem(result, results_dir).with_suffix(".png"))
+    plot(result, paths[-1])
     print(markdown(result))
     print("written: " + ", ".join(map(str, paths)))
