@@ -144,6 +144,10 @@ class TrainLoop:
                                             strategy.num_replicas_in_sync, allreduce, factored,
                                             loss_scaling, xla)
 
+        # Only the loops below need autograph (tf.range). What a replica step calls, Keras 3's layers,
+        # losses and optimizers and the exchange, has no Python control flow on tensors (Keras 3
+        # runs it on JAX too): converting it would cost tracing time at every start of every task.
+        @tf.autograph.experimental.do_not_convert
         def replica_step(images, labels):
             grads, loss_sum, correct, waited = gradients(images, labels)
             optimizer.apply(grads, variables)
@@ -179,6 +183,7 @@ class EvalLoop:
         self._dataset = dataset
         self._num_steps = num_steps
 
+        @tf.autograph.experimental.do_not_convert  # as in TrainLoop
         def replica_step(images, labels, weights):
             losses, correct = _per_example(model, images, labels, training=False)
             self.sums.add(tf.reduce_sum(losses * weights), tf.reduce_sum(correct * weights),
