@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import os
 import pathlib
@@ -304,6 +305,15 @@ NETNS_PREFIX = "mgpu"
 _LAB_NUMBERS = itertools.count()
 
 
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Held by one process of this machine at a time."""
+    folder = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
+    with open(os.path.join(folder, "mgpu-test-netns.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 def remove_stale_namespaces() -> None:
     """Namespaces left by an earlier test run that was killed before its teardown."""
     for line in ip("netns", "list").stdout.splitlines():
@@ -335,44 +345,48 @@ class Netns:
         # of this process must not reuse the first one's names.
         lab_number = next(_LAB_NUMBERS)
         prefix = f"{NETNS_PREFIX}{os.getpid()}" + (f"-{lab_number}" if lab_number else "")
-        subnet = None
-        for third in range(200, 250):
-            if not ip("route", "show", f"10.213.{third}.0/24").stdout.strip() and \
-                    f"10.213.{third}." not in ip("-4", "addr").stdout:
-                subnet = f"10.213.{third}"
-                break
-        assert subnet, "no free 10.213.x.0/24 subnet"
-        lab = cls(prefix, subnet, {n: f"{subnet}.{11 + i}" for i, n in enumerate(names)},
-                  {n: f"{prefix}-{n}" for n in names})
-        bridge_ns = f"{prefix}-br"
-        root_if = f"mg{os.getpid()}r{lab_number or ''}"[:15]
-        try:
-            ip("netns", "add", bridge_ns)
-            ip("-n", bridge_ns, "link", "add", "br0", "type", "bridge")
-            ip("-n", bridge_ns, "link", "set", "br0", "up")
-            ip("link", "add", root_if, "type", "veth", "peer", "name", "uplink", "netns", bridge_ns)
-            ip("-n", bridge_ns, "link", "set", "uplink", "master", "br0", "up")
-            ip("addr", "add", f"{subnet}.1/24", "dev", root_if)
-            ip("link", "set", root_if, "up")
-            hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in lab.hosts.items())
-            for name, ns in lab.namespaces.items():
-                ip("netns", "add", ns)
-                ip("-n", ns, "link", "set", "lo", "up")
-                ip("-n", ns, "link", "add", "mgmt0", "type", "veth", "peer", "name", "mgmt0-end")
-                ip("-n", ns, "addr", "add", f"10.214.{subnet.rsplit('.', 1)[1]}.{lab.hosts[name].rsplit('.', 1)[1]}/24",
-                   "dev", "mgmt0")
-                ip("-n", ns, "link", "set", "mgmt0-end", "up")
-                ip("-n", ns, "link", "set", "mgmt0", "up")
-                ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port-{name}", "netns", bridge_ns)
-                ip("-n", ns, "addr", "add", f"{lab.hosts[name]}/24", "dev", "eth0")
-                ip("-n", ns, "link", "set", "eth0", "up")
-                ip("-n", bridge_ns, "link", "set", f"port-{name}", "master", "br0", "up")
-                # `ip netns exec` mounts these over /etc/hosts, so the workers resolve h1, h2 by name.
-                os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
-                pathlib.Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
-        except BaseException:
-            lab.destroy()
-            raise
+        # Test processes side by side (and the startup benchmark) make labs at the same moment: the
+        # subnet is chosen and its route made under one lock, else two labs could take the same /24
+        # and one's connections would reach the other's hosts.
+        with _subnet_lock():
+            subnet = None
+            for third in range(200, 250):
+                if not ip("route", "show", f"10.213.{third}.0/24").stdout.strip() and \
+                        f"10.213.{third}." not in ip("-4", "addr").stdout:
+                    subnet = f"10.213.{third}"
+                    break
+            assert subnet, "no free 10.213.x.0/24 subnet"
+            lab = cls(prefix, subnet, {n: f"{subnet}.{11 + i}" for i, n in enumerate(names)},
+                      {n: f"{prefix}-{n}" for n in names})
+            bridge_ns = f"{prefix}-br"
+            root_if = f"mg{os.getpid()}r{lab_number or ''}"[:15]
+            try:
+                ip("netns", "add", bridge_ns)
+                ip("-n", bridge_ns, "link", "add", "br0", "type", "bridge")
+                ip("-n", bridge_ns, "link", "set", "br0", "up")
+                ip("link", "add", root_if, "type", "veth", "peer", "name", "uplink", "netns", bridge_ns)
+                ip("-n", bridge_ns, "link", "set", "uplink", "master", "br0", "up")
+                ip("addr", "add", f"{subnet}.1/24", "dev", root_if)
+                ip("link", "set", root_if, "up")
+                hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in lab.hosts.items())
+                for name, ns in lab.namespaces.items():
+                    ip("netns", "add", ns)
+                    ip("-n", ns, "link", "set", "lo", "up")
+                    ip("-n", ns, "link", "add", "mgmt0", "type", "veth", "peer", "name", "mgmt0-end")
+                    ip("-n", ns, "addr", "add", f"10.214.{subnet.rsplit('.', 1)[1]}.{lab.hosts[name].rsplit('.', 1)[1]}/24",
+                       "dev", "mgmt0")
+                    ip("-n", ns, "link", "set", "mgmt0-end", "up")
+                    ip("-n", ns, "link", "set", "mgmt0", "up")
+                    ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port-{name}", "netns", bridge_ns)
+                    ip("-n", ns, "addr", "add", f"{lab.hosts[name]}/24", "dev", "eth0")
+                    ip("-n", ns, "link", "set", "eth0", "up")
+                    ip("-n", bridge_ns, "link", "set", f"port-{name}", "master", "br0", "up")
+                    # `ip netns exec` mounts these over /etc/hosts, so the workers resolve h1, h2 by name.
+                    os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+                    pathlib.Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
+            except BaseException:
+                lab.destroy()
+                raise
         return lab
 
     def destroy(self) -> None:
