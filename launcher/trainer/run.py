@@ -13,12 +13,13 @@ import tensorflow as tf
 
 from launcher import protocol
 from launcher.errors import EXIT_FAILED, EXIT_OK, MgpuError
-from launcher.trainer import builders, evaluator, export, outdirs, results, scratch
+from launcher.trainer import builders, evaluator, export, outdirs, scratch
 from launcher.trainer import strategy as strategy_lib
 from launcher.trainer.allreduce import describe_exchange
 from launcher.trainer.checkpoints import Checkpointer, broadcast_from_first_replica
 from launcher.trainer.cluster import ClusterInfo
 from launcher.trainer.controller import Controller, Outcome
+from launcher.trainer.fingerprints import gather_fingerprints, local_fingerprints
 from launcher.trainer.schedule import Schedule
 from launcher.trainer.datasets import Arrays
 from launcher.trainer.options import PROG, TrainOptions, global_batch_size
@@ -144,8 +145,7 @@ def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.Tr
 def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Outcome,
             reporter: Reporter, started: float) -> int:
     """Check that every replica ended with the same weights; the chief writes the results."""
-    fingerprints = results.gather_fingerprints(
-        strategy, results.local_fingerprints(strategy, model.weights))
+    fingerprints = gather_fingerprints(strategy, local_fingerprints(strategy, model.weights))
     if info.is_chief:
         if opts.model_dir is not None:
             outdirs.write_json(os.path.join(opts.model_dir, "metrics.json"), {
