@@ -28,7 +28,7 @@ FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
 # Re-installs whenever the package metadata changes. Not the bench extra (matplotlib): the tests
 # plot nothing, and where matplotlib is installed, `import tensorflow` and `import keras` load it
-# (Keras's image-gallery plots), some 0.3-0.7 CPU-s in each of the many tasks the tests start.
+# (Keras's image-gallery plots), 0.3-0.8 CPU-s in each of the many tasks the tests start.
 $(INSTALLED): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --quiet --upgrade pip
