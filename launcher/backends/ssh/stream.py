@@ -34,12 +34,22 @@ class ChannelStream(io.RawIOBase):
         self._held = bytearray()  # what may be the start of a report: its end has not come yet
 
     def take_reports(self, marker: bytes, on_report: Callable[[bytes], None]) -> None:
-        """From now on, each `marker` + report + newline that arrives is taken out of the stream,
-        wherever it lands (even inside a line of the stream's own), and its report handed to
+        """From now on, each `marker` + report + newline that is read from the stream is taken out
+        of it, wherever it lands (even inside a line of the stream's own), and its report handed to
         `on_report`. A writer that writes each framed report at once (a pipe keeps such small
-        writes whole) then shares the stream with the task, whose bytes stay exactly as they were."""
+        writes whole) then shares the stream with the task, whose bytes stay exactly as they were.
+
+        That includes what has arrived but not been read: the caller reads its own first line before
+        (the wrapper's process group), and the chunk that brought it may bring the task's first
+        output and a report after it, on a loaded launcher machine."""
         self._marker = marker
         self._on_report = on_report
+        arrived = bytes(self._buffer)
+        self._buffer.clear()
+        self._buffer += self._without_reports(arrived)
+        if self._eof:  # no more chunks: what may have begun a report is the stream's own
+            self._buffer += self._held
+            self._held.clear()
 
     def readable(self) -> bool:
         return True

@@ -348,6 +348,26 @@ def test_a_channel_stream_takes_out_framed_reports_wherever_they_land():
     assert reports == [b"usage 1 2 3", b"listening", b"connected"]
 
 
+def test_a_channel_stream_takes_out_the_reports_that_came_with_the_line_read_before():
+    """The backend reads the wrapper's process-group line, then takes the reports out: on a busy
+    launcher machine, the chunk with that line also brings the task's first output and a report,
+    and a report may be cut after a marker's first bytes."""
+    from launcher.backends.ssh.stream import ChannelStream
+
+    marker = remote_command.report_marker("0123abcd")
+    chunks = [b"MGPU_REMOTE_PGID 7\ntask line\n" + marker + b"usage 1 2 3\nmore " + marker[:4],
+              marker[4:] + b"listening\n", b""]
+    reports = []
+    stream = ChannelStream(lambda size: chunks.pop(0))
+    assert stream.readline() == b"MGPU_REMOTE_PGID 7\n"
+    stream.take_reports(marker, reports.append)
+    data = b""
+    while chunk := stream.read1(65536):
+        data += chunk
+    assert data == b"task line\nmore "
+    assert reports == [b"usage 1 2 3", b"listening"]
+
+
 # -- the join reporter -------------------------------------------------------------------------
 
 
