@@ -161,7 +161,8 @@ def stem(result: dict, results_dir: pathlib.Path) -> pathlib.Path:
 def write(result: dict, results_dir: pathlib.Path) -> list[pathlib.Path]:
     """The results as JSON and as the page's table (the plot is drawn apart, with matplotlib)."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    paths = [stem(result, results_dir).with_suffix(".json"), stem(result, results_dir).with_suffix(".md")]
+    named = stem(result, results_dir)
+    paths = [named.with_suffix(".json"), named.with_suffix(".md")]
     paths[0].write_text(json.dumps(result, indent=2) + "\n")
     paths[1].write_text(markdown(result))
     return paths
