@@ -189,9 +189,11 @@ STARTUP_NOTES = """How the checks' cost grows:
 - Last in the same session, on more than one host, the speed probe: two compute windows of 0.11 s
   and about 0.15 s of transfer to the next host. On real hosts these run in parallel; here the
   hosts share two cores, so at 16 hosts they add about 0.7 s (16 x 0.22 s of compute on 2 cores).
-- Then the tasks start, all at once, on the connections the checks opened: one session per task,
-  the reporter of whether it has joined the cluster (and of its CPU use) started beside it in the
-  same session.
+- Then the tasks start, all at once, on the connections the checks opened. Each host's first task
+  starts in the session that ran its checks: the probe's shell runs it next, as a session of its
+  own would, so the login shell and the user's start-up files run once per host. Every other task
+  of a host gets a session of its own. The reporter of whether a task has joined the cluster (and
+  of its CPU use) starts beside it in its session.
 
 On this 2-core machine every host's sshd, login shell and Python share the same two cores, so the
 OpenSSH floor itself grows with hosts; compare each row's times with its floor. What a host costs
@@ -199,8 +201,8 @@ there, in CPU: a login about 0.2 s; each further session on an open connection a
 of it the login shell reading the user's start-up files (bash reads ~/.bashrc for every command sshd
 runs; here it starts pyenv); a Python start 0.02 s, the probe 0.03 s more, and the speed probe's
 numpy import 0.14 s. The floor pays one login, one session and one Python per host; a launch with
-its checks pays the login, two sessions (probe, task), two Pythons and numpy. On real hosts each
-host pays its own share in parallel;""".splitlines()
+its checks pays the login, one session (the probe's, then the task's), two Pythons and numpy. On
+real hosts each host pays its own share in parallel;""".splitlines()
 
 
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),

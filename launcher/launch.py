@@ -94,8 +94,8 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
             run_setup(plans, lambda plan: (local_backend if plan.local else ssh_backend).start(plan, 0), run_dir)
         if options.check_hosts:
             # The remote hosts' checks, the reachability test of every task and, on more than one
-            # host, the speed probe, in one session per host.
-            reachability, speeds = run_checks(remote, ssh_backend, reach=plans, speed=spans_hosts(plans))
+            # host, the speed probe, in one session per host, which then starts the host's first task.
+            reachability, speeds = run_checks(remote, ssh_backend, reach=plans, speed=spans_hosts(plans), hold=True)
             # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
             plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
         _check_local_tf_keras(plans, options)
@@ -162,7 +162,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
                 if run_dir is not None:
                     run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
                 if options.check_hosts:
-                    reachability, _ = run_checks(on_spare, ssh_backend, reach=plans)
+                    reachability, _ = run_checks(on_spare, ssh_backend, reach=plans, hold=True)
                     plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
             except MgpuError as e:
                 notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")

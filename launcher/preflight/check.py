@@ -95,18 +95,21 @@ def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport
 
 def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
                 reach_timeout: float = 0.0, speed: Sequence[str] = (),
-                conversation: Conversation | None = None, import_tensorflow: bool = False) -> HostReport:
+                conversation: Conversation | None = None, import_tensorflow: bool = False,
+                hold: bool = False) -> HostReport:
     """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
     first, its answer in the report's `reached`, and talks in `conversation` (Release); with
-    `speed` (ring_args), the speed probe last, its answer in the report's `measured`."""
+    `speed` (ring_args), the speed probe last, its answer in the report's `measured`; with `hold`,
+    a remote host's session is kept to start its first task (host/probe.py: HELD)."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
+    hold = hold and not first.local and conversation is not None  # the conversation keeps stdin open
     try:
-        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed, import_tensorflow),
+        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed, import_tensorflow, hold),
                            PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
-                           conversation=conversation)
+                           conversation=conversation, hold=hold)
     except MgpuError as e:
         return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
@@ -159,12 +162,13 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
 
 
 def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], ssh_backend=None,
-                          local_version: str | None = None, speed: bool = False, import_tensorflow: bool = False
-                          ) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
+                          local_version: str | None = None, speed: bool = False, import_tensorflow: bool = False,
+                          hold: bool = False) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
     """The host check of `plans` (one report per host, in plan order) and the reachability test
     between the tasks of `reach`, on every host at once; with `speed`, the speed probe of the
     hosts of `reach` too (their figures, in their order; [] without); with `import_tensorflow`,
-    TensorFlow imported where the tasks require it (`mgpu check`), else its version read.
+    TensorFlow imported where the tasks require it (`mgpu check`), else its version read; with
+    `hold`, each remote host's session that ran the test too is kept to start the host's first task.
 
     A host that both concern runs both in one SSH session, through one probe (the test first,
     then the check, which may import TensorFlow, then the speed probe); a host of only one of them
@@ -206,7 +210,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
             return _check_host(group, shell, import_tensorflow=import_tensorflow)
         try:
             report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else (),
-                                 release.conversation(i), import_tensorflow)
+                                 release.conversation(i), import_tensorflow, hold)
         finally:
             release.ended(i)
         answers[i], measured[i] = report.reached, report.measured
@@ -285,14 +289,17 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
 
 
 def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None,
-               reach: Sequence[TaskPlan] = (), speed: bool = False) -> tuple[Reachability, list[HostSpeed]]:
+               reach: Sequence[TaskPlan] = (), speed: bool = False, hold: bool = False
+               ) -> tuple[Reachability, list[HostSpeed]]:
     """The pre-launch check: print the table and raise if a host fails, else one summary line.
     With `reach`, the reachability test between those plans' tasks runs in the same sessions
     (check_hosts_and_reach), and with `speed` the speed probe of their hosts after it: what they
-    found is returned, for the caller to judge."""
+    found is returned, for the caller to judge. With `hold`, those sessions are kept to start each
+    host's first task (SshBackend.run)."""
     console = console or sys.stderr
     started = time.monotonic()
-    reports, reachability, speeds = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version(), speed)
+    reports, reachability, speeds = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version(), speed,
+                                                          hold=hold)
     failed = sum(not r.ok for r in reports)
     if reports and not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")

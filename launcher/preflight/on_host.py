@@ -92,16 +92,18 @@ class HostShell:
         self._ssh_backend.connect(plan).release()
 
     def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check",
-            conversation: Conversation | None = None) -> HostOutput:
+            conversation: Conversation | None = None, hold: bool = False) -> HostOutput:
         """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host; with
-        `conversation`, talked with while it runs (its stdin open), else its stdin at its end.
+        `conversation`, talked with while it runs (its stdin open), else its stdin at its end. With
+        `hold` (a remote host only), a probe that says HELD keeps its session to start `plan`
+        (SshBackend.run).
 
         Raises CheckFailed when it outlives `timeout`, and the SSH backend's errors (ConnectError,
         HostKeyError) when the host cannot be reached."""
         if not plan.local:
             if self._ssh_backend is None:
                 raise ConnectError(f"{plan.host}: no SSH backend to reach it")
-            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation))
+            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation, hold=hold))
         if conversation is not None:
             return _run_here_talking(plan, command, timeout, what, conversation)
         try:

@@ -52,7 +52,7 @@ def probe_for(plan: TaskPlan) -> Probe:
 
 
 def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
-                       speed: Sequence[str] = (), import_tensorflow: bool = False) -> str:
+                       speed: Sequence[str] = (), import_tensorflow: bool = False, hold: bool = False) -> str:
     """A command that probes a host and prints one JSON object on stdout.
 
     Keys: workdir_missing, program_missing, python_missing (true when so), else those
@@ -60,10 +60,11 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
     reachability test's arguments: reach_args), the same process runs that test first and adds
     its answer under the key reach: one session per host for both. With `speed` (speed_args), the
     speed probe runs last, its answer under the key speed. With `import_tensorflow`, TensorFlow is
-    imported where the tasks require it, not only its version read.
+    imported where the tasks require it, not only its version read. With `hold`, the probe then
+    waits to become the host's first task (host/probe.py: HELD), in the directory the session began in.
     """
     port_list = ",".join(str(int(p)) for p in ports)
-    lines = []
+    lines = ["mgpu_dir=$PWD"] if hold else []
     if workdir:
         lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
@@ -71,14 +72,30 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
     )
     missing = '{"python_missing": true}' if probe.python_required else "{}"
     lines.append(f"command -v {shlex.quote(probe.python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
-    lines.append(
-        "TF_CPP_MIN_LOG_LEVEL=3 exec "
-        + shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
+    run = shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
                       port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
-                      *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []), *speed))
-        + ("" if reach else " </dev/null")  # the reachability test listens on stdin (host/probe.py: RELEASE)
-    )
+                      *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []),
+                      *(["hold"] if hold else []), *speed))
+    if not hold:
+        # The reachability test listens on stdin (host/probe.py: RELEASE).
+        lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
+        return sh("\n".join(lines))
+    # Held (host/probe.py: HELD): this shell, which the session's login shell exec'd as it execs a
+    # task's, runs the task next, where the session began, with its environment untouched by the
+    # probe's interpreter (a pyenv or conda shim changes PATH for the interpreter it starts). Its
+    # `read` takes a line and no byte after it: the task's environment follows the task's line on
+    # stdin. A RELEASE the probe did not read comes before it, and is passed over.
+    lines += [
+        f"TF_CPP_MIN_LOG_LEVEL=3 {run} || exit $?",
+        "mgpu_nl='\n'",
+        f"{host_probe.HELD_TASK}=",
+        "while IFS= read -r mgpu_line; do",
+        f'  case $mgpu_line in {host_probe.HELD_TASK}=*) eval "$mgpu_line"; break;; esac',
+        "done",
+        f'[ -n "${host_probe.HELD_TASK}" ] || exit 0',
+        f'{{ [ "$PWD" = "$mgpu_dir" ] || cd "$mgpu_dir"; }} && eval "${host_probe.HELD_TASK}"',
+    ]
     return sh("\n".join(lines))
 
 

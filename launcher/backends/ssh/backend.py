@@ -18,6 +18,7 @@ import threading
 import paramiko
 
 from launcher.errors import ConnectError
+from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
@@ -141,6 +142,8 @@ class SshBackend(Backend):
         self._lock = threading.Lock()
         self._host_locks: dict[SshTarget, threading.Lock] = {}
         self._connections: dict[SshTarget, list[Connection]] = {}
+        # Sessions whose host check is held to become a task (host/probe.py: HELD), by task name.
+        self._held: dict[str, tuple[SshTarget, Connection, paramiko.Channel]] = {}
 
     def target(self, task: TaskPlan) -> SshTarget:
         return resolve_target(task.host, task.ssh, self._config)
@@ -171,14 +174,48 @@ class SshBackend(Backend):
             pool.append(conn)
             return conn
 
-    def run(self, task: TaskPlan, command: str, timeout: float, conversation=None) -> tuple[int, bytes, bytes]:
+    def run(self, task: TaskPlan, command: str, timeout: float, conversation=None,
+            hold: bool = False) -> tuple[int, bytes, bytes]:
         """Run a short command on the task's host: (exit code, stdout, stderr); `conversation`: see
-        Connection.run."""
+        Connection.run. With `hold`, a command that says host/probe.py's HELD keeps its session,
+        which then starts `task` (its exit code is 0 then): the task's first start needs no other
+        session, nor the login shell each session starts."""
         conn = self.connect(task)
+        kept = None
         try:
-            return conn.run(command, timeout, conversation)
+            if not hold:
+                return conn.run(command, timeout, conversation)
+            code, out, err, kept = conn.run_held(command, timeout, conversation, host_probe.HELD.encode())
+            if kept is not None:
+                with self._lock:
+                    stale = self._held.pop(task.name, None)
+                    self._held[task.name] = (conn.target, conn, kept)
+                if stale is not None:
+                    self._drop_held(stale)
+                return 0, out, err
+            return code, out, err
         finally:
-            conn.release()
+            if kept is None:
+                conn.release()
+
+    def _take_held(self, task: TaskPlan) -> tuple[Connection, paramiko.Channel] | None:
+        """The held session that starts `task`, if one waits on its host and is still open."""
+        with self._lock:
+            held = self._held.pop(task.name, None)
+        if held is None:
+            return None
+        target, conn, chan = held
+        if target != self.target(task) or not conn.active or chan.closed or chan.exit_status_ready():
+            self._drop_held(held)  # the task moved to another host, or the probe is gone
+            return None
+        return conn, chan
+
+    @staticmethod
+    def _drop_held(held: tuple[SshTarget, Connection, paramiko.Channel]) -> None:
+        """End a held session: its shell ends at the end of its stdin."""
+        _, conn, chan = held
+        chan.close()
+        conn.release()
 
     def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
         # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
@@ -198,13 +235,18 @@ class SshBackend(Backend):
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period, reporter)
         sessions = SshTaskProcess.sessions
-        conn = self.connect(task, sessions)
+        held = self._take_held(task)
+        conn, chan = held if held is not None else (self.connect(task, sessions), None)
         try:
-            chan = conn.open_session(self.options.connect_timeout)
+            if chan is None:
+                chan = conn.open_session(self.options.connect_timeout)
             try:
                 try:
-                    chan.exec_command(remote.command)
-                    chan.sendall(remote.stdin)  # the env values: never on a command line
+                    if held is not None:
+                        chan.sendall(remote_command.held_task_line(remote))
+                    else:
+                        chan.exec_command(remote.command)
+                        chan.sendall(remote.stdin)  # the env values: never on a command line
                 except (paramiko.SSHException, EOFError, OSError) as e:
                     raise ConnectError(f"{conn.target.label}: cannot start the task: {e or type(e).__name__}") from e
                 stderr = ChannelStream(chan.recv_stderr)
@@ -247,6 +289,9 @@ class SshBackend(Backend):
         with self._lock:
             pools = list(self._connections.values())
             self._connections.clear()
+            held, self._held = list(self._held.values()), {}
+        for session in held:
+            self._drop_held(session)
         for pool in pools:
             for conn in pool:
                 conn.close()

@@ -126,7 +126,21 @@ class Connection:
         Without `conversation` the command's stdin is at its end from the start. With one (see
         preflight/on_host.py's Conversation), stdin stays open for what it says, and it hears each
         line of stdout as it comes."""
+        status, out, err, _ = self._run(command, timeout, conversation, None)
+        return status, out, err
+
+    def run_held(self, command: str, timeout: float, conversation, held: bytes
+                 ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
+        """As `run`, for a command that may end with the line `held` on both stdout and stderr and
+        then wait, its session kept for what comes next (host/probe.py's HELD): (exit code, stdout,
+        stderr, None) when it ended, or (-1, stdout, stderr, the open channel) without the two
+        lines when it is held. The conversation hears nothing after that; the caller owns the channel."""
+        return self._run(command, timeout, conversation, held + b"\n")
+
+    def _run(self, command: str, timeout: float, conversation, held: bytes | None
+             ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
         chan = self.open_session(timeout)
+        kept = None
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
@@ -151,12 +165,19 @@ class Connection:
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
+                if held is not None and _ends_with_line(out, held) and _ends_with_line(err, held):
+                    # Nothing more comes until the caller speaks: what follows is the task's.
+                    if conversation is not None:
+                        conversation.detach()
+                    chan.settimeout(None)
+                    kept = chan
+                    return -1, bytes(out[:-len(held)]), bytes(err[:-len(held)]), chan
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if not got:
                     time.sleep(0.02)
             status = chan.exit_status if chan.exit_status_ready() else EXIT_CONNECTION_LOST
-            return status, bytes(out), bytes(err)
+            return status, bytes(out), bytes(err), None
         except socket.timeout as e:
             raise ConnectError(f"{self.target.label}: command did not finish within {timeout:g} s") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
@@ -164,13 +185,19 @@ class Connection:
         finally:
             if conversation is not None:
                 conversation.detach()
-            chan.close()
+            if kept is None:
+                chan.close()
 
     def close(self) -> None:
         self._closed.set()
         self.client.close()
         for jump in reversed(self.jumps):
             jump.close()
+
+
+def _ends_with_line(data: bytearray, line: bytes) -> bool:
+    """Whether `data`'s last line is `line` (which ends with its newline)."""
+    return data.endswith(line) and (len(data) == len(line) or data[-len(line) - 1:-len(line)] == b"\n")
 
 
 def connect(target: SshTarget, options: SshOptions, config: paramiko.SSHConfig) -> Connection:

@@ -56,6 +56,7 @@ import signal
 from typing import Iterable, Mapping, Sequence
 
 from launcher.config.addresses import parse_env_name
+from launcher.host.probe import HELD_TASK
 from launcher.protocol import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
 from launcher.shell import one_line, safe_workdir, sh
 
@@ -256,6 +257,12 @@ def task_command(
         run = f"cd {shlex.quote(safe_workdir(workdir))} && {run}"
     lines.append(run)
     return RemoteTask(sh("\n".join(lines)), env_block(env))
+
+
+def held_task_line(remote: RemoteTask) -> bytes:
+    """What a held host check's shell reads to start `remote` (host/probe.py: HELD), and then what
+    the task reads: its environment."""
+    return f"{HELD_TASK}={one_line(remote.command)}\n".encode("utf-8", "surrogateescape") + remote.stdin
 
 
 def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:

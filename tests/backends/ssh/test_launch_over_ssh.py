@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 import psutil
 import pytest
@@ -390,21 +393,32 @@ def test_a_run_id_used_again_after_its_launcher_was_killed_keeps_the_new_tasks(s
                 proc.stderr.close()
 
 
+@contextlib.contextmanager
+def forced_host(ssh_lab, tmp_path, name: str, force_command: str) -> Iterator[tuple[pathlib.Path, pathlib.Path]]:
+    """One more loopback sshd, host `name`, whose sessions run `force_command` (sshd's ForceCommand,
+    which may run the session's command from $SSH_ORIGINAL_COMMAND): (known_hosts, ssh config)
+    that name it beside sshd-a and sshd-b."""
+    server = start_sshd(tmp_path, name, ssh_lab.authorized_keys, extra=f"ForceCommand {force_command}\n")
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(ssh_lab.known_hosts.read_text() + server.known_hosts_line())
+        config = tmp_path / "ssh_config"
+        config.write_text(ssh_lab.ssh_config.read_text() + f"Host {name}\n  HostName {server.address}\n"
+                          f"  Port {server.port}\n  User {ssh_lab.user}\n  IdentityFile {ssh_lab.client_key}\n")
+        yield known, config
+    finally:
+        server.stop()
+
+
 def test_tasks_on_different_hosts_start_together(ssh_lab, tmp_path):
     """Each start over SSH waits for the host's login shell; the hosts' starts overlap. Here the
     first host's shell (sshd's ForceCommand) waits until the second host's task has written a file:
     started one after another in plan order, the first task would find no file (its shell gives up
     waiting after 30 s, and only then would the second task start)."""
     started = tmp_path / "second-task-started"
-    waits = start_sshd(tmp_path, "waits", ssh_lab.authorized_keys, extra=(
-        f"ForceCommand i=0; while [ ! -e {started} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
-        'eval "$SSH_ORIGINAL_COMMAND"\n'))
-    try:
-        known = tmp_path / "known_hosts"
-        known.write_text(ssh_lab.known_hosts.read_text() + waits.known_hosts_line())
-        config = tmp_path / "ssh_config"
-        config.write_text(ssh_lab.ssh_config.read_text() + f"Host waits\n  HostName {waits.address}\n  Port {waits.port}\n"
-                          f"  User {ssh_lab.user}\n  IdentityFile {ssh_lab.client_key}\n")
+    force = (f"i=0; while [ ! -e {started} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+             'eval "$SSH_ORIGINAL_COMMAND"')
+    with forced_host(ssh_lab, tmp_path, "waits", force) as (known, config):
         program = ("import os, pathlib, sys; flag = pathlib.Path(sys.argv[1]); index = os.environ['MGPU_TASK_INDEX']\n"
                    "if index == '1': flag.touch()\n"
                    "print('task', index, 'sees the file' if flag.exists() else 'sees no file', flush=True)\n")
@@ -415,5 +429,50 @@ def test_tasks_on_different_hosts_start_together(ssh_lab, tmp_path):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()
         assert "task 0 sees the file" in out.decode(), out.decode() + err.decode()
-    finally:
-        waits.stop()
+
+
+# What a task sees of its session: every environment variable, where it starts, the signals it
+# ignores and blocks (/proc's masks, read by sh: Python ignores two signals of its own at start), and
+# whether it leads its session's process group.
+SESSION_PROGRAM = r"""
+import json, os, sys
+print("SESSION " + json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "signals": sys.argv[1],
+      "leader": os.getsid(0) == os.getpgid(0)}), flush=True)
+"""
+SESSION_COMMAND = ["/bin/sh", "-c", 'exec "$0" -c "$1" "$(grep -E "^Sig(Ign|Blk)" /proc/$$/status)"', PYTHON,
+                   SESSION_PROGRAM]
+# Per launch: the run's tags, its ports, and the SSH connection's own (its source port); the
+# interface the checks found (none without them); the session's command, which ForceCommand shows.
+_PER_LAUNCH = {"TF_CONFIG", "MGPU_LAUNCH_ID", "MGPU_RUN_ID", "TORCHELASTIC_RUN_ID", "SSH_CLIENT", "SSH_CONNECTION",
+               "MASTER_PORT", "MASTER_ADDR", "JAX_COORDINATOR_ADDRESS", "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SSH_ORIGINAL_COMMAND"}
+
+
+def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_would(ssh_lab, tmp_path):
+    """The check's SSH session runs the host's first task, so each login runs the user's start-up
+    files once (here sshd's ForceCommand counts the sessions). The task gets what a session of its
+    own gives it (without the checks, it has one), in the login directory and in a --workdir."""
+    sessions = tmp_path / "sessions"
+    with forced_host(ssh_lab, tmp_path, "counted", f'echo session >> {sessions}; eval "$SSH_ORIGINAL_COMMAND"') as (
+            known, config):
+        for workdir in ([], ["--workdir", str(tmp_path)]):
+            seen = {}
+            for checks in ([], ["--no-check"]):
+                sessions.write_text("")
+                (port,) = pick_free_ports(1)
+                proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"counted:{port}", *checks, *workdir,
+                            "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "5",
+                            "--run-id", unique_run_id("held"), "--", *SESSION_COMMAND)
+                out, err = proc.communicate(timeout=120)
+                assert proc.returncode == 0, err.decode()
+                assert sessions.read_text().count("session") == 1, (checks, sessions.read_text(), err.decode())
+                line = next(line for line in out.decode().splitlines() if "SESSION " in line)
+                seen[bool(checks)] = json.loads(line.split("SESSION ", 1)[1])
+            held, own = seen[False], seen[True]
+            assert held["env"]["MGPU_TASK_TYPE"] == "worker" and "TF_CPP_MIN_LOG_LEVEL" not in held["env"]
+            for name in _PER_LAUNCH:
+                held["env"].pop(name, None), own["env"].pop(name, None)
+            assert held == own
+            assert held["cwd"] == (workdir[1] if workdir else os.path.expanduser("~" + ssh_lab.user))
+            ignored = int(held["signals"].split("SigIgn:")[1].split()[0], 16)
+            assert held["leader"] and not ignored & (1 << signal.SIGPIPE - 1 | 1 << signal.SIGXFSZ - 1)
