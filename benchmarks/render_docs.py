@@ -191,8 +191,8 @@ STARTUP_NOTES = """How the checks' cost grows:
   hosts share two cores, so at 16 hosts they add about 0.7 s (16 x 0.22 s of compute on 2 cores).
 - Then the tasks start, all at once, on the connections the checks opened. Each host's first task
   starts in the session that ran its checks: the probe's shell runs it next, as a session of its
-  own would, so the login shell and the user's start-up files run once per host. Every other task
-  of a host gets a session of its own. The reporter of whether a task has joined the cluster (and
+  own would, so for that task the login shell and the user's start-up files run once, not twice.
+  Every other task of a host gets a session of its own. The reporter of whether a task has joined the cluster (and
   of its CPU use) starts beside it in its session.
 
 On this 2-core machine every host's sshd, login shell and Python share the same two cores, so the

@@ -155,6 +155,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
         while spec.spares:
             spare = spec.spares[0]
             changed = with_host_replaced(spec, host, spare)
+            on_spare: list[TaskPlan] = []
             try:
                 plans = list(options.replan(changed))
                 on_spare = [plan for plan in plans if plan.host == spare and not plan.local]
@@ -165,6 +166,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
                     reachability, _ = run_checks(on_spare, ssh_backend, reach=plans, hold=True)
                     plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
             except MgpuError as e:
+                ssh_backend.drop_held(on_spare)  # the session its check may have kept for a task
                 notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")
                 spec = dataclasses.replace(spec, spares=spec.spares[1:])
                 continue

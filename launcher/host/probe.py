@@ -41,9 +41,6 @@ cpu_error, gpu_error and send_error. It may end any other mode (`reach ... check
 TARGET TIMEOUT`, `reach ... speed ...`): it runs last, in the same process (so the launch needs
 no other SSH session for it), its answer under the key speed; numpy's threads are held to one
 before the host check can import it with TensorFlow.
-
-Before the speed probe's arguments, `hold` (mgpu launch) makes it end its answer with the line
-HELD on stdout and stderr, for the shell that started it to run the host's first task next (HELD).
 """
 
 import errno
@@ -51,7 +48,6 @@ import ipaddress
 import json
 import os
 import re
-import select
 import shutil
 import socket
 import subprocess
@@ -77,12 +73,12 @@ RELEASE = "release"
 # resolve there), and the listeners close then, not at the end of the whole wait. Where one of this
 # host's own dials failed, that host's start is unknown: it gets TIMEOUT seconds more.
 
-# A held probe (`... hold`, mgpu launch) ends its answer with the line HELD on stdout and on stderr,
-# having stopped reading its stdin, and exits; the shell that started it (preflight/probes.py) then
-# reads one line from stdin, HELD_TASK=<the quoted command that starts the host's first task>, and
-# runs it as a session of its own would, in the same process. The task then needs no second SSH
-# session, nor the login shell each one starts, whose start-up files (conda or pyenv init) may cost
-# more than the check.
+# A held probe's session (mgpu launch: preflight/probes.py) goes on after the probe has ended: its
+# shell prints the line HELD on stdout and on stderr, then reads lines from stdin until one
+# HELD_TASK=<the quoted command that starts the host's first task>, and runs that command as a
+# session of its own would, in the same process. The task then needs no second SSH session, nor the
+# login shell each one starts, whose start-up files (conda or pyenv init) may cost more than the
+# check. Until HELD, the launcher says nothing but RELEASE on stdin.
 HELD = "mgpu-probe-held"
 HELD_TASK = "mgpu_task"
 
@@ -393,47 +389,24 @@ def _resolved(host):
         return None
 
 
-class LauncherWords:
-    """Listens for RELEASE, the launcher's word on stdin while the reachability test runs.
+def _wait_for_release(fd, released):
+    """Set `released` when a RELEASE line comes on `fd`; return at its end.
 
-    Reads a byte at a time, and only what has come (it polls), until `stop`: a held probe leaves
-    everything after the last word it took on the pipe, for the shell that runs the task (HELD)."""
-
-    POLL = 0.05  # seconds between looks at `stop`
-
-    def __init__(self, fd=0):
-        self.released = threading.Event()
-        self._stopped = threading.Event()
-        self._fd = fd
-        self._thread = threading.Thread(target=self._read, daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        """Read nothing more; returns once the reader has stopped."""
-        self._stopped.set()
-        self._thread.join()
-
-    def _read(self):
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN | select.POLLHUP)
-        line = bytearray()
-        try:
-            while not self._stopped.is_set():
-                if not poller.poll(self.POLL * 1000):
-                    continue
-                byte = os.read(self._fd, 1)
-                if not byte:
-                    return
-                line += byte
-                if byte == b"\n" or len(line) > 4096:
-                    if line.strip() == RELEASE.encode():
-                        self.released.set()
-                    line.clear()
-        except (OSError, ValueError):
-            return
+    Unbuffered (os.read): a daemon thread blocked in a read of sys.stdin holds the lock of its
+    buffer, and the interpreter then aborts when the probe ends first (SIGABRT, a core file where
+    the host keeps them) instead of exiting."""
+    pending = b""
+    try:
+        while True:
+            data = os.read(fd, 4096)
+            if not data:
+                return
+            *lines, pending = (pending + data).split(b"\n")
+            if any(line.strip() == RELEASE.encode() for line in lines):
+                released.set()
+                return
+    except OSError:
+        return
 
 
 def reach(ports, targets, timeout, expected, released=None, on_dialed=None):
@@ -735,16 +708,14 @@ def main(argv):
         args, speed_args = args[:-4], args[-3:]
         for name in ONE_THREAD_ENV:  # before anything imports numpy (TensorFlow, in the host check)
             os.environ[name] = "1"
-    hold = args[-1:] == ["hold"]  # before the speed probe's arguments
-    if hold:
-        args = args[:-1]
-    words = LauncherWords().start() if args[:1] == ["reach"] else None
     if args[:1] == ["reach"]:
         ports = [int(port) for port in args[1].split(",") if port]
         targets = [target for target in args[2].split(",") if target]
         counts = [int(count) for count in args[4].split(",")]  # per port, or one for every port
+        released = threading.Event()
+        threading.Thread(target=_wait_for_release, args=(0, released), daemon=True).start()
         reached = reach(ports, targets, float(args[3]), dict(zip(ports, counts * len(ports) if len(counts) == 1 else counts)),
-                        words.released, lambda: print(DIALED, flush=True))
+                        released, lambda: print(DIALED, flush=True))
         if args[5:6] == ["check"]:
             result = _host_check(args[6:])
             result["reach"] = reached
@@ -762,13 +733,7 @@ def main(argv):
         else:
             result["speed"] = measured
     sys.stdout.flush()
-    print(json.dumps(result), flush=True)
-    if hold:
-        if words is not None:
-            words.stop()
-        print(HELD, flush=True)
-        sys.stderr.write(HELD + "\n")
-        sys.stderr.flush()
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -234,6 +234,10 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     jobs += [lambda i=i: reach_alone(i) for i in untested]
     reports = in_parallel(jobs, len(jobs))[:len(groups)]
     _compare_tensorflow(reports, local_version)
+    if hold:  # a host that failed its check starts no task: its session ends now
+        for group, report in zip(groups, reports):
+            if not report.ok:
+                shell.drop_held(group[0])
     speeds = speeds_from(firsts, measured) if speed else []
     if errors:
         return reports, Reachability((str(errors[0]),), {}), speeds

@@ -113,6 +113,11 @@ class HostShell:
             raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
         return HostOutput(done.returncode, done.stdout, done.stderr)
 
+    def drop_held(self, plan: TaskPlan) -> None:
+        """End the session a `run` with `hold` kept to start `plan`, if any."""
+        if not plan.local and self._ssh_backend is not None:
+            self._ssh_backend.drop_held([plan])
+
     def json(self, plan: TaskPlan, command: str, timeout: float, what: str,
              conversation: Conversation | None = None) -> dict:
         """The JSON object that `command` prints last; CheckFailed naming why when there is none."""

@@ -76,18 +76,22 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
                       port_list, ",".join(probe.modules),
                       *(["legacy-keras"] if probe.legacy_keras else []),
                       *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []),
-                      *(["hold"] if hold else []), *speed))
+                      *speed))
     if not hold:
         # The reachability test listens on stdin (host/probe.py: RELEASE).
         lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
         return sh("\n".join(lines))
     # Held (host/probe.py: HELD): this shell, which the session's login shell exec'd as it execs a
-    # task's, runs the task next, where the session began, with its environment untouched by the
-    # probe's interpreter (a pyenv or conda shim changes PATH for the interpreter it starts). Its
-    # `read` takes a line and no byte after it: the task's environment follows the task's line on
-    # stdin. A RELEASE the probe did not read comes before it, and is passed over.
+    # task's, says HELD once the probe has ended (whatever the probe wrote comes before it; on
+    # stderr after a newline, should a start-up file have left its line unfinished), then runs the
+    # task, where the session began, with its environment untouched by the probe's interpreter (a
+    # pyenv or conda shim changes PATH for the interpreter it starts). Its `read` takes a line and no
+    # byte after it: the task's environment follows the task's line on stdin. A RELEASE that came
+    # after the probe's last read comes before that line, and is passed over.
     lines += [
         f"TF_CPP_MIN_LOG_LEVEL=3 {run} || exit $?",
+        f"echo {host_probe.HELD}",
+        f"printf '\\n%s\\n' {host_probe.HELD} >&2",
         "mgpu_nl='\n'",
         f"{host_probe.HELD_TASK}=",
         "while IFS= read -r mgpu_line; do",

@@ -2,12 +2,16 @@
 `mgpu launch` refusing to start when a task cannot reach another."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import psutil
 import pytest
 
 from launcher.errors import CheckFailed
 from launcher.preflight import reach
+from launcher.preflight.probes import probe_source, reach_args
 from launcher.preflight.reach import check_reachability, probe_reachability
 from launching import run_mgpu
 from supervisor_helpers import FAKE_WORKER, make_plans
@@ -113,3 +117,22 @@ def test_a_large_cluster_dials_every_pair_of_hosts_and_every_port_but_not_every_
     for i in range(hosts):  # each listener waits for as many as dial it
         assert sum(test.expected(i)) == sum(target in test.dials[j] for j in range(hosts) for target in owner
                                             if owner[target] == test.hosts[i].first.host)
+
+
+def test_a_probe_that_ends_before_the_launchers_word_exits_cleanly():
+    """The reachability probe listens for RELEASE on its stdin from a thread. When it ends first (here
+    it dials nothing, and nothing dials it), with its stdin still open, it exits 0: the thread must
+    not hold the interpreter's stdin, which made it abort at exit (SIGABRT, where a host may keep a
+    core file)."""
+    proc = subprocess.Popen([sys.executable, "-c", probe_source(), *reach_args([], [], 1.0, [0])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        code = proc.wait(60)
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+    assert code == 0 and err == b"", err.decode()
+    assert json.loads(out.splitlines()[-1])["reach"] == {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Sequence
 
 import paramiko
 
@@ -198,6 +199,13 @@ class SshBackend(Backend):
             if kept is None:
                 conn.release()
 
+    def drop_held(self, tasks: Sequence[TaskPlan]) -> None:
+        """End the held sessions that would start `tasks` (their hosts' checks failed, say)."""
+        with self._lock:
+            dropped = [self._held.pop(task.name) for task in tasks if task.name in self._held]
+        for held in dropped:
+            self._drop_held(held)
+
     def _take_held(self, task: TaskPlan) -> tuple[Connection, paramiko.Channel] | None:
         """The held session that starts `task`, if one waits on its host and is still open."""
         with self._lock:
@@ -242,7 +250,7 @@ class SshBackend(Backend):
                 chan = conn.open_session(self.options.connect_timeout)
             try:
                 try:
-                    if held is not None:
+                    if held is not None:  # its one session slot, taken by `run`, is the task's now
                         chan.sendall(remote_command.held_task_line(remote))
                     else:
                         chan.exec_command(remote.command)

@@ -1,7 +1,9 @@
 """Shell command lines for remote tasks. Pure string building, no I/O.
 
-sshd hands the command to the user's login shell. We make that shell exec a
-POSIX sh running a small wrapper, which:
+sshd hands the command to the user's login shell (or, for a host's first task after
+the checks, the shell of the check's session reads it from stdin and runs it the same
+way: host/probe.py's HELD). We make that shell exec a POSIX sh running a small wrapper,
+which:
 
 - prints its pid on stderr (PGID_MARKER). sshd starts every session with
   setsid(), and the wrapper only ever execs, so that pid is the session and
@@ -98,7 +100,7 @@ kill -KILL $(tagged "$@") "-$g" 2>/dev/null
 
 @dataclasses.dataclass(frozen=True)
 class RemoteTask:
-    command: str  # for exec_command: no env value in it
+    command: str  # for exec_command (or a held check's shell: held_task_line): no env value in it
     stdin: bytes  # to send on the session's stdin at once: the env values
 
 

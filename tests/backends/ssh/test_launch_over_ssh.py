@@ -450,11 +450,12 @@ _PER_LAUNCH = {"TF_CONFIG", "MGPU_LAUNCH_ID", "MGPU_RUN_ID", "TORCHELASTIC_RUN_I
 
 def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_would(ssh_lab, tmp_path):
     """The check's SSH session runs the host's first task, so each login runs the user's start-up
-    files once (here sshd's ForceCommand counts the sessions). The task gets what a session of its
-    own gives it (without the checks, it has one), in the login directory and in a --workdir."""
+    files once (here sshd's ForceCommand counts the sessions, and leaves a line on stderr
+    unfinished, as a chatty start-up file may). The task gets what a session of its own gives it
+    (without the checks, it has one), in the login directory and in a --workdir."""
     sessions = tmp_path / "sessions"
-    with forced_host(ssh_lab, tmp_path, "counted", f'echo session >> {sessions}; eval "$SSH_ORIGINAL_COMMAND"') as (
-            known, config):
+    force = f'echo session >> {sessions}; printf "motd, no newline" >&2; eval "$SSH_ORIGINAL_COMMAND"'
+    with forced_host(ssh_lab, tmp_path, "counted", force) as (known, config):
         for workdir in ([], ["--workdir", str(tmp_path)]):
             seen = {}
             for checks in ([], ["--no-check"]):

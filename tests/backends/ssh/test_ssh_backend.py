@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -694,3 +695,27 @@ def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(runner):
         assert wait_exit(proc) == 0
     finally:
         proc.close()
+
+
+def test_the_session_kept_by_a_failed_check_ends_with_the_check(runner, tmp_path):
+    """A launch's check keeps each host's session to start the host's first task; a host that fails
+    its check (here its task's port is taken) starts none, and the shell its session kept waiting
+    ends then, not with the run (a spare that failed its checks would otherwise hold one)."""
+    from launcher.preflight.check import check_hosts_and_reach
+
+    def kept_shells() -> list:  # the shells of this test's probe sessions: their script names its folder
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "mgpu-probe-held" in cmdline and str(tmp_path) in cmdline:
+                found.append(proc)
+        return found
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "pass"], workdir=str(tmp_path)),
+                                   port=taken.getsockname()[1])
+        reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
+    assert not reports[0].ok and "in use" in reports[0].reason, reports[0].reason
+    wait_for(lambda: not kept_shells(), 30, "the kept session's end")
