@@ -207,14 +207,15 @@ class SshBackend(Backend):
             self._drop_held(held)
 
     def _take_held(self, task: TaskPlan) -> tuple[Connection, paramiko.Channel] | None:
-        """The held session that starts `task`, if one waits on its host and is still open."""
+        """The held session that starts `task`, if one was kept on its host (it may have ended since:
+        `start` then opens another)."""
         with self._lock:
             held = self._held.pop(task.name, None)
         if held is None:
             return None
         target, conn, chan = held
-        if target != self.target(task) or not conn.active or chan.closed or chan.exit_status_ready():
-            self._drop_held(held)  # the task moved to another host, or the probe is gone
+        if target != self.target(task):  # the task moved to another host (a spare's)
+            self._drop_held(held)
             return None
         return conn, chan
 
@@ -236,21 +237,31 @@ class SshBackend(Backend):
         return TaskByTask(self.start, attempt, together=True)
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
-        """Start the task; its join reporter looks at its own port and the coordinator's."""
-        own_port, coordinator = task.port, task.coordinator_port
+        """Start the task; its join reporter looks at its own port and the coordinator's. A session
+        its host's check kept (`run` with `hold`) starts the host's first task."""
         nonce = remote_command.new_nonce()
-        reporter = remote_command.join_report_command("$$", own_port, coordinator, nonce)
+        reporter = remote_command.join_report_command("$$", task.port, task.coordinator_port, nonce)
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period, reporter)
-        sessions = SshTaskProcess.sessions
         held = self._take_held(task)
-        conn, chan = held if held is not None else (self.connect(task, sessions), None)
+        if held is not None:
+            try:
+                return self._begin(remote, nonce, task, *held)
+            except ConnectError:
+                pass  # the held session ended before it started the task: a session of its own then
+        return self._begin(remote, nonce, task, self.connect(task, SshTaskProcess.sessions), None)
+
+    def _begin(self, remote: remote_command.RemoteTask, nonce: str, task: TaskPlan, conn: Connection,
+               held: paramiko.Channel | None) -> SshTaskProcess:
+        """Start `remote` in the `held` session, or with None in a new session of `conn`; either way
+        the task's session slots on `conn` are taken already, and given back if the start fails."""
+        chan = held
         try:
             if chan is None:
                 chan = conn.open_session(self.options.connect_timeout)
             try:
                 try:
-                    if held is not None:  # its one session slot, taken by `run`, is the task's now
+                    if held is not None:
                         chan.sendall(remote_command.held_task_line(remote))
                     else:
                         chan.exec_command(remote.command)
@@ -263,9 +274,9 @@ class SshBackend(Backend):
                 chan.close()
                 raise
         except BaseException:
-            conn.release(sessions)
+            conn.release(SshTaskProcess.sessions)
             raise
-        return SshTaskProcess(conn, chan, stderr, pgid, self.options, own_port, coordinator,
+        return SshTaskProcess(conn, chan, stderr, pgid, self.options, task.port, task.coordinator_port,
                               remote_command.report_marker(nonce))
 
     def _read_pgid(self, chan: paramiko.Channel, stderr: ChannelStream, conn: Connection) -> int:

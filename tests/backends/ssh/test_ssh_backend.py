@@ -697,19 +697,22 @@ def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(runner):
         proc.close()
 
 
+def kept_shells(folder) -> list[psutil.Process]:
+    """The shells of sessions that host checks kept to start a task (their script names `folder`,
+    the task's workdir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "mgpu-probe-held" in cmdline and str(folder) in cmdline:
+            found.append(proc)
+    return found
+
+
 def test_the_session_kept_by_a_failed_check_ends_with_the_check(runner, tmp_path):
     """A launch's check keeps each host's session to start the host's first task; a host that fails
     its check (here its task's port is taken) starts none, and the shell its session kept waiting
     ends then, not with the run (a spare that failed its checks would otherwise hold one)."""
     from launcher.preflight.check import check_hosts_and_reach
-
-    def kept_shells() -> list:  # the shells of this test's probe sessions: their script names its folder
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if "mgpu-probe-held" in cmdline and str(tmp_path) in cmdline:
-                found.append(proc)
-        return found
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -718,4 +721,23 @@ def test_the_session_kept_by_a_failed_check_ends_with_the_check(runner, tmp_path
                                    port=taken.getsockname()[1])
         reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
     assert not reports[0].ok and "in use" in reports[0].reason, reports[0].reason
-    wait_for(lambda: not kept_shells(), 30, "the kept session's end")
+    wait_for(lambda: not kept_shells(tmp_path), 30, "the kept session's end")
+
+
+def test_a_task_whose_kept_session_has_ended_starts_in_a_session_of_its_own(runner, tmp_path):
+    """The shell a host check kept to start the task is gone when the task starts (killed here):
+    the task starts all the same, in a new session."""
+    from launcher.preflight.check import check_hosts_and_reach
+
+    task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "print('started')"], workdir=str(tmp_path)),
+                               port=free_port())
+    reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
+    assert reports[0].ok, reports[0].reason
+    shells = kept_shells(tmp_path)
+    assert len(shells) == 1
+    shells[0].kill()
+    psutil.wait_procs(shells, 10)
+    proc = runner.start(task, attempt=0)
+    out, _ = drain(proc)
+    assert wait_exit(proc) == 0 and out == b"started\n"
+    proc.close()
