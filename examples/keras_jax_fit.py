@@ -27,6 +27,10 @@ import sys
 import time
 
 os.environ["KERAS_BACKEND"] = "jax"  # before keras is imported: this program is for the JAX backend
+# Keras also seeds TensorFlow's generator whenever TensorFlow is importable, and initialize() seeds:
+# that would import all of TensorFlow (seconds of CPU, hundreds of MB) into every process of a program
+# that never uses it. Nothing here uses tf.data, so TensorFlow is kept out.
+sys.modules.setdefault("tensorflow", None)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -8,10 +8,10 @@ import signal
 import sys
 
 import pytest
-from needs import installed_version
+from needs import installed_version, stand_in
 
 from launcher.host import proctree
-from launching import REPO, finish, per_attempt, start_mgpu, wait_for
+from launching import REPO, finish, mgpu_env, per_attempt, start_mgpu, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 installed_version("keras")
@@ -23,7 +23,7 @@ EXAMPLE = [sys.executable, str(REPO / "examples" / "keras_jax_fit.py")]
 class Launch:
     """`mgpu launch ... -- python examples/keras_jax_fit.py ...` as a subprocess."""
 
-    def __init__(self, tmp_path, name, launch_args, example_args=(), epochs_per_attempt=None):
+    def __init__(self, tmp_path, name, launch_args, example_args=(), epochs_per_attempt=None, env=None):
         run_id = f"{name}-{secrets.token_hex(4)}"  # unique on this machine: processes are found by it
         self.run_dir = tmp_path / "runs" / run_id
         self.run_id = run_id
@@ -31,7 +31,7 @@ class Launch:
         if epochs_per_attempt:  # (the first attempt's, the later ones')
             program = per_attempt(program, "--epochs", *epochs_per_attempt)
         self.proc = start_mgpu("launch", *launch_args, "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
-                               "--run-id", run_id, "--", *program, cwd=tmp_path)
+                               "--run-id", run_id, "--", *program, cwd=tmp_path, env=env)
 
     def finish(self, timeout=240):
         return finish(self.proc, timeout)
@@ -88,13 +88,19 @@ def assert_one_job_with_equal_weights(results, processes):
     assert len({r["loss"] for r in results.values()}) == 1, results
 
 
-def test_with_a_chief_the_chief_is_process_0(tmp_path, launches):
-    launch = launches(tmp_path, "chief", ["--local", "1", "--chief"])
+def test_with_a_chief_the_chief_is_process_0_and_no_task_imports_tensorflow(tmp_path, launches):
+    """Keras seeds TensorFlow as well whenever it is importable, and initialize() seeds: the example
+    keeps it out. Here the TensorFlow each task would find is a stand-in that leaves a file."""
+    tensorflow_loaded = tmp_path / "tensorflow-loaded"
+    stand_ins = stand_in(tmp_path, "tensorflow", tensorflow_loaded, importable=False)["PYTHONPATH"]
+    env = mgpu_env(PYTHONPATH=os.pathsep.join([stand_ins, str(REPO)]))
+    launch = launches(tmp_path, "chief", ["--local", "1", "--chief"], env=env)
     code, out = launch.finish()
     assert code == 0, out[-3000:]
     results = launch.results(["chief:0", "worker:0"])
     assert_one_job_with_equal_weights(results, 2)
     assert results["chief:0"]["process_id"] == 0 and results["worker:0"]["process_id"] == 1
+    assert not tensorflow_loaded.exists(), "a task imported tensorflow"
 
 
 def test_a_killed_worker_ends_the_run_and_leaves_nothing(tmp_path, launches):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from needs import installed_version, require
+from needs import installed_version, require, stand_in
 
 np = require("numpy", "the train extra")
 installed_version("tensorflow", "the train extra")
@@ -50,23 +50,13 @@ def single_run(tmp_path_factory):
     worker_config, evaluator_config = cluster_configs(1, evaluator=True)
     trainer = Trainer([*args, "--export-dir", str(export_dir)], tmp / "worker.log", worker_config,
                       python_options=("-X", "importtime"),
-                      env={"TMPDIR": str(temporary), **matplotlib_stand_in(tmp, tmp / "matplotlib-loaded")})
+                      env={"TMPDIR": str(temporary), **stand_in(tmp, "matplotlib", tmp / "matplotlib-loaded", submodules=["pyplot"])})
     evaluator = Trainer([*args, "--evaluator-timeout", "120"], tmp / "evaluator.log", evaluator_config,
                         env={"TMPDIR": str(temporary)})
     codes = wait_all([trainer, evaluator], timeout=240)
     return {"dir": tmp, "model_dir": model_dir, "export_dir": export_dir, "codes": codes,
             "trainer": trainer, "evaluator": evaluator, "temporary": temporary,
             "matplotlib_loaded": tmp / "matplotlib-loaded"}
-
-
-def matplotlib_stand_in(folder: pathlib.Path, loaded: pathlib.Path) -> dict[str, str]:
-    """The environment of a process that finds a matplotlib which, once imported, leaves the file
-    `loaded` (the tests' environment has no matplotlib: they plot nothing)."""
-    package = folder / "stand-ins" / "matplotlib"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(f"open({str(loaded)!r}, 'w').close()\n")
-    (package / "pyplot.py").write_text("")
-    return {"PYTHONPATH": str(package.parent)}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +120,7 @@ def test_the_trainer_loads_neither_jax_nor_matplotlib(single_run, tmp_path):
     # The stand-in is what an import of matplotlib finds in the trainer's environment.
     loaded = tmp_path / "loaded"
     subprocess.run([sys.executable, "-c", "import matplotlib.pyplot"], check=True,
-                   env={**os.environ, **matplotlib_stand_in(tmp_path, loaded)})
+                   env={**os.environ, **stand_in(tmp_path, "matplotlib", loaded, submodules=["pyplot"])})
     assert loaded.exists()
 
 
