@@ -50,6 +50,24 @@ def _temporary_files_in_the_base_temp(tmp_path_factory):
         os.environ["TMPDIR"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _jax_compilation_cache(tmp_path_factory):
+    """The JAX programs the tests start (Keras 3 on JAX, JAX itself) keep what XLA compiles in one
+    folder per test process and load it in the next process that compiles the same thing: about 3
+    CPU-s of each such process's 6, and nothing a test looks at. (Compilations under a second are
+    kept too: JAX keeps only longer ones unless told.) Tasks on SSH hosts do not get it."""
+    variables = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-compilation-cache", numbered=False)),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def _signals_left_as_found():
     """Fails the test that leaves this process's signal handlers or mask changed, and restores them."""
