@@ -12,7 +12,7 @@ from needs import installed_version
 import cpu_limits
 from launcher import protocol
 from launcher.supervise import diagnosis
-from launching import finish, run_mgpu, start_mgpu, wait_for, wait_for_line
+from launching import finish, start_mgpu, wait_for, wait_for_line
 from trainer_helpers import FAST
 
 pytestmark = pytest.mark.slow
@@ -65,14 +65,15 @@ def test_two_workers_and_an_evaluator_through_the_launcher(tmp_path):
         assert all(splits) and (len(splits) > 0) == name.startswith("worker"), log[-3000:]
 
 
-def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
+def test_preempted_worker_restarts_the_cluster_which_resumes_and_tf_logs_show_where_asked_for(tmp_path):
     """SIGTERM to one worker only: the other learns of it by collective, both save the same step and
-    exit 42, the launcher restarts the cluster, and it resumes there to identical replicas."""
+    exit 42, the launcher restarts the cluster, and it resumes there to identical replicas. On the
+    way, what the evaluator run above hides is shown: --tf-log-level 0 and --show-tf-logs."""
     model_dir, log_dir = tmp_path / "model", tmp_path / "runs"
     # Exercise the tunable all-reduce on the way: float16 on the wire, small packs.
     proc = start_mgpu(
         "launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(log_dir), "--run-id", "preempted", "--grace-period", "30",
-        "--", *FAST, "--train-steps", "200", "--log-every", "20", "--steps-per-loop", "5",
+        "--show-tf-logs", "--", *FAST, "--train-steps", "200", "--log-every", "20", "--steps-per-loop", "5", "--tf-log-level", "0",
         "--allreduce-dtype", "float16", "--bytes-per-pack", "4096",
         "--batch-size-per-replica", "32", "--checkpoint-every", "1000", "--model-dir", str(model_dir), cwd=tmp_path)
     seen = []
@@ -105,6 +106,11 @@ def test_preempted_worker_restarts_the_cluster_which_resumes(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["global_step"] == 200
     assert len(metrics["replica_fingerprints"]) == 2 and len(set(metrics["replica_fingerprints"])) == 1
+    logs = [(log_dir / "preempted" / f"worker-{i}.log").read_text() for i in (0, 1)]
+    assert all(SERVER_STARTED in log for log in logs)
+    for name in ("worker:0", "worker:1"):
+        assert f"[{name}] {ABSL_PREAMBLE}" in out
+        assert any(line.startswith(f"[{name}] I") and SERVER_STARTED in line for line in out.splitlines())
 
 
 def time_splits(log: pathlib.Path) -> list[tuple[int, int]]:
@@ -157,16 +163,3 @@ def test_the_worker_slowed_by_a_cpu_quota_waits_least_and_is_named_from_its_time
     figures = f"worker 0: {fast}, worker 1 (slowed): {slowed}"
     assert wait_share(fast) > 0.5, figures
     assert wait_share(slowed) < wait_share(fast) / 2, figures
-
-
-def test_tf_log_level_zero_and_show_tf_logs_show_the_info_records(tmp_path):
-    """What the evaluator run above hides is shown where asked for."""
-    done = run_mgpu("launch", "--local", "2", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"),
-                    "--run-id", "verbose", "--show-tf-logs", "--", *FAST, "--train-steps", "4", "--log-every", "2",
-                    "--tf-log-level", "0", cwd=tmp_path, timeout=200)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    logs = [(tmp_path / "runs" / "verbose" / f"worker-{i}.log").read_text() for i in (0, 1)]
-    assert all(SERVER_STARTED in log for log in logs)
-    for name in ("worker:0", "worker:1"):
-        assert f"[{name}] {ABSL_PREAMBLE}" in done.stdout + done.stderr
-        assert any(line.startswith(f"[{name}] I") and SERVER_STARTED in line for line in done.stdout.splitlines())
