@@ -9,7 +9,7 @@ import sys
 
 import psutil
 import pytest
-from needs import installed_version
+from needs import installed_version, stand_in
 
 from launching import REPO, finish, mgpu_env, per_attempt, start_mgpu, wait_for_line
 
@@ -20,13 +20,14 @@ installed_version("tf-keras", "the legacy-keras extra")
 EXAMPLE = str(REPO / "examples" / "keras_fit_legacy.py")
 
 
-def launch(args, tmp_path):
+def launch(args, tmp_path, python_path=()):
     """`mgpu launch` with HOME in tmp_path (tf_keras keeps its settings in ~/.keras) and this Python's
     folder first on PATH, as in an activated virtual environment: the host check of a program run
-    through a shell asks `python3` for tf_keras."""
+    through a shell asks `python3` for tf_keras. `python_path`: folders searched before the repository."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    env = mgpu_env(HOME=str(home), PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = mgpu_env(HOME=str(home), PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   PYTHONPATH=os.pathsep.join([*python_path, str(REPO)]))
     env.pop("TF_USE_LEGACY_KERAS", None)
     return start_mgpu("launch", "--threads-per-task", "1", "--log-dir", str(tmp_path / "runs"), *args, cwd=tmp_path,
                       env=env)
@@ -37,12 +38,16 @@ def fit_command(model_dir, *args):
 
 
 def test_legacy_keras_fit_trains_a_chief_and_a_worker_with_keras_progress_bar(tmp_path):
-    # Two workers without a chief train (and worker 0 saves) in the kill -9 test below.
+    # Two workers without a chief train (and worker 0 saves) in the kill -9 test below. The tasks find
+    # a stand-in JAX that leaves a file when imported: TensorFlow would import it, the example does not.
     model_dir = tmp_path / "model"
+    jax_loaded = tmp_path / "jax-loaded"
+    stand_ins = stand_in(tmp_path, "jax", jax_loaded, importable=False)["PYTHONPATH"]
     code, out = finish(launch(["--local", "1", "--chief", "--legacy-keras", "--run-id", "chief",
                                *fit_command(model_dir, "--epochs", "2", "--steps-per-epoch", "4", "--verbose", "1")],
-                              tmp_path), 300)
+                              tmp_path, python_path=[stand_ins]), 300)
     assert code == 0, out[-3000:]
+    assert not jax_loaded.exists(), "a task imported jax"
     for task in ("chief:0", "worker:0"):
         assert f"[{task}] fit: tf_keras 2." in out
         assert f"[{task}] fit: epoch 2 done" in out
