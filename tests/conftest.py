@@ -36,36 +36,21 @@ _WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _temporary_files_in_the_base_temp(tmp_path_factory):
-    """What the programs the tests start leave in the temporary folder (TensorFlow's autograph keeps
-    a source file per converted function, a thousand and more a run) goes under pytest's own base
-    folder, which pytest removes after a few runs, not into /tmp for good."""
-    folder = tmp_path_factory.mktemp("programs-tmp", numbered=True)
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(folder)
-    yield
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _jax_compilation_cache(tmp_path_factory):
-    """The JAX programs the tests start (Keras 3 on JAX, JAX itself) keep what XLA compiles in one
-    folder per test process and load it in the next process that compiles the same thing: about 3
-    CPU-s of each such process's 6, and nothing a test looks at. (Compilations under a second are
-    kept too: JAX keeps only longer ones unless told.) Tasks on SSH hosts do not get it."""
-    variables = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-compilation-cache", numbered=False)),
-                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    before = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    yield
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def _programs_environment(tmp_path_factory):
+    """What the programs the tests start get in their environment, for the whole session:
+    - TMPDIR: what they leave in the temporary folder (TensorFlow's autograph keeps a source file per
+      converted function, a thousand and more a run) goes under pytest's own base folder, which
+      pytest removes after a few runs, not into /tmp for good;
+    - JAX's persistent compilation cache: the JAX programs (Keras 3 on JAX, JAX itself) keep what XLA
+      compiles in one folder per test process and load it in the next process that compiles the
+      same thing, about 3 CPU-s of each such process's 6 and nothing a test looks at (compilations
+      under a second are kept too: JAX keeps only longer ones unless told). Tasks on SSH hosts do
+      not get it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("programs-tmp", numbered=True)))
+        patch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-compilation-cache", numbered=False)))
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -41,15 +41,15 @@ def installed_version(distribution: str, extra: str = "the dev extra") -> str:
         missing(f"needs {distribution} installed ({extra})")
 
 
-def stand_in(folder, name: str, loaded, *, submodules=(), importable: bool = True) -> dict[str, str]:
-    """The environment (PYTHONPATH) of a process that finds, in place of package `name` (with empty
-    `submodules`), a stand-in that leaves the file `loaded` when imported: the proof that a program
-    did not import it. A stand-in that is not `importable` then raises ImportError, as if the
-    package were absent."""
+def stand_in(folder, name: str, loaded, *, submodules=(), importable: bool = True) -> str:
+    """A folder for the front of PYTHONPATH where a process finds, in place of package `name` (with
+    empty `submodules`), a stand-in that leaves the file `loaded` when imported: the proof that a
+    program did not import it. A stand-in that is not `importable` then raises ImportError, as if
+    the package were absent."""
     package = folder / "stand-ins" / name
     package.mkdir(parents=True, exist_ok=True)
     raising = "" if importable else f"raise ImportError('{name}: a stand-in')\n"
     (package / "__init__.py").write_text(f"open({str(loaded)!r}, 'w').close()\n{raising}")
     for submodule in submodules:
         (package / f"{submodule}.py").write_text("")
-    return {"PYTHONPATH": str(package.parent)}
+    return str(package.parent)

@@ -42,7 +42,7 @@ def test_legacy_keras_fit_trains_a_chief_and_a_worker_with_keras_progress_bar(tm
     # a stand-in JAX that leaves a file when imported: TensorFlow would import it, the example does not.
     model_dir = tmp_path / "model"
     jax_loaded = tmp_path / "jax-loaded"
-    stand_ins = stand_in(tmp_path, "jax", jax_loaded, importable=False)["PYTHONPATH"]
+    stand_ins = stand_in(tmp_path, "jax", jax_loaded, importable=False)
     code, out = finish(launch(["--local", "1", "--chief", "--legacy-keras", "--run-id", "chief",
                                *fit_command(model_dir, "--epochs", "2", "--steps-per-epoch", "4", "--verbose", "1")],
                               tmp_path, python_path=[stand_ins]), 300)

@@ -92,7 +92,7 @@ def test_with_a_chief_the_chief_is_process_0_and_no_task_imports_tensorflow(tmp_
     """Keras seeds TensorFlow as well whenever it is importable, and initialize() seeds: the example
     keeps it out. Here the TensorFlow each task would find is a stand-in that leaves a file."""
     tensorflow_loaded = tmp_path / "tensorflow-loaded"
-    stand_ins = stand_in(tmp_path, "tensorflow", tensorflow_loaded, importable=False)["PYTHONPATH"]
+    stand_ins = stand_in(tmp_path, "tensorflow", tensorflow_loaded, importable=False)
     env = mgpu_env(PYTHONPATH=os.pathsep.join([stand_ins, str(REPO)]))
     launch = launches(tmp_path, "chief", ["--local", "1", "--chief"], env=env)
     code, out = launch.finish()

@@ -35,7 +35,7 @@ def test_keras_3_custom_loop_trains_on_two_workers_and_resumes(tmp_path):
     program = [sys.executable, str(REPO / "examples" / "keras_custom_loop.py"), "--model-dir", str(tmp_path / "m"),
                "--checkpoint-every", "10", "--log-every", "10"]
     jax_loaded = tmp_path / "jax-loaded"
-    stand_ins = stand_in(tmp_path, "jax", jax_loaded, importable=False)["PYTHONPATH"]
+    stand_ins = stand_in(tmp_path, "jax", jax_loaded, importable=False)
     code, out = launch(["--local", "2", "--", *program, "--steps", "20"], tmp_path, python_path=[stand_ins])
     assert code == 0, out[-3000:]
     for task in ("worker:0", "worker:1"):

@@ -50,7 +50,7 @@ def single_run(tmp_path_factory):
     worker_config, evaluator_config = cluster_configs(1, evaluator=True)
     trainer = Trainer([*args, "--export-dir", str(export_dir)], tmp / "worker.log", worker_config,
                       python_options=("-X", "importtime"),
-                      env={"TMPDIR": str(temporary), **stand_in(tmp, "matplotlib", tmp / "matplotlib-loaded", submodules=["pyplot"])})
+                      env={"TMPDIR": str(temporary), "PYTHONPATH": stand_in(tmp, "matplotlib", tmp / "matplotlib-loaded", submodules=["pyplot"])})
     evaluator = Trainer([*args, "--evaluator-timeout", "120"], tmp / "evaluator.log", evaluator_config,
                         env={"TMPDIR": str(temporary)})
     codes = wait_all([trainer, evaluator], timeout=240)
@@ -120,7 +120,7 @@ def test_the_trainer_loads_neither_jax_nor_matplotlib(single_run, tmp_path):
     # The stand-in is what an import of matplotlib finds in the trainer's environment.
     loaded = tmp_path / "loaded"
     subprocess.run([sys.executable, "-c", "import matplotlib.pyplot"], check=True,
-                   env={**os.environ, **stand_in(tmp_path, "matplotlib", loaded, submodules=["pyplot"])})
+                   env={**os.environ, "PYTHONPATH": stand_in(tmp_path, "matplotlib", loaded, submodules=["pyplot"])})
     assert loaded.exists()
 
 
