@@ -125,32 +125,3 @@ def isolated_home(tmp_path, monkeypatch) -> pathlib.Path:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     return home
-
-
-@pytest.fixture(autouse=True)
-def no_stale_pyenv_rehash_lock() -> None:
-    """Where the login shell runs `pyenv init` (as on the machines these tests run on), each SSH
-    session rehashes under a lock file. A session stopped in the middle of that (the tests stop
-    runs at any point, as users do) leaves the lock behind, and every later login waits 60 s for
-    it: the machine's state, not mgpu's. A lock that no running rehash holds, or older than any
-    rehash takes (the others only wait on it), is removed. The login's home is the user's, not
-    the HOME of isolated_home."""
-    import os
-    import pwd
-    import time
-
-    import psutil
-
-    home = pwd.getpwuid(os.getuid()).pw_dir
-    lock = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path(home) / ".pyenv")) / "shims" / ".pyenv-shim"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age < STALE_REHASH_LOCK_S and any(any("pyenv-rehash" in part for part in proc.info["cmdline"] or ())
-                                         for proc in psutil.process_iter(["cmdline"])):
-        return
-    lock.unlink(missing_ok=True)
-
-
-STALE_REHASH_LOCK_S = 30.0

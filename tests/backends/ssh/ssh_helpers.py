@@ -141,6 +141,11 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
         "PrintMotd no\n"
         "AllowTcpForwarding yes\n"
         "MaxStartups 50\n"
+        # The sessions run the account's login shell but not its ~/.bashrc: bash reads that file
+        # for a command from sshd only at shell level 1. What this machine's account starts there
+        # (pyenv init: a hundred processes, 0.1 CPU-s a session) is not mgpu's; a test that needs a
+        # start-up file, slow or chatty, gives its host one with ForceCommand.
+        "SetEnv SHLVL=1\n"
         # As the distributions' sshd_config has it: --sync copies over SFTP.
         + (f"Subsystem sftp {SFTP_SERVER}\n" if os.path.exists(SFTP_SERVER) else "") +
         f"LogLevel {log_level}\n"
