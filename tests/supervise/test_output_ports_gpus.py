@@ -89,6 +89,19 @@ def test_picked_ports_are_outside_the_ephemeral_range():
     assert all(not low <= port <= high and port >= 1024 for port in ports.pick_free_ports(20))
 
 
+@pytest.mark.parametrize("ephemeral, expected", [
+    ((32768, 60999), 2000),  # Linux's default: tens of thousands outside it, drawn as asked
+    ((1100, 65500), 76 + 35),  # few outside it: every one, in random order
+    ((1024, 65535), 0),  # none
+])
+def test_candidate_ports_are_distinct_and_outside_the_ephemeral_range(ephemeral, expected):
+    low, high = ephemeral
+    candidates = list(ports._candidates(ephemeral, ports.MAX_TRIES))
+    assert len(candidates) == len(set(candidates)) == expected
+    assert all(1024 <= port <= 65535 and not low <= port <= high for port in candidates)
+    assert candidates != sorted(candidates) or expected == 0
+
+
 # Picks two ports as a launch of `--local 2` does (claimed for as long as it runs), prints them, and
 # keeps them until its stdin closes.
 PICKER = ("import os, sys\nfrom launcher.host.ports import pick_free_ports\nfrom launcher.supervise.run_lock import claim_port\n"
