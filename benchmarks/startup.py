@@ -101,7 +101,8 @@ def lab(count: int) -> Iterator[Lab]:
     try:
         for name, address in netns.hosts.items():
             netns.sshds[name] = start_sshd(directory, name, authorized, address=address, port=22,
-                                           netns=netns.namespaces[name], extra="MaxStartups 200\nMaxSessions 64\n")
+                                           netns=netns.namespaces[name], extra="MaxStartups 200\nMaxSessions 64\n",
+                                           account_startup_files=True)
         known = directory / "known_hosts"
         known.write_text("".join(s.known_hosts_line() for s in netns.sshds.values()))
         config = directory / "ssh_config"

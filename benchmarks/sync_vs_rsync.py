@@ -62,7 +62,8 @@ def main() -> None:
         try:
             for name, address in lab.hosts.items():
                 servers.append(start_sshd(directory, name, authorized, address=address, port=22,
-                                          netns=lab.namespaces[name], private_dir=private))
+                                          netns=lab.namespaces[name], private_dir=private,
+                                          account_startup_files=True))
             known = directory / "known_hosts"
             known.write_text("".join(s.known_hosts_line() for s in servers))
             config = directory / "ssh_config"

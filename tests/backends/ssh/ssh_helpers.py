@@ -113,8 +113,14 @@ class Sshd:
 
 def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path, address: str = "127.0.0.1",
                port: int | None = None, netns: str | None = None, log_level: str = "INFO", extra: str = "",
-               private_dir: str | None = None) -> Sshd:
+               private_dir: str | None = None, account_startup_files: bool = False) -> Sshd:
     """Start `sshd -D -e -f <config>` and wait until it listens.
+
+    Its sessions run the account's login shell but, unless `account_startup_files`, not its
+    ~/.bashrc: bash reads that file for a command from sshd only at shell level 1. What this
+    machine's account starts there (pyenv init: a hundred processes, 0.1 CPU-s a session) is not
+    mgpu's; a test that needs a start-up file, slow or chatty, gives its host one with ForceCommand.
+    The benchmarks keep it, as a user's host would.
 
     With `private_dir` (an existing folder), the server and its sessions see a tmpfs of their own
     there (a mount namespace of the server's): a host that shares no folder with the others. Its
@@ -141,11 +147,7 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
         "PrintMotd no\n"
         "AllowTcpForwarding yes\n"
         "MaxStartups 50\n"
-        # The sessions run the account's login shell but not its ~/.bashrc: bash reads that file
-        # for a command from sshd only at shell level 1. What this machine's account starts there
-        # (pyenv init: a hundred processes, 0.1 CPU-s a session) is not mgpu's; a test that needs a
-        # start-up file, slow or chatty, gives its host one with ForceCommand.
-        "SetEnv SHLVL=1\n"
+        + ("" if account_startup_files else "SetEnv SHLVL=1\n")
         # As the distributions' sshd_config has it: --sync copies over SFTP.
         + (f"Subsystem sftp {SFTP_SERVER}\n" if os.path.exists(SFTP_SERVER) else "") +
         f"LogLevel {log_level}\n"
