@@ -43,7 +43,7 @@ def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
 def _candidates(ephemeral: tuple[int, int], count: int) -> Iterator[int]:
     """Up to `count` distinct unprivileged ports outside the ephemeral range, in random order,
     drawn one at a time as the caller asks: it mostly takes the first few, and drawing all
-    `count` up front (a system random number each) took 3.4 ms of every launch."""
+    `count` up front (a system random number each) would cost 3.4 ms of every launch."""
     low, high = ephemeral
     below = max(0, min(low, LAST_PORT + 1) - FIRST_UNPRIVILEGED)  # FIRST_UNPRIVILEGED .. low - 1
     above_first = max(high + 1, FIRST_UNPRIVILEGED)

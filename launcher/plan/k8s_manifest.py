@@ -44,8 +44,8 @@ class _Quoted(str):
 @functools.cache
 def _dumper():
     """PyYAML's safe dumper, writing _Quoted values in double quotes. PyYAML is imported here, not
-    with the module: the CLI imports every command's module at its start, where PyYAML took about
-    15 ms of the 125 of every command, and only `mgpu k8s` writes YAML."""
+    with the module: the CLI imports every command's module at its start, where PyYAML would take
+    about 15 ms of the 125 of every command, and only `mgpu k8s` writes YAML."""
     import yaml
 
     class Dumper(yaml.SafeDumper):

@@ -144,7 +144,7 @@ def synthetic(num_train: int = SYNTHETIC_TRAIN_EXAMPLES, num_test: int = SYNTHET
     def make(n):
         labels = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
         # Drawn as bytes and added as bytes (64 + 191 fits): in floating point the same images
-        # took 1 CPU-s and four 140 MB temporaries at every start of every task.
+        # would take 1 CPU-s and four 140 MB temporaries at every start of every task.
         noise = rng.integers(0, NOISE_LEVELS, size=(n, *IMAGE_SHAPE), dtype=np.uint8)
         return patterns[labels] + noise, labels
 
