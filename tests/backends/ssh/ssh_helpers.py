@@ -118,7 +118,7 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
 
     Its sessions run the account's login shell but, unless `account_startup_files`, not its
     ~/.bashrc: bash reads that file for a command from sshd only at shell level 1. What this
-    machine's account starts there (pyenv init: a hundred processes, 0.1 CPU-s a session) is not
+    machine's account starts there (pyenv init: a hundred processes, 0.16 CPU-s a session) is not
     mgpu's; a test that needs a start-up file, slow or chatty, gives its host one with ForceCommand.
     The benchmarks keep it, as a user's host would.
 
