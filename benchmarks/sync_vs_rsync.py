@@ -19,7 +19,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "backends" / "ssh"))
+sys.path[:0] = [str(REPO / "tests" / "backends" / "ssh"), str(REPO / "tests")]
 
 from ssh_helpers import Netns, keygen, start_sshd  # noqa: E402
 
