@@ -98,7 +98,7 @@ def test_a_workdir_another_account_made_is_refused_and_its_program_never_runs(ne
     done = launch(netns, tmp_path, folder, workdir)
     assert done.returncode == 1, done.stderr[-3000:]
     error = done.stderr[done.stderr.index("mgpu: error:"):]
-    assert error.startswith(f"mgpu: error: sync to h"), error
+    assert error.startswith("mgpu: error: sync to h"), error
     assert f"{workdir} belongs to another account (uid {NOBODY}, not 0)" in error
     assert len(error.strip().splitlines()) == 1, error
     for name in ("h1", "h2"):
