@@ -40,7 +40,7 @@ class CpuGroup:
         for member in tree(pid):
             try:
                 self.add(member)
-            except OSError:
+            except ProcessLookupError:
                 pass  # ended meanwhile
 
     def pids(self) -> list[int]:
@@ -99,7 +99,7 @@ def _cpu_group(name: str, fraction: float | None, weight: int | None) -> Iterato
             for pid in pids:
                 try:
                     (root / "cgroup.procs").write_text(f"{pid}\n")
-                except OSError:
+                except ProcessLookupError:
                     pass  # gone meanwhile
         path.rmdir()
 
@@ -109,10 +109,31 @@ def burner(core: int) -> Iterator[subprocess.Popen]:
     """A process that keeps core `core` busy until the block ends."""
     proc = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
     try:
+        _wait_until_running(proc, core)
         yield proc
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def _wait_until_running(proc: subprocess.Popen, core: int, timeout: float = 30.0) -> None:
+    """Until taskset has become the burner, pinned to `core`; its failure (no taskset, no such core)
+    fails the test with taskset's own word."""
+    import time
+
+    import psutil
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the CPU burner on core {core} did not start: taskset exited {proc.returncode}")
+        try:
+            me = psutil.Process(proc.pid)
+            if me.cmdline()[:1] == [sys.executable] and me.cpu_affinity() == [core]:
+                return
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"the CPU burner on core {core} did not start within {timeout:g} s")
 
 
 def tree(pid: int) -> list[int]:
@@ -136,5 +157,5 @@ def pin_tree(pid: int, cores: set[int]) -> None:
         for tid in threads:
             try:
                 os.sched_setaffinity(int(tid), cores)
-            except OSError:
+            except ProcessLookupError:
                 pass  # ended meanwhile

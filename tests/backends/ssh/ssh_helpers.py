@@ -70,15 +70,18 @@ class Sshd:
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
-        """Suspend the server's connection processes: a network partition, or a host too busy to answer."""
+        """Suspend the server's connection processes: a network partition, or a host too busy to answer.
+        OpenSSH 9.8 and later name them sshd-session (and sshd-auth); a freeze that found none fails."""
         procs = []
         for p in psutil.Process(self.proc.pid).children(recursive=True):
             try:  # a session may end meanwhile (a task that ended, with its join reporter)
-                if p.name() == "sshd":
+                if p.name() in ("sshd", "sshd-session", "sshd-auth"):
                     p.suspend()
                     procs.append(p)
-            except psutil.Error:
+            except psutil.NoSuchProcess:
                 pass
+        if not procs:
+            raise AssertionError(f"sshd {self.name} has no connection process to freeze")
         try:
             yield
         finally:
