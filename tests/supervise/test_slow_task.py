@@ -25,6 +25,7 @@ import time
 import pytest
 
 import cpu_limits
+import needs
 from launching import REPO, start_mgpu, wait_for, wait_for_line
 from launcher.supervise import pace
 
@@ -58,7 +59,7 @@ def slowest_lines(console: pathlib.Path) -> list[str]:
 
 
 def phases(proc, runs: pathlib.Path, run_id: str, console: pathlib.Path, pids: dict[str, int],
-           first: cpu_limits.CpuGroup) -> tuple[dict, float, dict, float]:
+           first: cpu_limits.CpuGroup, cores: tuple[int, int]) -> tuple[dict, float, dict, float]:
     measured = time.monotonic()
     # Even: a whole window and more without a name.
     wait_for(lambda: time.monotonic() - measured > WINDOW + 3 * pace.SAMPLE_INTERVAL or proc.poll() is not None,
@@ -86,11 +87,11 @@ def phases(proc, runs: pathlib.Path, run_id: str, console: pathlib.Path, pids: d
     # spread over the cores its processes use: worker:1 gets a group of its own, so as not to get
     # only the share left by the first group's two busy processes on the other core.
     with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "second") as second, \
-            cpu_limits.burner(1) as burning:
+            cpu_limits.burner(cores[1]) as burning:
         second.add_tree(pids["worker:1"])
         first.add(burning.pid)
-        cpu_limits.pin_tree(pids["worker:0"], {1})
-        cpu_limits.pin_tree(pids["worker:1"], {0})
+        cpu_limits.pin_tree(pids["worker:0"], {cores[1]})
+        cpu_limits.pin_tree(pids["worker:1"], {cores[0]})
         started = time.monotonic()
         wait_for(lambda: len(slowest_lines(console)) == 2 or proc.poll() is not None, NAMED_WITHIN,
                  lambda: f"worker:0 named: {busy(runs, run_id)}", interval=0.5)
@@ -100,9 +101,8 @@ def phases(proc, runs: pathlib.Path, run_id: str, console: pathlib.Path, pids: d
 
 
 def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
-    pytest.importorskip("torch")
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two cores")
+    needs.require("torch")
+    cores = cpu_limits.two_cores()
     runs = tmp_path / "runs"
     run_id = f"pace-{os.getpid()}"
     hold = tmp_path / "hold"
@@ -117,7 +117,7 @@ def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
         with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "first") as first:
             for pid in pids.values():
                 first.add_tree(pid)
-            even, quota_named, quota_shares, shared_named = phases(proc, runs, run_id, console, pids, first)
+            even, quota_named, quota_shares, shared_named = phases(proc, runs, run_id, console, pids, first, cores)
 
         hold.touch()
         assert proc.wait(120) == 0, console.read_text()[-3000:]

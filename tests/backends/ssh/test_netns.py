@@ -16,6 +16,7 @@ import pytest
 from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
+import needs
 from launching import REPO, wait_for
 from ssh_helpers import (NETNS_PREFIX, PYTHON, ip, remove_namespace, remove_stale_namespaces, require_namespaces,
                          require_tools, run_processes, unique_run_id)
@@ -274,7 +275,7 @@ def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(n
     """Each host has mgmt0 first and eth0, and only eth0 joins the hosts. The preflight finds eth0 on
     each (it holds the address the other tasks dial) and gives it to Gloo and NCCL; left to itself,
     Gloo listens on the address the host's name resolves to, which no peer reaches here."""
-    pytest.importorskip("torch")
+    needs.require("torch")
     _torch_on_two_hosts(netns, tmp_path)
 
 
@@ -282,14 +283,14 @@ def test_pytorch_on_two_hosts_with_two_interfaces_uses_the_one_that_joins_them(n
 def test_a_host_whose_own_name_is_loopback_there_still_gets_the_interface_its_peers_dial(
         netns, own_name_on_loopback, tmp_path):
     """The address that counts is the one the *other* hosts dial: on h1 itself, h1 is 127.0.1.1."""
-    pytest.importorskip("torch")
+    needs.require("torch")
     _torch_on_two_hosts(netns, tmp_path, "--keep-host-names")
 
 
 def _lightning_on_two_hosts(netns, tmp_path, hosts, devices):
     """Lightning's Trainer (strategy="ddp", CPU) with `devices` processes on each of h1 and h2: every
     process knows its node and its rank from torchrun's contract, and DDP ends them with equal weights."""
-    pytest.importorskip("lightning")
+    needs.require("lightning")
     run_id = unique_run_id("netns-lightning")
     program = str(REPO / "tests" / "programs" / "lightning_ddp.py")
     done = mgpu(netns, tmp_path, "launch", "--hosts", hosts, "--workdir", str(tmp_path), "--run-id", run_id,
@@ -353,7 +354,7 @@ def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_remote_worker_blocked_in_python_is_named_with_its_stack(netns, tmp_path):
-    pytest.importorskip("tensorflow")
+    needs.require("tensorflow")
     lab, known, config, _ = netns
     run_id = unique_run_id("netns-stall")
     env = {**os.environ}

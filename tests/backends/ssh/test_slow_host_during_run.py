@@ -23,6 +23,7 @@ import time
 import pytest
 
 import cpu_limits
+import needs
 from launching import REPO, wait_for, wait_for_line
 from ssh_helpers import PYTHON, unique_run_id
 
@@ -87,7 +88,7 @@ def sshd_pid(netns, host: str) -> int:
 
 
 def test_a_host_held_to_a_third_of_a_core_is_named(netns, tmp_path):
-    pytest.importorskip("torch")
+    needs.require("torch")
     with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "h1") as h1, \
             cpu_limits.cpu_quota(1 / 3, "h2", weight=cpu_limits.PRIORITY_WEIGHT) as h2:
         h1.add_tree(sshd_pid(netns, "h1"))
@@ -104,16 +105,15 @@ def test_a_host_held_to_a_third_of_a_core_is_named(netns, tmp_path):
 
 
 def test_a_host_on_a_core_shared_with_a_burner_is_named(netns, tmp_path):
-    pytest.importorskip("torch")
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two cores")
+    needs.require("torch")
+    cores = cpu_limits.two_cores()
     every_core = os.sched_getaffinity(0)
     with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "h1") as h1, \
             cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "h2") as h2, \
-            cpu_limits.burner(1) as burning:
+            cpu_limits.burner(cores[1]) as burning:
         h2.add(burning.pid)
         try:
-            for host, group, core in (("h1", h1, 0), ("h2", h2, 1)):
+            for host, group, core in (("h1", h1, cores[0]), ("h2", h2, cores[1])):
                 group.add_tree(sshd_pid(netns, host))
                 cpu_limits.pin_tree(sshd_pid(netns, host), {core})
             started = time.monotonic()
