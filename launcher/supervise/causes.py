@@ -6,6 +6,9 @@ lost and whether the host answered a fresh login afterwards) into `Evidence`; `c
 cause. The policy (policy.py) decides from the causes what to do next: restart, leave a host out,
 or stop.
 
+Also pure: whom a failed check of spare hosts charges (`check_fault`): a spare is never charged for
+a peer that is gone.
+
 The causes:
 - program-error: the program failed by itself (an exception, an error it reported, an exit code);
 - host-lost: the connection to the task's host (its SSH keepalives) was lost, or its tasks vanished
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+from typing import Collection, Sequence
 
 from launcher import protocol
 from launcher.supervise import runrecord
@@ -110,3 +114,25 @@ def describe(returncode: int | None) -> str:
     if returncode < 0:
         return f"killed by {runrecord.signal_name(-returncode)}"
     return f"exited with code {returncode}"
+
+
+def check_fault(hosts: Sequence[str], spares: Collection[str], unreached: Collection[str],
+                cut: Collection[tuple[str, str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Whom a failed check of `spares` charges, the reachability test having run on `hosts` (the
+    spares among them): the spares at fault, and the peers found gone. `unreached`: the hosts the
+    check could not log in to; `cut`: the pairs of hosts where the first could not connect to a task
+    of the second.
+
+    A host is gone when the check could not log in to it, or when no other host of the test could
+    connect to it. A gone peer is the peer's fault, never the spare's: the spares are charged only
+    when one of them is gone, or when a spare could not connect to a peer that the other hosts reach
+    (then the spare's own network is the likely fault). ((), ()) when the check says neither: the
+    caller charges the spares, as for any other failed check."""
+    def gone(host: str) -> bool:
+        others = [other for other in hosts if other != host]
+        return host in unreached or bool(others) and all((other, host) in cut for other in others)
+
+    peers_gone = tuple(host for host in hosts if host not in spares and gone(host))
+    spares_at_fault = tuple(spare for spare in spares if gone(spare) or any(
+        near == spare and far not in peers_gone for near, far in cut))
+    return spares_at_fault, peers_gone

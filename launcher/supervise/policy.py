@@ -27,7 +27,10 @@ Between attempts, from the attempt's cause (causes.py) and the progress its task
   whole cluster within the preemption budget, without using up max_restarts.
 - A host charged with host-lost or network is left out for the rest of the run (`Restart.leave_out`:
   the supervisor gives its tasks to a spare, or stops); so is a host charged with the same killed,
-  stalled or start-timeout failure in two attempts in a row.
+  stalled or start-timeout failure in two attempts in a row. Every other host of the attempt that
+  was judged lost too (host-lost or network) is left out in the same step (`Restart.leave_out_too`),
+  so that no spare is checked beside a peer that is gone; each takes the next spare
+  (`place_on_spares`), and without a spare for every one of them the run stops.
 - Restarts must make progress: an attempt that fails with the same program error as the attempt
   before it, having reported no step beyond that attempt's, ends the run whatever max_restarts
   says (`GiveUp.reason` names the error).
@@ -150,6 +153,12 @@ class Stop:
 class Restart:
     notice: str
     leave_out: str | None = None  # a host left out for the rest of the run: its tasks go to a spare
+    leave_out_too: tuple[str, ...] = ()  # the other hosts of the attempt judged lost: left out with it
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        """Every host left out by this restart, the one charged first."""
+        return ((self.leave_out,) if self.leave_out else ()) + self.leave_out_too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,17 +335,23 @@ class Policy:
 
     # -- between attempts ------------------------------------------------------------------
 
-    def after(self, stop: Stop, cause: causes.Cause | None = None, progress: int | None = None) -> Restart | GiveUp:
+    def after(self, stop: Stop, cause: causes.Cause | None = None, progress: int | None = None,
+              others: Sequence[causes.Cause] = ()) -> Restart | GiveUp:
         """The attempt stopped so, for `cause` (causes.classify), its tasks having reported steps up
-        to `progress` (None: none reported): restart the cluster (leaving a host out), or give up."""
+        to `progress` (None: none reported): restart the cluster (leaving hosts out), or give up.
+        `others`: the causes of the attempt's other hosts that were judged too (a lost connection,
+        tasks that gave no exit status): those lost are left out with the host charged."""
         if stop.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):
             return GiveUp()
         previous, self._previous = self._previous, (cause, progress) if cause is not None else None
+        lost_too = tuple(dict.fromkeys(other.host for other in others if other.host is not None
+                                       and other.kind in causes.HOST_CAUSES))
         preempted = cause.kind == causes.PREEMPTED if cause is not None else stop.returncode == protocol.EXIT_PREEMPTED
         if preempted and self.preemptions < self.rules.max_preemption_restarts:
             self.preemptions += 1
-            return Restart(f"restarting all tasks after preemption ({self.preemptions} of at most "
-                           f"{self.rules.max_preemption_restarts})")
+            without = f" without {', '.join(lost_too)}" if lost_too else ""
+            return Restart(f"restarting all tasks{without} after preemption ({self.preemptions} of at most "
+                           f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too)
         leave_out = None
         if cause is not None and not preempted:
             repeated = previous is not None and cause.same_failure(previous[0])
@@ -348,7 +363,17 @@ class Policy:
                 leave_out = cause.host
         if self.restarts < self.rules.max_restarts:
             self.restarts += 1
-            without = f" without {leave_out}" if leave_out else ""
+            leave_out_too = tuple(host for host in lost_too if host != leave_out)
+            left_out = ((leave_out,) if leave_out else ()) + leave_out_too
+            without = f" without {', '.join(left_out)}" if left_out else ""
             return Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
-                           leave_out=leave_out)
+                           leave_out=leave_out, leave_out_too=leave_out_too)
         return GiveUp()
+
+
+def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
+    """Each host left out, in order, with the next spare, in the spares' order: (host, spare) pairs.
+    None when the spares run out first: the run cannot go on without a place for every task."""
+    if len(spares) < len(hosts):
+        return None
+    return tuple(zip(hosts, spares))
