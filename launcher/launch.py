@@ -16,7 +16,7 @@ from launcher.errors import MgpuError, UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan, in_step_order
-from launcher.preflight.check import run_checks
+from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version, run_checks
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import probe_reachability, reachable_interfaces
 from launcher.preflight.run_id import check_run_id_unused
@@ -27,7 +27,9 @@ from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
-from launcher.supervise import detach, run_lock
+from launcher.supervise import causes, detach, run_lock
+from launcher.supervise.hosts import Placement
+from launcher.supervise.policy import place_on_spares
 from launcher.supervise.options import DEFAULT_LOG_DIR
 from launcher.supervise.rundir import CONSOLE_LOG, check_run_dir, make_run_dir
 from launcher.supervise.supervisor import HostActions, supervise
@@ -130,12 +132,12 @@ def _leave_out_slow(plans: Sequence[TaskPlan], slow: Sequence[str], hosts: HostA
         if any(plan.local for plan in plans if plan.host == host):
             notice(f"warning: --leave-out-slow: {host} is this machine, which is never left out; it runs its tasks")
             continue
-        replaced = hosts.replace(host, notice)
-        if replaced is None:
+        placement = hosts.replace([host], notice)
+        if placement.plans is None:
             notice(f"warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of {host}; "
                    f"it runs them")
             continue
-        plans, spare = list(replaced[0]), replaced[1]
+        plans, spare = list(placement.plans), placement.took[0][1]
         notice(f"left out slow host {host}: its tasks run on spare host {spare}")
     return plans
 
@@ -144,35 +146,42 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
     """What the supervisor may do about the run's hosts between attempts. A spare gets the --sync
     folder and runs the --setup (its log in `run_dir`, made for the setup) before its checks."""
     if ssh_backend is None:
-        return HostActions(relaunch=lambda host: relaunch_command(options.argv, host))
+        return HostActions(relaunch=lambda hosts: relaunch_command(options.argv, hosts))
     spec = options.spec
+    made_ready: set[str] = set()  # spares that have the --sync folder and ran the --setup
 
-    def replace(host: str, notice: Callable[[str], None]) -> tuple[list[TaskPlan], str] | None:
-        """A spare that passes the checks in place of `host`, and the plans made again with it."""
+    def replace(hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """Spares that pass the checks in place of `hosts`, each host its own, and the plans made
+        again with them. A spare that fails its checks is skipped; a peer that the checks find gone
+        is the peer's fault, not the spare's: it is left out too and takes a spare of its own."""
         nonlocal spec
         if spec is None or options.replan is None:
-            return None
-        while spec.spares:
-            spare = spec.spares[0]
-            changed = with_host_replaced(spec, host, spare)
-            on_spare: list[TaskPlan] = []
+            return Placement(None)
+        hosts, gone = list(hosts), []
+        # Each round but the last skips a spare or leaves a peer out: bounded by their numbers.
+        for _ in range(len(spec.spares) + len(spec.tasks) + 1):
+            pairs = place_on_spares(hosts, spec.spares)
+            if pairs is None:
+                return Placement(None, gone=tuple(gone))
+            changed = spec
+            for host, spare in pairs:
+                changed = with_host_replaced(changed, host, spare)
+            spares = [spare for _, spare in pairs]
             try:
                 plans = list(options.replan(changed))
-                on_spare = [plan for plan in plans if plan.host == spare and not plan.local]
-                _sync_to_hosts(on_spare, ssh_backend)
-                if run_dir is not None:
-                    run_setup(on_spare, lambda plan: ssh_backend.start(plan, 0), run_dir)
-                if options.check_hosts:
-                    reachability, _ = run_checks(on_spare, ssh_backend, reach=plans, hold=True)
-                    plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
             except MgpuError as e:
-                ssh_backend.drop_held(on_spare)  # the session its check may have kept for a task
-                notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")
-                spec = dataclasses.replace(spec, spares=spec.spares[1:])
-                continue
-            spec = changed
-            return plans, spare
-        return None
+                notice(f"spare host {spares[0]} failed its checks: {str(e).splitlines()[0]}")
+                failed, peers = [spares[0]], []
+            else:
+                failed, peers, plans = _check_spares(plans, spares, ssh_backend, run_dir, options.check_hosts, notice,
+                                                     made_ready)
+            if not failed and not peers:
+                spec = changed
+                return Placement(plans, pairs, tuple(gone))
+            spec = dataclasses.replace(spec, spares=tuple(h for h in spec.spares if h not in failed))
+            hosts += peers
+            gone += peers
+        return Placement(None, gone=tuple(gone))
 
     def login_ok(plan: TaskPlan) -> bool | None:
         if plan.local:
@@ -188,7 +197,52 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
         return found.cut[0] if found.cut else None
 
     return HostActions(login_ok=login_ok, replace=replace, unreachable=unreachable,
-                       relaunch=lambda host: relaunch_command(options.argv, host))
+                       relaunch=lambda hosts: relaunch_command(options.argv, hosts))
+
+
+def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run_dir, check_hosts: bool,
+                  notice: Callable[[str], None], made_ready: set[str]) -> tuple[list[str], list[str], list[TaskPlan]]:
+    """Get each spare ready once (the --sync folder, the --setup; `made_ready` are those that are)
+    and check them all, with the reachability test of every task of `plans`: the spares that
+    failed, the peers found gone (causes.check_fault), and the plans with each task's interface."""
+    on_spare = [plan for plan in plans if plan.host in spares and not plan.local]
+    failed: list[str] = []
+    for spare in spares:
+        mine = [plan for plan in on_spare if plan.host == spare]
+        try:
+            if spare not in made_ready:
+                _sync_to_hosts(mine, ssh_backend)
+                if run_dir is not None:
+                    run_setup(mine, lambda plan: ssh_backend.start(plan, 0), run_dir)
+                made_ready.add(spare)
+        except MgpuError as e:
+            notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")
+            failed.append(spare)
+    if failed or not check_hosts:
+        return failed, [], plans
+    reports, reachability, _ = check_hosts_and_reach(on_spare, plans, ssh_backend, local_tensorflow_version(),
+                                                     hold=True)
+    for report in reports:
+        if not report.ok:
+            notice(f"spare host {report.host} failed its checks: {report.reason.splitlines()[0]}")
+            failed.append(report.host)
+    peers: list[str] = []
+    if not failed and reachability.problems:
+        tested = list(dict.fromkeys(plan.host for plan in plans if plan.port is not None))
+        at_fault, gone = causes.check_fault(tested, spares, reachability.unreached, reachability.cut)
+        peers = [host for host in gone if not any(plan.local for plan in plans if plan.host == host)]
+        # A check that charges no one charges the spares, as any other failed check does.
+        failed = list(at_fault) if at_fault or peers else list(spares)
+        for spare in failed:
+            notice(f"spare host {spare} failed its checks: tasks cannot reach each other: "
+                   f"{reachability.problems[0]}")
+        for peer in peers:
+            how = "cannot log in to it" if peer in reachability.unreached else "reaches no task of it"
+            notice(f"{peer} is gone too: the spares' check {how}; it is left out, not the spares")
+    if failed or peers:
+        ssh_backend.drop_held(on_spare)
+        return failed, peers, plans
+    return [], [], with_interfaces(plans, reachability.interfaces, frozenset(os.environ))
 
 
 # Options whose values list hosts, and those a relaunch leaves out (the run id is taken).
@@ -197,11 +251,12 @@ _FILE_OPTIONS = ("--spec", "--hostfile")
 _DROPPED = ("--run-id",)
 
 
-def relaunch_command(argv: Sequence[str], host: str) -> str | None:
-    """`mgpu ARGS` without `host` in its host lists (and without the run id, which is taken); for
-    a host from a file, which file to remove it from. None without the command line."""
+def relaunch_command(argv: Sequence[str], hosts: str | Sequence[str]) -> str | None:
+    """`mgpu ARGS` without `hosts` in its host lists (and without the run id, which is taken); for
+    hosts from a file, which file to remove them from. None without the command line."""
     if not argv:
         return None
+    left_out = {hosts} if isinstance(hosts, str) else set(hosts)
     words: list[str] = []
     files: list[str] = []
     i = 0
@@ -222,7 +277,7 @@ def relaunch_command(argv: Sequence[str], host: str) -> str | None:
         if not takes_value:
             words.append(arg)
         elif name in _HOST_LIST_OPTIONS:
-            kept = [entry for entry in value.split(",") if _entry_host(entry) != host]
+            kept = [entry for entry in value.split(",") if _entry_host(entry) not in left_out]
             if kept:
                 words.extend([name, ",".join(kept)])
         elif name in _FILE_OPTIONS:
@@ -230,7 +285,8 @@ def relaunch_command(argv: Sequence[str], host: str) -> str | None:
             words.extend([name, value])
     command = "mgpu " + shlex.join(words)
     if files:
-        return f"{command}  (after removing {host} from {', '.join(files)})"
+        named = hosts if isinstance(hosts, str) else ", ".join(hosts)
+        return f"{command}  (after removing {named} from {', '.join(files)})"
     return command
 
 
@@ -276,17 +332,19 @@ def _slurm_node_actions(nodes: Sequence[str], options: LaunchOptions) -> HostAct
     excludes the node. Slurm checks its nodes itself: no login or reachability probe here."""
     spec = options.spec
 
-    def replace(node: str, notice: Callable[[str], None]) -> tuple[list[TaskPlan], str] | None:
+    def replace(left_out: Sequence[str], notice: Callable[[str], None]) -> Placement:
         nonlocal spec
-        if spec is None or options.replan is None or not spec.spares:
-            return None
-        spare = spec.spares[0]
-        spec = with_host_replaced(spec, node, spare)
-        return in_step_order(options.replan(spec), nodes), spare
+        pairs = place_on_spares(left_out, spec.spares) if spec is not None and options.replan is not None else None
+        if pairs is None:
+            return Placement(None)
+        for node, spare in pairs:
+            spec = with_host_replaced(spec, node, spare)
+        return Placement(in_step_order(options.replan(spec), nodes), pairs)
 
-    def relaunch(node: str) -> str | None:
-        command = relaunch_command(options.argv, node)
-        return f"{command}  (in an allocation without {node}: sbatch or salloc --exclude={node})" if command else None
+    def relaunch(left_out: Sequence[str]) -> str | None:
+        command = relaunch_command(options.argv, left_out)
+        named, listed = ", ".join(left_out), ",".join(left_out)
+        return f"{command}  (in an allocation without {named}: sbatch or salloc --exclude={listed})" if command else None
 
     return HostActions(replace=replace, relaunch=relaunch)
 

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from launcher.errors import CheckFailed, MgpuError, UsageError
+from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
@@ -188,6 +188,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     measured: list[dict | None] = [None] * len(test.hosts)
     errors: list[MgpuError] = []
     unreached: list[str] = []  # hosts whose connection failed
+    lost: list[str] = []  # hosts of the test only whose connection failed while their probe ran
     connected = threading.Barrier(len(groups) + len(untested) or 1)
 
     def connect(plan: TaskPlan) -> MgpuError | None:
@@ -228,6 +229,8 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
             measured[i] = answer.pop("speed", None)
             answers[i] = answer
         except MgpuError as e:
+            if isinstance(e, ConnectError) and error is None:
+                lost.append(test.hosts[i].first.host)
             errors.append(e)
 
     jobs = [lambda group=group, i=i: check(group, i) for group, i in zip(groups, tested)]
@@ -240,9 +243,10 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
                 shell.drop_held(group[0])
     speeds = speeds_from(firsts, measured) if speed else []
     if errors:
-        return reports, Reachability((str(errors[0]),), {}), speeds
+        return reports, Reachability((str(errors[0]),), {}, unreached=tuple(unreached + lost)), speeds
     if unreached:
-        return reports, Reachability((f"the reachability test did not run: {', '.join(unreached)} not reached",), {}), speeds
+        return reports, Reachability((f"the reachability test did not run: {', '.join(unreached)} not reached",), {},
+                                     unreached=tuple(unreached)), speeds
     missing = [host.first.host for host, answer in zip(test.hosts, answers) if answer is None]
     if missing:
         return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {}), speeds

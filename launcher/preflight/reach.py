@@ -74,6 +74,7 @@ class Reachability:
     interfaces: Mapping[str, str | None]
     # Each pair of hosts where the first could not connect to a task of the second, in order found.
     cut: tuple[tuple[str, str], ...] = ()
+    unreached: tuple[str, ...] = ()  # the hosts the test could not log in to (it did not run then)
 
 
 # Up to this many cluster tasks, every host dials every task. Beyond, each host dials every task of

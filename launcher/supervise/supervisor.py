@@ -78,6 +78,7 @@ from launcher.supervise.summary import (
 )
 from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.supervise.reaper import Reaper
+from launcher.supervise.hosts import HostActions, Seen, judge_others, left_out_head
 
 POLL_INTERVAL = 0.05
 # Tasks started at once where their backend allows it (each start is a thread waiting on a remote shell).
@@ -88,24 +89,6 @@ DRAIN_TIMEOUT = 5.0  # after the tasks are gone, how long their output may take 
 # After SIGABRT, how long tasks may take to write their stacks and end: ample, since a stalled job's
 # tasks may share a loaded machine, and waiting ends as soon as they have.
 STACKS_TIMEOUT = 30.0
-
-
-@dataclasses.dataclass(frozen=True)
-class HostActions:
-    """What the launcher can do about a run's hosts between attempts (launch.py makes them; the
-    supervisor knows hosts only through these)."""
-
-    # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
-    login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
-    # The plans with a spare host (one that passed the checks) in place of a host left out, and that
-    # spare; None when no spare is left. Its second argument takes notices (a spare failing its checks).
-    replace: Callable[[str, Callable[[str], None]], tuple[Sequence[TaskPlan], str] | None] = \
-        lambda host, notice: None
-    # The reachability test run again on the plans' hosts: the first pair of hosts where the first
-    # cannot connect to a task of the second; None when every pair connects (or it cannot tell).
-    unreachable: Callable[[Sequence[TaskPlan]], tuple[str, str] | None] = lambda plans: None
-    # The command that relaunches the run without a host; None when it cannot be written.
-    relaunch: Callable[[str], str | None] = lambda host: None
 
 
 def supervise(
@@ -170,6 +153,7 @@ class _Cost:
     lost: float
     left_out: bool = False
     took: str | None = None  # "h5 took worker:1": the spare that took the left-out host's tasks
+    others: tuple[tuple[causes.Cause, str | None], ...] = ()  # the other hosts left out with it, and who took theirs
 
 
 class _RunFailed(Exception):
@@ -199,6 +183,7 @@ class _Supervisor:
         self.hosts = hosts
         self.best_step: int | None = None  # the highest step any attempt reported
         self.costs: list[_Cost] = []  # one per failed attempt that was restarted
+        self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self._codes_at_stop: dict[str, int | None] = {}
         self.plans = list(plans)
         self.backend = backend
@@ -292,18 +277,26 @@ class _Supervisor:
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
             cause = self._cause(stop)
+            # Hosts lost together are judged together: every other host that lost its connection or
+            # left its tasks without an exit status.
+            others = [] if stop.status == runrecord.INTERRUPTED else judge_others(
+                stop.status, [Seen(t.plan, t.proc.lost(), t.returncode is not None) for t in self._last_attempt[1]],
+                cause.host if cause is not None else None, self.hosts.login_ok)
             if cause is not None:
-                self.record.attempt_cause(cause.to_dict())
-                self.output.notice(f"attempt {attempt + 1} failed: {cause.kind}"
-                                   f"{f' ({cause.task} on {cause.host})' if cause.task else ''}: {cause.detail}")
-            after = self.policy.after(stop, cause, progress)
+                self.record.attempt_cause({**cause.to_dict(), **({"also": [c.to_dict() for c in others]} if others else {})})
+            for judged in ([cause] if cause is not None else []) + others:
+                self.output.notice(f"attempt {attempt + 1} failed: {judged.kind}"
+                                   f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
+            after = self.policy.after(stop, cause, progress, others)
             if progress is not None:
                 self.best_step = max(progress, self.best_step or 0)
-            if isinstance(after, policy.Restart) and cause is not None:
-                self.costs.append(_Cost(cause, time.time(), lost))
+            if isinstance(after, policy.Restart) and (cause or others):
+                self.costs.append(_Cost(cause or others[0], time.time(), lost))
             # This machine is never left out: the launcher runs on it.
-            if isinstance(after, policy.Restart) and any(p.host == after.leave_out and not p.local for p in self.plans):
-                self._leave_out(after.leave_out, stop, cause, attempt)
+            leave = [h for h in after.left_out if any(p.host == h and not p.local for p in self.plans)] \
+                if isinstance(after, policy.Restart) else []
+            if leave:
+                self._leave_out(leave, stop, ([cause] if cause is not None else []) + others, attempt)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -630,23 +623,29 @@ class _Supervisor:
 
     # -- hosts left out --------------------------------------------------------------
 
-    def _leave_out(self, host: str, stop: policy.Stop, cause: causes.Cause | None, attempt: int) -> None:
-        """Give the tasks of `host` to a spare and plan again, or stop the run naming the host."""
-        moved = [plan.name for plan in self.plans if plan.host == host]
-        why = f"{cause.kind}: {cause.detail}" if cause is not None else "failed"
-        replaced = self.hosts.replace(host, self.output.notice)
-        if replaced is None:
-            relaunch = self.hosts.relaunch(host)
-            head = (f"{host} left out ({why}) and no spare host to take {', '.join(moved)}"
-                    + (f"; relaunch without it:\n  {relaunch}" if relaunch else ""))
+    def _leave_out(self, hosts: list[str], stop: policy.Stop, judged: list[causes.Cause], attempt: int) -> None:
+        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or stop the
+        run naming them and the command that relaunches without any host found lost."""
+        placement = self.hosts.replace(hosts, self.output.notice)
+        judged = judged + [causes.Cause(causes.NETWORK, None, host, "the spares' check could not reach it")
+                           for host in placement.gone]  # found gone after the attempt: left out too
+        why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
+               for host in (*hosts, *placement.gone)}
+        self.left_out.extend(host for host in why if host not in self.left_out)
+        if placement.plans is None:
+            head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
+                                 self.hosts.relaunch(tuple(self.left_out)))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
-        plans, spare = replaced
-        took = f"{spare} took {', '.join(moved)}"
-        self.output.notice(f"{host} left out for the rest of the run ({why}); {took}")
-        self.plans = list(plans)
+        took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
+                for host, spare in placement.took}
+        for host in took:
+            self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
+        self.plans = list(placement.plans)
         self.coordinator_port = self.plans[0].coordinator_port
         if self.costs:
-            self.costs[-1].left_out, self.costs[-1].took = True, took
+            cost = self.costs[-1]
+            cost.left_out, cost.took = cost.cause.host in took, took.get(cost.cause.host)
+            cost.others = tuple((c, took[c.host]) for c in judged if c.host in took and c.host != cost.cause.host)
 
     # -- what failures cost ---------------------------------------------------------
 
@@ -680,8 +679,8 @@ class _Supervisor:
         lost = sum(c.lost for c in self.costs)
         return {
             "restarts": len(self.costs),
-            "left_out": [{"host": c.cause.host, "cause": c.cause.kind, "at": runrecord.utc(c.at),
-                          "replaced_by": c.took} for c in self.costs if c.left_out],
+            "left_out": [{"host": cause.host, "cause": cause.kind, "at": runrecord.utc(c.at), "replaced_by": took}
+                         for c in self.costs for cause, took in ((c.cause, c.took),) * c.left_out + c.others],
             "time_lost_s": round(lost, 3),
             "wall_s": round(wall, 3),
             "goodput": round(max(0.0, wall - lost) / wall, 4) if wall > 0 else None,

@@ -55,3 +55,11 @@ def test_leaving_out_slow_hosts_needs_the_checks(without):
     assert done.returncode == 2
     assert done.stderr.strip() == ("mgpu: error: --leave-out-slow needs the speed probe of the pre-launch checks: "
                                    f"not with {without}")
+
+
+def test_the_relaunch_command_names_no_host_found_lost():
+    argv = ["launch", "--workers", "h1:2222,h2:2222,h3:2222", "--spare-hosts", "h4,h5", "--", "python", "train.py"]
+    assert relaunch_command(argv, ("h1", "h2", "h4")) == (
+        "mgpu launch --workers h3:2222 --spare-hosts h5 -- python train.py")
+    assert relaunch_command(["launch", "--hostfile", "hosts.txt"], ("h1", "h2")) == (
+        "mgpu launch --hostfile hosts.txt  (after removing h1, h2 from hosts.txt)")

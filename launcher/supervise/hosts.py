@@ -1,0 +1,94 @@
+"""The run's hosts between attempts, as the supervisor sees them: what the launcher can do about them
+(HostActions, which launch.py makes), every host of a failed attempt judged at once, and the words
+for hosts left out.
+
+The supervisor charges one task and its host with an attempt's failure (causes.py); hosts lost
+together are judged together: every other host whose connection was lost, or whose tasks gave no
+exit status even after the stop, gets a fresh login, all at once, and is judged as the charged host
+is. The policy leaves out every host judged lost in one step, so that no spare is checked beside a
+peer that is gone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Callable, Sequence
+
+from launcher.plan.planner import TaskPlan
+from launcher.supervise import causes
+
+# Fresh logins at once when judging hosts: each waits at most its own connect timeout.
+MAX_LOGINS_AT_ONCE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the tasks of the hosts left out went."""
+
+    plans: Sequence[TaskPlan] | None  # with spares in their place; None: a host had no spare left
+    took: tuple[tuple[str, str], ...] = ()  # (host left out, the spare that took its tasks)
+    gone: tuple[str, ...] = ()  # peers the spares' checks found gone: left out too, never the spares' fault
+
+
+@dataclasses.dataclass(frozen=True)
+class HostActions:
+    """What the launcher can do about a run's hosts between attempts (launch.py makes them; the
+    supervisor knows hosts only through these)."""
+
+    # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
+    login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
+    # The plans with spares (that passed the checks) in place of the hosts left out, each host its
+    # own spare. Its second argument takes notices (a spare failing its checks, a peer found gone).
+    replace: Callable[[Sequence[str], Callable[[str], None]], Placement] = lambda hosts, notice: Placement(None)
+    # The reachability test run again on the plans' hosts: the first pair of hosts where the first
+    # cannot connect to a task of the second; None when every pair connects (or it cannot tell).
+    unreachable: Callable[[Sequence[TaskPlan]], tuple[str, str] | None] = lambda plans: None
+    # The command that relaunches the run without these hosts; None when it cannot be written.
+    relaunch: Callable[[Sequence[str]], str | None] = lambda hosts: None
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """One task of a failed attempt, as it was once the attempt had stopped."""
+
+    plan: TaskPlan
+    lost: str | None  # why its host's connection was lost; None: not lost
+    ended: bool  # whether it gave an exit status
+
+
+def judge_others(status: str, seen: Sequence[Seen], charged: str | None,
+                 login_ok: Callable[[TaskPlan], bool | None]) -> list[causes.Cause]:
+    """The causes of the attempt's hosts other than `charged` (and this machine) whose connection
+    was lost or whose tasks gave no exit status: each answers a fresh login, all at once. A host
+    whose tasks only gave no exit status but that answers the login is not judged further."""
+    suspects: dict[str, Seen] = {}
+    for task in seen:
+        if task.plan.local or task.plan.host == charged or (task.lost is None and task.ended):
+            continue
+        if task.plan.host not in suspects or task.lost is not None and suspects[task.plan.host].lost is None:
+            suspects[task.plan.host] = task
+    if not suspects:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(min(len(suspects), MAX_LOGINS_AT_ONCE),
+                                               thread_name_prefix="login") as pool:
+        logins = list(pool.map(lambda task: login_ok(task.plan), suspects.values()))
+    judged = []
+    for task, login in zip(suspects.values(), logins):
+        lost = task.lost
+        if lost is None:
+            if login is not False:
+                continue
+            lost = f"{task.plan.name} gave no exit status"
+        cause = causes.classify(causes.Evidence(status, task.plan.name, task.plan.host, lost=lost, login_ok=login))
+        if cause is not None:
+            judged.append(cause)
+    return judged
+
+
+def left_out_head(why: dict[str, str], moved: Sequence[str], relaunch: str | None) -> str:
+    """The line a run stops with when hosts left out have no spare to take their tasks."""
+    hosts = "; ".join(f"{host} left out ({reason})" for host, reason in why.items())
+    it = "it" if len(why) == 1 else "them"
+    return (f"{hosts} and no spare host to take {', '.join(moved)}"
+            + (f"; relaunch without {it}:\n  {relaunch}" if relaunch else ""))
