@@ -7,6 +7,7 @@ import dataclasses
 import os
 import shlex
 import sys
+import time
 from typing import Callable, Sequence
 
 from launcher.config.addresses import parse_endpoint
@@ -220,8 +221,12 @@ def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run
             failed.append(spare)
     if failed or not check_hosts:
         return failed, [], plans
+    started = time.monotonic()
     reports, reachability, _ = check_hosts_and_reach(on_spare, plans, ssh_backend, local_tensorflow_version(),
                                                      hold=True)
+    if all(report.ok for report in reports):  # as run_checks says it
+        print(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok", file=sys.stderr,
+              flush=True)
     for report in reports:
         if not report.ok:
             notice(f"spare host {report.host} failed its checks: {report.reason.splitlines()[0]}")
