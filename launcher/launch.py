@@ -94,7 +94,8 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
             _warn_about_exposure(plans, None, options)
         if plans[0].setup is not None:
             run_dir = make_run_dir(options.supervise)  # for the setup's logs; supervision continues it
-            run_setup(plans, lambda plan: (local_backend if plan.local else ssh_backend).start(plan, 0), run_dir)
+            run_setup(plans, lambda plan: local_backend if plan.local else ssh_backend, run_dir,
+                      options.supervise.grace_period)
         if options.check_hosts:
             # The remote hosts' checks, the reachability test of every task and, on more than one
             # host, the speed probe, in one session per host, which then starts the host's first task.
@@ -175,7 +176,7 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
                 failed, peers = [spares[0]], []
             else:
                 failed, peers, plans = _check_spares(plans, spares, ssh_backend, run_dir, options.check_hosts, notice,
-                                                     made_ready)
+                                                     made_ready, options.supervise.grace_period)
             if not failed and not peers:
                 spec = changed
                 return Placement(plans, pairs, tuple(gone))
@@ -202,7 +203,8 @@ def _host_actions(ssh_backend, options: LaunchOptions, run_dir) -> HostActions:
 
 
 def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run_dir, check_hosts: bool,
-                  notice: Callable[[str], None], made_ready: set[str]) -> tuple[list[str], list[str], list[TaskPlan]]:
+                  notice: Callable[[str], None], made_ready: set[str], grace_period: float
+                  ) -> tuple[list[str], list[str], list[TaskPlan]]:
     """Get each spare ready once (the --sync folder, the --setup; `made_ready` are those that are)
     and check them all, with the reachability test of every task of `plans`: the spares that
     failed, the peers found gone (causes.check_fault), and the plans with each task's interface."""
@@ -214,7 +216,8 @@ def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run
             if spare not in made_ready:
                 _sync_to_hosts(mine, ssh_backend)
                 if run_dir is not None:
-                    run_setup(mine, lambda plan: ssh_backend.start(plan, 0), run_dir)
+                    # The supervisor answers for its signals meanwhile: it stops the run once the spare's setup is over.
+                    run_setup(mine, lambda plan: ssh_backend, run_dir, grace_period, stop_on_signals=False)
                 made_ready.add(spare)
         except MgpuError as e:
             notice(f"spare host {spare} failed its checks: {str(e).splitlines()[0]}")

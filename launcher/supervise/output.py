@@ -189,10 +189,12 @@ class TaskOutput:
         notice: Callable[[str], None] | None = None,
         watchers: Sequence[LineWatcher] = (),
         after_partial_line: bool = False,
+        prefix: str | None = None,
     ):
         """`notice` reports the launcher's own troubles (a failing watcher, a full disk);
         `watchers` see every line after the built-in ones; `after_partial_line`: the log's
-        previous attempt ended in the middle of a line."""
+        previous attempt ended in the middle of a line; `prefix`: what comes before each of its
+        lines on the console (by default "[TYPE:INDEX] ")."""
         self.plan = plan
         self.log_path = log_path
         self.tail: collections.deque[diagnosis.TaskLine] = collections.deque(maxlen=TAIL_LINES)
@@ -207,7 +209,7 @@ class TaskOutput:
                                       self.time_split]
         self._console_view = None
         if console is not None:
-            self._console_view = ConsoleWatcher(console, f"[{plan.name}] ", _clock if timestamps else _no_clock,
+            self._console_view = ConsoleWatcher(console, prefix or f"[{plan.name}] ", _clock if timestamps else _no_clock,
                                                 show_tf_logs)
             builtin.append(self._console_view)
         self._watchers = Watchers([*builtin, *watchers], report, plan.name)

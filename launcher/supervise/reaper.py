@@ -44,7 +44,8 @@ class Reaper:
         reaper.log in `run_dir`."""
         package_parent = str(pathlib.Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path.insert(0, {package_parent!r}); from launcher.supervise.reaper import main; main()"
-        with open(run_dir.create(LOG_NAME, append=True), "ab") as log:
+        # Continued by the run's reaper after the one that guards its --setup.
+        with open(run_dir.open_log(LOG_NAME), "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, run_id, str(grace), str(run_dir.fd), str(run_dir.path),
                  *([launch_id] if launch_id else [])],
