@@ -7,7 +7,7 @@ last lines it printed. Restarts of the run do not run it again: it runs before s
 It starts as a task does, through the task's own backend, and is one for what it leaves behind:
 tagged as a task is (the run's id, a launch id of its own, task type `setup`), in a process group
 of its own, and swept as a task's processes are once it has ended, whether it succeeded, failed,
-timed out, or mgpu was asked to stop (SIGINT, SIGTERM): on this machine by the tags
+timed out, or mgpu was asked to stop (SIGINT, SIGTERM, SIGHUP): on this machine by the tags
 (host/proctree.py), and by the reaper if mgpu dies meanwhile; over SSH by the remote wrapper's
 guard when the setup's session ends (backends/ssh/remote_command.py), which a lost connection
 ends too. What a setup starts to outlive it, a daemon the tasks would use, does not: that is a
@@ -60,8 +60,9 @@ def run_setup(plans: Sequence[TaskPlan], backend_for: Callable[[TaskPlan], Backe
               stop_on_signals: bool = True) -> None:
     """Run the plans' setup once on each of their hosts; CheckFailed naming the first host where it
     failed. `backend_for` names the backend a plan runs on; `grace`: the seconds a stopped setup's
-    processes get between SIGTERM and SIGKILL (--grace-period). With `stop_on_signals`, SIGINT and
-    SIGTERM stop every setup and raise Interrupted (else they are left to whoever handles them)."""
+    processes get between SIGTERM and SIGKILL (--grace-period). With `stop_on_signals`, SIGINT,
+    SIGTERM and SIGHUP stop every setup and raise Interrupted (else they are left to whoever
+    handles them)."""
     hosts = [group[0] for group in by_host(plans) if group[0].setup is not None]
     if not hosts:
         return
@@ -71,7 +72,8 @@ def run_setup(plans: Sequence[TaskPlan], backend_for: Callable[[TaskPlan], Backe
     # launcher dies (the run's id alone finds them: nothing else carries it yet).
     reaper = Reaper.start(run_id, grace, run_dir) if run_id and any(plan.local for plan in hosts) else None
     try:
-        with Signals() if stop_on_signals else contextlib.nullcontext() as signals:
+        # A hang-up too: before the run has begun it ends the launch, as it would without a setup.
+        with Signals(stop_on_hang_up=True) if stop_on_signals else contextlib.nullcontext() as signals:
             stopping = signals.received if signals is not None else []
             failures = [f for f in in_parallel(
                 [lambda plan=plan: _run_on(plan, backend_for(plan), run_dir, view, grace, stopping, clock)

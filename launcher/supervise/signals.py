@@ -12,9 +12,12 @@ class Signals:
     """Records SIGINT and SIGTERM (stop the run) and SIGHUP (the terminal is gone: the run goes
     on without it) instead of dying, while installed."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_on_hang_up: bool = False) -> None:
+        """`stop_on_hang_up`: SIGHUP is recorded as a stop signal (before a run has begun, with no
+        console.log to move to, a hang-up ends the launch)."""
         self.received: list[int] = []
         self.hung_up = False
+        self._stop_on_hang_up = stop_on_hang_up
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "Signals":
@@ -32,4 +35,7 @@ class Signals:
         self.received.append(signum)  # only a list append: safe at any point of the main thread
 
     def _hang_up(self, signum: int, frame: object) -> None:
+        if self._stop_on_hang_up:
+            self.received.append(signum)
+            return
         self.hung_up = True  # the supervisor's loop moves the console to console.log

@@ -104,7 +104,7 @@ def test_a_child_that_ignores_term_does_not_outlive_the_setup_timeout(tmp_path, 
     assert not pid_files("child"), "a setup child that ignores SIGTERM outlived the timeout"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_to_mgpu_during_the_setup_stops_the_setup_and_all_it_started(tmp_path, run_id, pid_files, signum):
     # One child in the setup's group, one that left it (setsid) and ignores TERM.
     setup = ("sleep 1000 & echo $! > child.pid; "
