@@ -209,8 +209,8 @@ class TaskOutput:
                                       self.time_split]
         self._console_view = None
         if console is not None:
-            self._console_view = ConsoleWatcher(console, prefix or f"[{plan.name}] ", _clock if timestamps else _no_clock,
-                                                show_tf_logs)
+            self._console_view = ConsoleWatcher(console, prefix or f"[{plan.name}] ",
+                                                _clock if timestamps else _no_clock, show_tf_logs)
             builtin.append(self._console_view)
         self._watchers = Watchers([*builtin, *watchers], report, plan.name)
         self._threads: list[threading.Thread] = []
