@@ -35,6 +35,16 @@ def run_id_lock_dir() -> str:
     return f"/tmp/mgpu-{euid}"
 
 
+def lock_dirs() -> list[str]:
+    """Every folder a launch of this user may have put its run id locks in, whatever this shell's
+    environment: the one run_id_lock_dir() picks here, then the others it picks elsewhere (a login
+    session's /run/user/<uid>, another shell's XDG_RUNTIME_DIR, /tmp). For a run without a record of
+    its lock's folder."""
+    euid = os.geteuid()
+    found = [run_id_lock_dir(), f"/run/user/{euid}/mgpu", f"/tmp/mgpu-{euid}"]
+    return list(dict.fromkeys(found))
+
+
 def _private_folder(path: str) -> bool:
     try:
         st = os.stat(path, follow_symlinks=False)
@@ -131,6 +141,12 @@ def release_run_id(run_id: str) -> None:
         os.close(fd)
 
 
+def claim_folder(run_id: str) -> str | None:
+    """The folder of this process's claim on the run id (where others find its lock), if it holds one."""
+    claim = _claims.get(run_id)
+    return None if claim is None else claim[1]
+
+
 def is_claimed(run_id: str) -> bool:
     """Whether this process holds the run id's claim."""
     return run_id in _claims
@@ -156,28 +172,41 @@ def owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def holder(run_id: str) -> int | None:
-    """The pid written in the run id's lock while a launch of this user holds it; None when no launch
-    of this user holds it (another user's runs have their locks in their own folder)."""
+def holder(run_id: str, folder: str | None = None) -> int | None:
+    """The pid written in the run id's lock while a launch of this user holds it, looked for in
+    `folder` (the one the run recorded), else in every folder of lock_dirs(); None when no launch of
+    this user holds it. A folder is believed only if it is this user's own and private (another
+    user's runs have their locks in their own folder)."""
+    for place in [folder] if folder is not None else lock_dirs():
+        pid = _holder_in(run_id, place)
+        if pid is not None:
+            return pid
+    return None
+
+
+def _holder_in(run_id: str, folder: str) -> int | None:
     try:
-        dir_fd = os.open(run_id_lock_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL in a recorded path
         return None
     try:
-        if os.fstat(dir_fd).st_uid != os.geteuid():
+        st = os.fstat(dir_fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None
         try:
-            fd = os.open(f"{run_id}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            fd = os.open(f"{run_id}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
             return None
     finally:
         os.close(dir_fd)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # held
             text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() else None
+            return int(text) if text.isdigit() and len(text) < 10 else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -13,8 +13,9 @@ Layout:
   run_id, status (running | succeeded | failed | interrupted | start-timeout | stalled |
   launcher-died),
   message (the failure summary, else null), exit_code (mgpu launch's, once ended),
-  supervisor_pid (the process that supervises the run: mgpu launch, or its detached supervisor)
-  and supervisor_host (the name of the machine it runs on),
+  supervisor_pid (the process that supervises the run: mgpu launch, or its detached supervisor),
+  supervisor_host (the name of the machine it runs on) and lock_dir (the folder of the run id's
+  lock, which the supervisor holds while it runs: how `mgpu status` from any shell tells),
   started_at, ended_at,
   options (the supervision settings), plans (one dict per TaskPlan),
   attempts: [{attempt, started_at, ended_at, outcome, tasks: {"worker:0": {
@@ -51,6 +52,7 @@ from typing import Any, Callable, Sequence
 
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import plan_to_dict
+from launcher.supervise import run_lock
 from launcher.supervise.rundir import RunDir
 
 NAME = "run.json"
@@ -137,6 +139,7 @@ class RunRecord:
             "exit_code": None,
             "supervisor_pid": os.getpid(),
             "supervisor_host": socket.gethostname(),
+            "lock_dir": run_lock.claim_folder(run_id),
             "started_at": now(),
             "ended_at": None,
             "options": options,

@@ -2,8 +2,8 @@
 
 A run is a folder of the log dir that holds a run.json and belongs to this user (another user's runs
 are neither listed nor found). Whether its supervisor still runs is not taken from run.json alone:
-the pid it names must be the one that holds the run id's lock (run_lock.py), in this user's own
-lock folder, which the kernel releases when that process ends.
+the pid it names must be the one that holds the run id's lock (run_lock.py), in the lock folder the
+run recorded (a private folder of this user's), which the kernel releases when that process ends.
 """
 
 from __future__ import annotations
@@ -45,7 +45,14 @@ class Run:
         if not self.here:
             return self.reload().record.get("status") == runrecord.RUNNING
         pid = self.supervisor_pid
-        return pid is not None and run_lock.holder(self.run_id) == pid
+        return pid is not None and run_lock.holder(self.run_id, self.lock_dir) == pid
+
+    @property
+    def lock_dir(self) -> str | None:
+        """The folder of the run id's lock, as the run recorded it (whatever this shell's environment
+        says); run_lock.holder believes it only if it is this user's own private folder."""
+        folder = self.record.get("lock_dir")
+        return folder if isinstance(folder, str) and os.path.isabs(folder) and len(folder) < 4096 else None
 
     def reload(self) -> "Run":
         return load(self.path) or self
