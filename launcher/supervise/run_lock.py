@@ -10,6 +10,7 @@ launcher dies, however it dies.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import pwd
@@ -101,7 +102,10 @@ def claim_run_id(run_id: str) -> None:
     dir_fd = _open_lock_dir(folder)
     try:
         for _ in range(100):  # a holder that ends removes its file: lock the one now at the name
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
+            except OSError as e:  # a full disk, no inodes left, a folder made read-only
+                raise _cannot_lock(folder, run_id, e) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -117,13 +121,25 @@ def claim_run_id(run_id: str) -> None:
             if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                if os.pwrite(fd, f"{os.getpid()}\n".encode(), 0) == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as e:  # no room for the pid: the claim is given up, its file removed
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+                os.close(fd)
+                raise _cannot_lock(folder, run_id, e) from None
             _claims[run_id] = fd, folder
             return
         raise UsageError(f"run id {run_id}: its lock in {folder} keeps changing; choose another run id")
     finally:
         os.close(dir_fd)
+
+
+def _cannot_lock(folder: str, run_id: str, error: OSError) -> UsageError:
+    return UsageError(f"{folder}: cannot lock run id {run_id} there: {error.strerror or error} (mgpu keeps its "
+                      f"run id locks there: make room on its disk)")
 
 
 def release_run_id(run_id: str) -> None:

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 2 MB tmpfs, unmounted at the end."""
+    """A 2 MB tmpfs of 400 inodes (a few runs' files; few enough to use up), unmounted at the end."""
     path = tmp_path / "disk"
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(path)], check=True, timeout=30)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=400,mode=0755", "tmpfs", str(path)], check=True, timeout=30)
     yield path
     if subprocess.run(["umount", str(path)], timeout=30).returncode != 0:
         subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
@@ -107,3 +107,27 @@ def test_run_json_is_brought_up_to_date_once_there_is_space_again(small_disk, tm
     assert record["status"] == "succeeded"
     assert [record["attempts"][0]["tasks"][n]["exit_code"] for n in ("worker:0", "worker:1")] == [0, 0]
     assert not (run_dir / "run.json.tmp").exists()
+
+
+def test_a_full_lock_folder_refuses_the_run_id_claim_in_one_line(small_disk, monkeypatch):
+    # The folder's place is redirected (the machine's own is shared by every launch); the claim is mgpu's.
+    from launcher.errors import UsageError
+    from launcher.supervise import run_lock
+    folder = small_disk / "locks"
+    monkeypatch.setattr(run_lock, "run_id_lock_dir", lambda: str(folder))
+    run_lock.claim_run_id("before")  # makes the folder
+    run_lock.release_run_id("before")
+    fill(small_disk)
+    with pytest.raises(UsageError, match=f"^{folder}: cannot lock run id full-1 there: No space left on device "):
+        run_lock.claim_run_id("full-1")
+    assert not run_lock.is_claimed("full-1") and list(folder.iterdir()) == []
+    for i in range(100_000):  # then no inode left either: the lock file cannot even be made
+        try:
+            (small_disk / f"inode-{i}").touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            break
+    else:
+        raise AssertionError(f"{small_disk} never ran out of inodes")
+    with pytest.raises(UsageError, match=f"^{folder}: cannot lock run id full-2 there: No space left on device "):
+        run_lock.claim_run_id("full-2")
