@@ -13,6 +13,8 @@ import click
 from launcher.cli.main import cli
 from launcher.errors import MgpuError, UsageError
 from launcher.supervise import runrecord, runs
+from launcher.supervise.console_text import console_safe
+from launcher.supervise.run_files import SafeOutput
 from launcher.supervise.options import DEFAULT_LOG_DIR
 from launcher.supervise.rundir import CONSOLE_LOG
 
@@ -67,6 +69,8 @@ def _hosts(run: runs.Run) -> list[str]:
 
 
 def _summary(run: runs.Run) -> dict:
+    if run.problem is not None:
+        return {"run_id": run.run_id, "state": run.state, "problem": run.problem, "path": str(run.path)}
     return {"run_id": run.run_id, "state": run.state, "started_at": run.record.get("started_at"),
             "ended_at": run.record.get("ended_at"), "tasks": len(run.task_names()), "hosts": _hosts(run),
             "restarts": max(0, len(run.attempts) - 1), "progress": _run_progress(run),
@@ -74,6 +78,8 @@ def _summary(run: runs.Run) -> dict:
 
 
 def _table(rows: list[list[str]]) -> str:
+    """The rows as columns, every cell as a terminal may show it (a record's text is anyone's)."""
+    rows = [[console_safe(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
@@ -117,6 +123,9 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
             return
         rows = [["RUN", "STATE", "STARTED (UTC)", "TASKS", "HOSTS", "RESTARTS", "PROGRESS"]]
         for run in found:
+            if run.problem is not None:  # one line, whatever is wrong with it
+                rows.append([run.run_id, run.state, "-", "-", "-", "-", run.problem[:120]])
+                continue
             summary = _summary(run)
             hosts = summary["hosts"]
             rows.append([run.run_id, summary["state"], _time(summary["started_at"]), str(summary["tasks"]),
@@ -126,7 +135,11 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
         return
     run = runs.find(log_dir, run_name)
     if as_json:
-        click.echo(json.dumps({**run.record, "state": run.state}, indent=2))
+        try:
+            text = json.dumps({**run.record, "state": run.state}, indent=2)
+        except (RecursionError, ValueError):
+            raise UsageError(f"run {console_safe(run.run_id)}: its run.json is nested too deeply to print") from None
+        click.echo(text)
         return
     record = run.record
     state = run.state
@@ -134,11 +147,11 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     code = f" (exit {record['exit_code']})" if record.get("exit_code") is not None else ""
     where = "" if run.here else f" on {record.get('supervisor_host')}"
     supervisor = f"supervisor pid {run.supervisor_pid}{where}" if state == runrecord.RUNNING else "supervisor gone"
-    click.echo(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} (UTC); "
-               f"{max(0, len(run.attempts) - 1)} restarts; {supervisor}")
-    click.echo(f"files: {run.path}/")
+    click.echo(console_safe(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} "
+                            f"(UTC); {max(0, len(run.attempts) - 1)} restarts; {supervisor}"))
+    click.echo(console_safe(f"files: {run.path}/"))
     if record.get("message"):
-        click.echo(str(record["message"]).splitlines()[0])
+        click.echo(console_safe((str(record["message"]).splitlines() or [""])[0]))
     rows = [["TASK", "HOST", "PID", "STATE", "READY", "PROGRESS", "BUSY", "LAST LINE"]]
     for name, task in run.tasks.items():
         rows.append([name, str(task.get("host", "-")), str(task.get("pid", "-")), _task_state(task),
@@ -147,8 +160,8 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     click.echo(_table(rows))
     slowest = (run.attempts[-1] if run.attempts else {}).get("slowest")
     if slowest:
-        click.echo(f"slowest: {slowest['task']} on {slowest['host']}, busy {round(100 * slowest['busy'])}% "
-                   f"while the others waited (since {_time(slowest.get('at'))[11:]})")
+        click.echo(console_safe(f"slowest: {slowest['task']} on {slowest['host']}, busy {round(100 * slowest['busy'])}% "
+                                f"while the others waited (since {_time(slowest.get('at'))[11:]})"))
 
 
 LOGS_HELP = f"""The console of a run as `mgpu launch` showed it, or one task's log.
@@ -166,18 +179,21 @@ not a run of yours or has no such log.
 """
 
 
-def _log_path(run: runs.Run, task: str | None) -> pathlib.Path:
+def _log_name(run: runs.Run, task: str | None) -> str:
+    """The file of the run's folder that `mgpu logs` shows: the console, or the task's log."""
+    names = ", ".join(console_safe(name) for name in run.task_names())
     if task is None:
-        path = run.file(CONSOLE_LOG)
-        if not path.exists():
-            raise UsageError(f"run {run.run_id} keeps its console on the terminal that launched it (no {CONSOLE_LOG}); "
-                             f"`mgpu logs {run.run_id} --task NAME` shows a task's log, one of "
-                             f"{', '.join(run.task_names())}")
-        return path
+        fd = runs.open_log(run, CONSOLE_LOG)
+        if fd is None:
+            raise UsageError(f"run {console_safe(run.run_id)} keeps its console on the terminal that launched it "
+                             f"(no {CONSOLE_LOG}); `mgpu logs {console_safe(run.run_id)} --task NAME` shows a task's log, "
+                             f"one of {names}")
+        os.close(fd)
+        return CONSOLE_LOG
     if task not in run.task_names():
-        raise UsageError(f"run {run.run_id} has no task {task!r}; its tasks: {', '.join(run.task_names())}")
+        raise UsageError(f"run {console_safe(run.run_id)} has no task {console_safe(repr(task))}; its tasks: {names}")
     task_type, _, index = task.partition(":")
-    return run.file(f"{task_type}-{index}.log")
+    return f"{task_type}-{index}.log"
 
 
 @cli.command("logs", help=LOGS_HELP)
@@ -185,25 +201,26 @@ def _log_path(run: runs.Run, task: str | None) -> pathlib.Path:
 @log_dir_option
 @click.option("--task", metavar="TYPE:INDEX", help="This task's log (e.g. worker:1) instead of the console.")
 @click.option("-f", "--follow", is_flag=True, help="Go on printing what comes until the run ends; exit with its code.")
-def logs_command(run_name: str, log_dir: pathlib.Path, task: str | None, follow: bool) -> int:
+@click.option("--raw", is_flag=True, help="The bytes as written, control characters and all (for a file, "
+                                          "not a terminal).")
+def logs_command(run_name: str, log_dir: pathlib.Path, task: str | None, follow: bool, raw: bool) -> int:
     run = runs.find(log_dir, run_name)
-    path = _log_path(run, task)
-    out = sys.stdout.buffer
+    name = _log_name(run, task)
+    out = sys.stdout.buffer if raw else SafeOutput(sys.stdout.buffer)
     if not follow:
-        _print_file(path, out)
+        fd = runs.open_log(run, name)
+        if fd is None:
+            raise UsageError(f"run {console_safe(run.run_id)} has no {name} (yet)")
+        try:
+            runs.copy(fd, out)
+        finally:
+            os.close(fd)
         return 0
     try:
-        ended = runs.follow(path, run, out)
+        ended = runs.follow(name, run, out)
     except KeyboardInterrupt:
         return 130
     return ended.exit_code
-
-
-def _print_file(path: pathlib.Path, out) -> None:
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
-            out.write(chunk)
-    out.flush()
 
 
 ATTACH_HELP = f"""The live console of a running run; Ctrl-C leaves it (the run goes on).
@@ -221,16 +238,23 @@ running run of yours with its console in console.log.
 @log_dir_option
 def attach_command(run_name: str, log_dir: pathlib.Path) -> int:
     run = runs.find(log_dir, run_name)
+    shown = console_safe(run.run_id)
     if not run.supervised():
-        raise UsageError(f"run {run.run_id} is not running ({run.state}); `mgpu logs {run.run_id}` shows its console")
-    path = _log_path(run, None)
-    click.echo(f"mgpu: attached to run {run.run_id}; Ctrl-C leaves it running", err=True)
+        raise UsageError(f"run {shown} is not running ({console_safe(run.state)}); `mgpu logs {shown}` shows its console")
+    name = _log_name(run, None)
+    fd = runs.open_log(run, name)
     try:
-        ended = runs.follow(path, run, sys.stdout.buffer, start=runs.tail_start(path, ATTACH_TAIL_LINES))
+        start = 0 if fd is None else runs.tail_start(fd, ATTACH_TAIL_LINES)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    click.echo(f"mgpu: attached to run {shown}; Ctrl-C leaves it running", err=True)
+    try:
+        ended = runs.follow(name, run, SafeOutput(sys.stdout.buffer), start=start)
     except KeyboardInterrupt:
-        click.echo(f"\nmgpu: detached from run {run.run_id}; it goes on (`mgpu stop {run.run_id}` stops it)", err=True)
+        click.echo(f"\nmgpu: detached from run {shown}; it goes on (`mgpu stop {shown}` stops it)", err=True)
         return 0
-    click.echo(f"mgpu: run {run.run_id} {ended.state} (exit {ended.exit_code})", err=True)
+    click.echo(f"mgpu: run {shown} {console_safe(ended.state)} (exit {ended.exit_code})", err=True)
     return ended.exit_code
 
 
@@ -250,12 +274,13 @@ is not a running run of yours.
 @click.option("--now", is_flag=True, help="Kill the tasks at once, without the grace period.")
 def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
     run = runs.find(log_dir, run_name)
+    shown = console_safe(run.run_id)
     pid = run.supervisor_pid
     if not run.here:
-        raise UsageError(f"run {run.run_id} is supervised on {run.record.get('supervisor_host')}: stop it there "
-                         f"(or, in a Slurm job, with scancel)")
+        raise UsageError(f"run {shown} is supervised on {console_safe(str(run.record.get('supervisor_host')))}: stop it "
+                         f"there (or, in a Slurm job, with scancel)")
     if not run.supervised() or pid is None:
-        raise UsageError(f"run {run.run_id} is not running ({run.state})")
+        raise UsageError(f"run {shown} is not running ({console_safe(run.state)})")
     try:
         os.kill(pid, signal.SIGTERM)
         if now:  # a second signal: no grace period
@@ -263,13 +288,13 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
     except ProcessLookupError:
         pass
     except PermissionError:
-        raise UsageError(f"run {run.run_id} is not yours to stop") from None
-    click.echo(f"mgpu: stopping run {run.run_id} (supervisor pid {pid})" + (", killing its tasks now" if now else ""),
+        raise UsageError(f"run {shown} is not yours to stop") from None
+    click.echo(f"mgpu: stopping run {shown} (supervisor pid {pid})" + (", killing its tasks now" if now else ""),
                err=True)
     grace = float((run.record.get("options") or {}).get("grace_period") or 0)
     ended = runs.wait_until_ended(run, timeout=grace + STOP_TIMEOUT_MARGIN)
     if ended.supervised():
-        raise MgpuError(f"run {run.run_id} has not ended {grace + STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid})")
-    message = ended.record.get("message")
-    click.echo(f"mgpu: run {run.run_id} {ended.state} (exit {ended.exit_code})" + (f": {message}" if message else ""))
+        raise MgpuError(f"run {shown} has not ended {grace + STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid})")
+    message = "\n".join(console_safe(line) for line in str(ended.record.get("message") or "").splitlines())
+    click.echo(f"mgpu: run {shown} {console_safe(ended.state)} (exit {ended.exit_code})" + (f": {message}" if message else ""))
     return 0

@@ -1,7 +1,8 @@
 """The runs of a log dir, as `mgpu status`, `logs`, `attach` and `stop` find them.
 
 A run is a folder of the log dir that holds a run.json and belongs to this user (another user's runs
-are neither listed nor found). Whether its supervisor still runs is not taken from run.json alone:
+are neither listed nor found); it is read as run_files.py allows, and one that is not (its folder
+open to others, its record not shaped as a launch writes it) is listed as unreadable, with the reason. Whether its supervisor still runs is not taken from run.json alone:
 the pid it names must be the one that holds the run id's lock (run_lock.py), in the lock folder the
 run recorded (a private folder of this user's), which the kernel releases when that process ends.
 """
@@ -9,7 +10,6 @@ run recorded (a private folder of this user's), which the kernel releases when t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import socket
@@ -17,9 +17,11 @@ import time
 from typing import Any
 
 from launcher.errors import UsageError
-from launcher.supervise import run_lock, runrecord
+from launcher.supervise import run_files, run_lock, runrecord
+from launcher.supervise.console_text import console_safe
 
 LAST = "last"
+UNREADABLE = "unreadable"
 SUPERVISOR_EXIT_TIMEOUT = 10.0  # after the lock is released, how long its process may take to exit
 
 
@@ -28,6 +30,7 @@ class Run:
     run_id: str
     path: pathlib.Path
     record: dict[str, Any]
+    problem: str | None = None  # why the run cannot be read (then its record is empty)
 
     @property
     def supervisor_pid(self) -> int | None:
@@ -60,6 +63,8 @@ class Run:
     @property
     def state(self) -> str:
         """run.json's status; a run recorded as running whose supervisor is gone: launcher-died."""
+        if self.problem is not None:
+            return UNREADABLE
         status = self.record.get("status", "?")
         if status == runrecord.RUNNING and self.here and not self.supervised():
             return runrecord.LAUNCHER_DIED
@@ -69,7 +74,7 @@ class Run:
     def exit_code(self) -> int:
         """`mgpu launch`'s exit code for the run (1 when its launcher died)."""
         code = self.record.get("exit_code")
-        return code if isinstance(code, int) else 1
+        return code if isinstance(code, int) and 0 <= code <= 255 else 1
 
     @property
     def attempts(self) -> list[dict[str, Any]]:
@@ -89,18 +94,33 @@ class Run:
 
 
 def load(path: pathlib.Path) -> Run | None:
-    """The run in `path`, if it is this user's and its run.json can be read."""
+    """The run in `path`, if it is a folder of this user's with a run.json; unreadable (with its
+    problem) if the folder or the record is not as a launch makes them."""
     try:
-        st = os.stat(path, follow_symlinks=False)
-        if st.st_uid != os.geteuid() or not os.path.isdir(path):
-            return None
-        with open(path / runrecord.NAME, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
+        folder = run_files.open_folder(path)
+    except FileNotFoundError:
         return None
-    if not isinstance(record, dict):
+    except run_files.NotYours:
         return None
+    except run_files.Unreadable as e:
+        return _unreadable(path, str(e)) if _has_record(path) else None
+    try:
+        record = run_files.read_record(folder)
+    except FileNotFoundError:
+        return None
+    except (run_files.Unreadable, OSError) as e:
+        return _unreadable(path, str(e) if isinstance(e, run_files.Unreadable) else e.strerror or str(e))
+    finally:
+        os.close(folder)
     return Run(path.name, path, record)
+
+
+def _has_record(path: pathlib.Path) -> bool:
+    return os.path.lexists(path / runrecord.NAME)
+
+
+def _unreadable(path: pathlib.Path, problem: str) -> Run:
+    return Run(path.name, path, {}, problem=problem)
 
 
 def runs(log_dir: pathlib.Path) -> list[Run]:
@@ -114,7 +134,18 @@ def runs(log_dir: pathlib.Path) -> list[Run]:
 
 
 def find(log_dir: pathlib.Path, wanted: str) -> Run:
-    """The run named by a run id, a unique prefix of one, or `last`; UsageError otherwise."""
+    """The run named by a run id, a unique prefix of one, or `last`; UsageError otherwise, and for
+    a run that cannot be read."""
+    return readable(_find(log_dir, wanted))
+
+
+def readable(run: Run) -> Run:
+    if run.problem is not None:
+        raise UsageError(f"run {console_safe(run.run_id)} cannot be read: {run.problem}")
+    return run
+
+
+def _find(log_dir: pathlib.Path, wanted: str) -> Run:
     every = runs(log_dir)
     if wanted == LAST:
         if not every:
@@ -127,9 +158,9 @@ def find(log_dir: pathlib.Path, wanted: str) -> Run:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        shown = ", ".join(run.run_id for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise UsageError(f"{wanted!r} is the start of {len(matches)} runs in {log_dir} ({shown}); give more of it")
-    raise UsageError(f"no run {wanted!r} of yours in {log_dir} (`mgpu status --log-dir {log_dir}` lists them)")
+        shown = ", ".join(console_safe(run.run_id) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise UsageError(f"{console_safe(repr(wanted))} is the start of {len(matches)} runs in {log_dir} ({shown}); give more of it")
+    raise UsageError(f"no run {console_safe(repr(wanted))} of yours in {log_dir} (`mgpu status --log-dir {log_dir}` lists them)")
 
 
 def wait_until_ended(run: Run, poll: float = 0.2, timeout: float | None = None) -> Run:
@@ -169,50 +200,58 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def follow(path: pathlib.Path, run: Run, out, start: int = 0, poll: float = 0.2) -> Run:
-    """Copy the file at `path` to the binary stream `out` from byte `start`, as it grows, until the
-    run's supervisor is gone and the file is read to its end; return the run as its record then says."""
-    offset = start
-    while True:
-        running = run.supervised()
-        if not running and run.here:
-            exited(run.supervisor_pid, SUPERVISOR_EXIT_TIMEOUT)
-        offset = _copy(path, out, offset)
-        if not running:
-            return run.reload()
-        time.sleep(poll)
-
-
-def _copy(path: pathlib.Path, out, offset: int) -> int:
+def open_log(run: Run, name: str) -> int | None:
+    """A file of the run's folder, for reading (run_files.open_run_file); None while it is not
+    there. UsageError for one that may not be read."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            while True:
-                chunk = f.read(1 << 16)
-                if not chunk:
-                    break
-                out.write(chunk)
-                offset += len(chunk)
+        return run_files.open_run_file(run.path, name)
     except FileNotFoundError:
-        return offset
+        return None
+    except run_files.Unreadable as e:
+        raise UsageError(f"run {console_safe(run.run_id)}: {console_safe(str(e))}") from None
+
+
+def follow(name: str, run: Run, out, start: int = 0, poll: float = 0.2) -> Run:
+    """Copy the run's file `name` to the binary stream `out` from byte `start`, as it grows, until
+    the run's supervisor is gone and the file is read to its end; return the run as its record then
+    says. The file is opened once it is there, and read through that descriptor from then on."""
+    offset = start
+    fd = None
+    try:
+        while True:
+            running = run.supervised()
+            if not running and run.here:
+                exited(run.supervisor_pid, SUPERVISOR_EXIT_TIMEOUT)
+            if fd is None:
+                fd = open_log(run, name)
+            if fd is not None:
+                offset = copy(fd, out, offset)
+            if not running:
+                return run.reload()
+            time.sleep(poll)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def copy(fd: int, out, offset: int = 0) -> int:
+    """Copy the file `fd` to `out` from `offset` to its end; the offset of its end."""
+    while chunk := os.pread(fd, 1 << 16, offset):
+        out.write(chunk)
+        offset += len(chunk)
     out.flush()
     return offset
 
 
-def tail_start(path: pathlib.Path, lines: int) -> int:
-    """The byte offset where the last `lines` lines of the file begin."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 256 * 1024))
-            data = f.read()
-    except FileNotFoundError:
-        return 0
+def tail_start(fd: int, lines: int) -> int:
+    """The byte offset where the last `lines` lines of the file `fd` begin."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - 256 * 1024)
+    data = os.pread(fd, size - start, start)
     cut = len(data)
     for _ in range(lines + 1):
         found = data.rfind(b"\n", 0, cut)
         if found < 0:
-            return size - len(data)
+            return start
         cut = found
-    return size - len(data) + cut + 1
+    return start + cut + 1

@@ -73,6 +73,10 @@ def test_progress_has_a_rate_and_the_time_left_and_the_last_line_is_not_a_progre
 def test_tail_start_is_where_the_last_lines_begin(tmp_path):
     path = tmp_path / "console.log"
     path.write_bytes(b"one\ntwo\nthree\n")
-    assert path.read_bytes()[runs.tail_start(path, 2):] == b"two\nthree\n"
-    assert runs.tail_start(path, 10) == 0
-    assert runs.tail_start(tmp_path / "missing", 3) == 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert path.read_bytes()[runs.tail_start(fd, 2):] == b"two\nthree\n"
+        assert runs.tail_start(fd, 10) == 0
+    finally:
+        os.close(fd)
+    assert runs.open_log(runs.Run("r", tmp_path, {}), "missing") is None  # a console not there yet: from 0
