@@ -22,6 +22,8 @@ from typing import Any, Callable
 from launcher.supervise.console_text import console_safe
 
 RECORD_NAME = "run.json"
+END_NAME = "run-end.json"  # runrecord.END_NAME: the run's end where run.json could not take it
+MAX_END_BYTES = 4096
 MAX_RECORD_BYTES = 32 << 20  # a 1,000-task run with ten restarts writes about 8 MB
 MAX_INT = 1 << 63
 MAX_NUMBER = 1e18
@@ -108,6 +110,28 @@ def read_record(folder_fd: int) -> dict[str, Any]:
     return record
 
 
+def read_end(folder_fd: int) -> dict[str, Any] | None:
+    """The run's end from END_NAME, its shape checked; None while it holds none (or is not one)."""
+    try:
+        fd = open_file(folder_fd, END_NAME)
+    except (FileNotFoundError, Unreadable):
+        return None
+    try:
+        data = os.read(fd, MAX_END_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_END_BYTES or not data.strip():
+        return None
+    try:
+        end = json.loads(data, parse_constant=_no_constant)
+        _END(end, END_NAME)
+    except (ValueError, RecursionError, Unreadable):
+        return None
+    return end if end.get("status") else None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number")
 
@@ -192,6 +216,7 @@ _RECORD = _fields(run_id=_TEXT, status=_TEXT, message=_TEXT, exit_code=_INT, sup
                   supervisor_host=_TEXT, lock_dir=_TEXT, started_at=_TEXT, ended_at=_TEXT,
                   options=_optional(_fields(grace_period=_NUMBER)), plans=_optional(_list_of(_PLAN)),
                   attempts=_optional(_list_of(_ATTEMPT)))
+_END = _fields(status=_TEXT, message=_TEXT, exit_code=_INT, ended_at=_TEXT)
 
 
 class SafeOutput:

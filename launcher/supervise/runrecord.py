@@ -36,6 +36,11 @@ unknown); both are written at most every PROGRESS_INTERVAL seconds. busy is the 
 share (supervise/pace.py): the part of the last window_s seconds it computed rather than waited,
 from its own time split (source "split") or CPU samples ("cpu").
 Times are UTC, ISO 8601.
+
+run-end.json is where the run's end goes when run.json cannot take it (a full disk): made at the
+start as END_BYTES of spaces, so its blocks are taken while there is room, and overwritten in place
+at the end with {status, message, exit_code, ended_at}, padded to the same size. Readers take the
+end from it when run.json still says running (supervise/runs.py).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ from launcher.supervise import run_lock
 from launcher.supervise.rundir import RunDir
 
 NAME = "run.json"
+END_NAME = "run-end.json"
+END_BYTES = 4096
 WRITE_INTERVAL = 0.2
 RETRY_INTERVAL = 1.0  # after a failed write
 PROGRESS_INTERVAL = 2.0
@@ -101,7 +108,48 @@ def record_launcher_died(run_dir: RunDir, message: str) -> None:
     for attempt in data.get("attempts", []):
         if attempt.get("ended_at") is None:
             attempt.update(ended_at=ended, outcome=LAUNCHER_DIED)
-    _replace(run_dir, json.dumps(data, indent=2) + "\n")
+    try:
+        _replace(run_dir, json.dumps(data, indent=2) + "\n")
+    except OSError:
+        if not write_end(run_dir, LAUNCHER_DIED, message, 1, ended):
+            raise
+
+
+def reserve_end(run_dir: RunDir) -> None:
+    """Take the space of the run's end now, while there is room (see END_NAME)."""
+    try:
+        fd = run_dir.create(END_NAME)
+    except OSError:
+        return  # no room even now: the end can only go to run.json
+    try:
+        os.write(fd, b" " * (END_BYTES - 1) + b"\n")
+    except OSError:
+        run_dir.unlink(END_NAME)
+    finally:
+        os.close(fd)
+
+
+def write_end(run_dir: RunDir, status: str, message: str | None, exit_code: int | None, ended_at: str) -> bool:
+    """The run's end written over its reserved space, in place (no new block is needed); whether it was."""
+    message = message or None
+    while True:
+        text = json.dumps({"status": status, "message": message, "exit_code": exit_code, "ended_at": ended_at})
+        if len(text) < END_BYTES or not message:
+            break
+        message = message[:len(message) // 2]
+    data = text.encode()[:END_BYTES - 1]
+    try:
+        fd = os.open(END_NAME, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=run_dir.fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size != END_BYTES:
+            return False
+        return os.pwrite(fd, data + b" " * (END_BYTES - 1 - len(data)) + b"\n", 0) == END_BYTES
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _replace(run_dir: RunDir, text: str) -> None:
@@ -149,6 +197,7 @@ class RunRecord:
         self._plans_text = textwrap.indent(plans_text, "  ").lstrip()
         self._dirty = False
         self._written_at = 0.0
+        reserve_end(run_dir)
         self._write()
 
     def flush(self) -> None:
@@ -243,6 +292,8 @@ class RunRecord:
             self._data["exit_code"] = exit_code
             self._data["ended_at"] = now()
             self._write()
+            if self._behind:  # run.json could not take the end: its reserved place can
+                write_end(self._run_dir, status, message, exit_code, self._data["ended_at"])
 
     def _update_task(self, plan: TaskPlan, **fields: Any) -> None:
         with self._lock:

@@ -106,6 +106,8 @@ def load(path: pathlib.Path) -> Run | None:
         return _unreadable(path, str(e)) if _has_record(path) else None
     try:
         record = run_files.read_record(folder)
+        if record.get("status") == runrecord.RUNNING:  # or ended where run.json could not take it (a full disk)
+            record = {**record, **(run_files.read_end(folder) or {})}
     except FileNotFoundError:
         return None
     except (run_files.Unreadable, OSError) as e:

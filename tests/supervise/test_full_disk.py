@@ -7,12 +7,13 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from launching import finish, start_mgpu, wait_for, wait_for_line
+from launching import finish, run_mgpu, start_mgpu, wait_for, wait_for_line
 from supervisor_helpers import FAKE_WORKER, recorded_ready
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
@@ -32,11 +33,10 @@ def small_disk(tmp_path):
 
 def fill(disk) -> None:
     """Take every free byte of `disk` with one file."""
-    with open(disk / "filler", "wb") as f:
+    with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: no partial write left to flush at close
         try:
             for _ in range(10_000):  # 640 MB at most: the disk is far smaller
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
         else:
@@ -131,3 +131,48 @@ def test_a_full_lock_folder_refuses_the_run_id_claim_in_one_line(small_disk, mon
         raise AssertionError(f"{small_disk} never ran out of inodes")
     with pytest.raises(UsageError, match=f"^{folder}: cannot lock run id full-2 there: No space left on device "):
         run_lock.claim_run_id("full-2")
+
+
+def test_a_run_stopped_while_its_disk_is_full_is_recorded_as_it_ended(small_disk, tmp_path, run_id):
+    # run.json cannot take the run's end; `mgpu stop` and `mgpu status` still say how it ended.
+    program = "import time\nprint('MGPU_TASK_READY', flush=True)\ntime.sleep(120)\n"
+    run_dir = small_disk / run_id
+    with open(tmp_path / "console.txt", "w") as out:
+        proc = start_mgpu("launch", "--local", "1", "--log-dir", str(small_disk), "--run-id", run_id, "--",
+                          sys.executable, "-c", program, stdout=out)
+        try:
+            wait_for(recorded_ready(run_dir, "worker:0"), 120, "the task ready in run.json")
+            fill(small_disk)
+            stop = run_mgpu("stop", run_id, "--log-dir", str(small_disk), timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        code, _ = finish(proc, timeout=120)
+    assert code == 143
+    assert stop.returncode == 0 and f"mgpu: run {run_id} interrupted (exit 143)" in stop.stdout, stop
+    assert run_json(run_dir)["status"] == "running"  # its last complete version: the end did not fit
+    status = run_mgpu("status", run_id, "--log-dir", str(small_disk), "--json")
+    shown = json.loads(status.stdout)
+    assert (shown["state"], shown["exit_code"], shown["message"]) == ("interrupted", 143, "interrupted by signal 15")
+    assert "interrupted" in run_mgpu("status", "--log-dir", str(small_disk)).stdout
+
+
+def test_a_launcher_killed_while_its_disk_is_full_is_recorded_by_its_reaper(small_disk, tmp_path, run_id):
+    program = "import time\nprint('MGPU_TASK_READY', flush=True)\ntime.sleep(120)\n"
+    run_dir = small_disk / run_id
+    with open(tmp_path / "console.txt", "w") as out:
+        proc = start_mgpu("launch", "--local", "1", "--log-dir", str(small_disk), "--run-id", run_id,
+                          "--grace-period", "1", "--", sys.executable, "-c", program, stdout=out)
+        try:
+            wait_for(recorded_ready(run_dir, "worker:0"), 120, "the task ready in run.json")
+            fill(small_disk)
+        finally:
+            proc.kill()
+        finish(proc, timeout=60)
+
+    def recorded_end():
+        return json.loads(run_mgpu("status", run_id, "--log-dir", str(small_disk), "--json").stdout)["message"]
+
+    message = wait_for(recorded_end, 60, "the reaper's record of the end", interval=0.2)
+    assert message.startswith("the launcher died before the run ended; its reaper stopped 1 processes"), message
+    assert run_json(run_dir)["status"] == "running"
