@@ -172,7 +172,8 @@ Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
 # -- the policy --------------------------------------------------------------------------------
 
 def _again(signum: int) -> str:
-    return "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
+    # A second SIGTERM (another `mgpu stop`) waits for the stop under way: only SIGINT kills now.
+    return "Ctrl-C again" if signum == signal.SIGINT else "SIGINT or `mgpu stop --now`"
 
 
 class Policy:

@@ -31,6 +31,12 @@ class Signals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
+    def kill_now(self, seen: int) -> bool:
+        """Whether a stop begun after `seen` signals skips what is left of the grace period: a SIGINT
+        came during it, or after the signal that began it (Ctrl-C twice; `mgpu stop --now` sends
+        SIGTERM, then SIGINT). Another SIGTERM (a second `mgpu stop`) waits for the stop under way."""
+        return signal.SIGINT in self.received[seen:] or signal.SIGINT in self.received[1:]
+
     def _record(self, signum: int, frame: object) -> None:
         self.received.append(signum)  # only a list append: safe at any point of the main thread
 

@@ -556,8 +556,8 @@ class _Supervisor:
             self._poll(tasks)
             if not strays.alive() and all(t.returncode is not None for t in tasks):
                 break
-            # A signal during the stop, or two before it (`mgpu stop --now` sends SIGTERM and SIGINT).
-            if len(self.signals.received) > signals_seen or len(self.signals.received) >= 2:
+            # A Ctrl-C during the stop or after the signal that began it; another SIGTERM waits for it.
+            if self.signals.kill_now(signals_seen):
                 self.output.notice("second signal: killing all tasks now")
                 break
             if time.monotonic() >= deadline:

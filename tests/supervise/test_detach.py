@@ -186,3 +186,37 @@ def test_status_of_a_run_that_is_not_yours_or_not_there_is_one_line(runs):
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no run" in done.stderr, done.stderr
     assert "theirs" not in runs.mgpu("status").stdout
     assert runs.mgpu("stop", "theirs").returncode == 2
+
+
+def test_a_second_stop_waits_for_the_stop_under_way(run_id, record_dir, runs):
+    """Two `mgpu stop` at once: the second SIGTERM is not a kill-now. The tasks ignore SIGTERM and
+    leave once the test says so; they must get that far, not SIGKILL."""
+    launch = start_mgpu(*runs.launch_args(run_id, "--record", str(record_dir), "--ignore-term", "all",
+                                          "--until-file", str(runs.go), grace=300), start_new_session=True)
+    try:
+        wait_for(lambda: len(records(record_dir)) == 2, 30, what="both tasks started")
+        stops = [start_mgpu("stop", run_id, "--log-dir", str(runs.log_dir), stderr=subprocess.PIPE)
+                 for _ in range(2)]
+        for stop in stops:
+            said = stop.stderr.readline()
+            assert said.startswith(f"mgpu: stopping run {run_id}"), said + stop.stderr.read()
+        # Both SIGTERMs are in: the stop's loop goes round once more on the hang-up, and with a
+        # kill-now rule for the second one, kills the tasks in that very round.
+        launch.send_signal(signal.SIGHUP)
+        console = runs.log_dir / run_id / "console.log"
+        wait_for_line(console, "[mgpu] the terminal hung up (SIGHUP); the run goes on", 30, launch)
+        runs.go.touch()
+        for stop in stops:
+            out, err = stop.communicate(timeout=60)
+            assert stop.returncode == 0 and f"mgpu: run {run_id} interrupted (exit 143)" in out, out + err
+        assert launch.wait(60) == 143
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    text = console.read_text()
+    assert "second signal: killing all tasks now" not in text, text
+    assert "(SIGINT or `mgpu stop --now` to kill now)" in launch.stdout.read()
+    tasks = runs.record(run_id)["attempts"][0]["tasks"]
+    assert {(task["exit_code"], task["signal"]) for task in tasks.values()} == {(0, None)}, tasks
+    assert_run_gone(run_id)
