@@ -261,7 +261,9 @@ def attach_command(run_name: str, log_dir: pathlib.Path) -> int:
 STOP_HELP = f"""Stop a run as Ctrl-C stops `mgpu launch`: TERM to every task, KILL after the
 grace period, nothing left on any host; wait for the end and print how it ended.
 
-{RUN_HELP}
+{RUN_HELP} A run whose folder is gone (or in another log dir) is found by
+its whole run id, from the lock its supervisor holds on this machine. A stop
+while another is under way waits for it; only --now hurries it.
 
 Exit codes: 0 once the run has stopped; 1 if it did not end in time; 2 when RUN
 is not a running run of yours.
@@ -273,7 +275,13 @@ is not a running run of yours.
 @log_dir_option
 @click.option("--now", is_flag=True, help="Kill the tasks at once, without the grace period.")
 def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
-    run = runs.find(log_dir, run_name)
+    try:
+        run = runs.find(log_dir, run_name)
+    except UsageError:
+        pid = runs.lock_holder(run_name)
+        if pid is None:
+            raise
+        return _stop_by_lock(run_name, pid, log_dir, now)
     shown = console_safe(run.run_id)
     pid = run.supervisor_pid
     if not run.here:
@@ -281,14 +289,7 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
                          f"there (or, in a Slurm job, with scancel)")
     if not run.supervised() or pid is None:
         raise UsageError(f"run {shown} is not running ({console_safe(run.state)})")
-    try:
-        os.kill(pid, signal.SIGTERM)
-        if now:  # a second signal: no grace period
-            os.kill(pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        raise UsageError(f"run {shown} is not yours to stop") from None
+    _signal(pid, now, shown)
     click.echo(f"mgpu: stopping run {shown} (supervisor pid {pid})" + (", killing its tasks now" if now else ""),
                err=True)
     grace = float((run.record.get("options") or {}).get("grace_period") or 0)
@@ -297,4 +298,30 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
         raise MgpuError(f"run {shown} has not ended {grace + STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid})")
     message = "\n".join(console_safe(line) for line in str(ended.record.get("message") or "").splitlines())
     click.echo(f"mgpu: run {shown} {console_safe(ended.state)} (exit {ended.exit_code})" + (f": {message}" if message else ""))
+    return 0
+
+
+def _signal(pid: int, now: bool, shown: str) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if now:  # a second signal: no grace period
+            os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise UsageError(f"run {shown} is not yours to stop") from None
+
+
+def _stop_by_lock(run_id: str, pid: int, log_dir: pathlib.Path, now: bool) -> int:
+    """A run with no folder in the log dir whose supervisor holds its run id's lock: stopped all
+    the same (the lock's folder is private to this user, and the kernel drops the lock with its
+    holder). Its grace period is not known here, so the wait is STOP_TIMEOUT_MARGIN."""
+    _signal(pid, now, run_id)
+    click.echo(f"mgpu: stopping run {run_id} (supervisor pid {pid}, from its run id's lock: no folder of it in "
+               f"{console_safe(str(log_dir))})" + (", killing its tasks now" if now else ""), err=True)
+    if not runs.wait_until_released(run_id, pid, STOP_TIMEOUT_MARGIN):
+        raise MgpuError(f"run {run_id} has not ended {STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid}; "
+                        f"`mgpu stop {run_id} --now` kills its tasks at once)")
+    click.echo(f"mgpu: run {run_id} stopped (with no run folder in {console_safe(str(log_dir))}, how it ended is "
+               f"not known here)")
     return 0

@@ -16,6 +16,7 @@ import socket
 import time
 from typing import Any
 
+from launcher.config.addresses import parse_run_id
 from launcher.errors import UsageError
 from launcher.supervise import run_files, run_lock, runrecord
 from launcher.supervise.console_text import console_safe
@@ -163,6 +164,29 @@ def _find(log_dir: pathlib.Path, wanted: str) -> Run:
         shown = ", ".join(console_safe(run.run_id) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
         raise UsageError(f"{console_safe(repr(wanted))} is the start of {len(matches)} runs in {log_dir} ({shown}); give more of it")
     raise UsageError(f"no run {console_safe(repr(wanted))} of yours in {log_dir} (`mgpu status --log-dir {log_dir}` lists them)")
+
+
+def lock_holder(wanted: str) -> int | None:
+    """The supervisor that holds the lock of run id `wanted` on this machine (in any folder a launch
+    of this user may have used), whatever log dir its run is in, or whether its folder is still
+    there; None when `wanted` is not a run id or no launch holds it."""
+    try:
+        run_id = parse_run_id(wanted)
+    except ValueError:
+        return None
+    pid = run_lock.holder(run_id)
+    return pid if pid is not None and pid > 1 and pid != os.getpid() else None
+
+
+def wait_until_released(run_id: str, pid: int, timeout: float, poll: float = 0.2) -> bool:
+    """Wait (bounded) until process `pid` no longer holds the run id's lock, then until it has
+    ended; whether it did."""
+    deadline = time.monotonic() + timeout
+    while run_lock.holder(run_id) == pid:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return exited(pid, SUPERVISOR_EXIT_TIMEOUT, poll)
 
 
 def wait_until_ended(run: Run, poll: float = 0.2, timeout: float | None = None) -> Run:

@@ -4,6 +4,7 @@ hangs up, and `status`, `logs`, `attach` and `stop` from other shells."""
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 
@@ -220,3 +221,26 @@ def test_a_second_stop_waits_for_the_stop_under_way(run_id, record_dir, runs):
     tasks = runs.record(run_id)["attempts"][0]["tasks"]
     assert {(task["exit_code"], task["signal"]) for task in tasks.values()} == {(0, None)}, tasks
     assert_run_gone(run_id)
+
+
+def test_a_detached_run_whose_folder_was_deleted_is_stopped_by_its_run_id(run_id, record_dir, runs):
+    runs.detach(run_id, "--record", str(record_dir), "--forever", "--grandchild", "all")
+    wait_for(lambda: len(read_pids(record_dir)) == 2 and len(records(record_dir)) == 2, 30, what="tasks and sleepers")
+    supervisor = runs.status(run_id)["supervisor_pid"]
+    runs.started.remove(run_id)  # its record goes with its folder: the fixture cannot find the supervisor
+    shutil.rmtree(runs.log_dir / run_id)
+    try:
+        assert runs.mgpu("stop", run_id[:-2]).returncode == 2  # a start of a run id names no lock
+        stop = runs.mgpu("stop", run_id)
+        assert stop.returncode == 0, stop.stderr
+        assert stop.stderr == (f"mgpu: stopping run {run_id} (supervisor pid {supervisor}, from its run id's lock: "
+                               f"no folder of it in {runs.log_dir})\n")
+        assert stop.stdout.startswith(f"mgpu: run {run_id} stopped (with no run folder in {runs.log_dir}"), stop.stdout
+    finally:
+        if pid_alive(supervisor):
+            os.kill(supervisor, signal.SIGKILL)
+    assert not pid_alive(supervisor)
+    assert not any(pid_alive(pid) for pid in read_pids(record_dir))
+    assert_run_gone(run_id)
+    again = runs.mgpu("stop", run_id)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "no run" in again.stderr
