@@ -33,9 +33,10 @@ class Signals:
 
     def kill_now(self, seen: int) -> bool:
         """Whether a stop begun after `seen` signals skips what is left of the grace period: a SIGINT
-        came during it, or after the signal that began it (Ctrl-C twice; `mgpu stop --now` sends
-        SIGTERM, then SIGINT). Another SIGTERM (a second `mgpu stop`) waits for the stop under way."""
-        return signal.SIGINT in self.received[seen:] or signal.SIGINT in self.received[1:]
+        came with another signal, before or during the stop (Ctrl-C twice; `mgpu stop --now` sends
+        SIGTERM and SIGINT, which the kernel may hand over in either order), or during a stop no
+        signal began. Only SIGTERMs (a second `mgpu stop`) wait for the stop under way."""
+        return signal.SIGINT in self.received and len(self.received) > min(seen, 1)
 
     def _record(self, signum: int, frame: object) -> None:
         self.received.append(signum)  # only a list append: safe at any point of the main thread

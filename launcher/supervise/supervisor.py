@@ -556,7 +556,7 @@ class _Supervisor:
             self._poll(tasks)
             if not strays.alive() and all(t.returncode is not None for t in tasks):
                 break
-            # A Ctrl-C during the stop or after the signal that began it; another SIGTERM waits for it.
+            # A Ctrl-C with another signal, or during the stop; another SIGTERM waits for it.
             if self.signals.kill_now(signals_seen):
                 self.output.notice("second signal: killing all tasks now")
                 break
