@@ -155,6 +155,8 @@ def release_run_id(run_id: str) -> None:
         pass
     finally:
         os.close(fd)
+    if not _claims:  # the run is over: the ports this launcher claimed for its tasks go with it
+        release_ports()
 
 
 def claim_folder(run_id: str) -> str | None:
@@ -229,31 +231,91 @@ def _holder_in(run_id: str, folder: str) -> int | None:
         os.close(fd)
 
 
-_port_claims: dict[int, int] = {}  # port -> the descriptor of its locked file, in this process
+_port_claims: dict[int, tuple[int, str]] = {}  # port -> the descriptor of its locked file and its folder
+_swept: list[str] = []  # the lock folders this process has swept of stale port locks
+MAX_SWEPT = 4096  # port lock files looked at in one sweep
 
 
 def claim_port(port: int) -> bool:
     """Claim a port for this machine's tasks of this launcher, as long as it lives (host.ports'
     pick_free_ports takes it): a lock file per port beside the run ids' (port:N.lock, a name no
     run id has). False when another live launch of this user holds it, or this one already does.
-    The kernel drops the claim when the launcher ends, however it ends."""
+    The kernel drops the claim when the launcher ends, however it ends; the file goes when the
+    run's claim on its run id is given up (release_run_id), or else with the next launch's sweep."""
     if port in _port_claims:
         return False
+    folder = run_id_lock_dir()
     try:
-        dir_fd = _open_lock_dir(run_id_lock_dir())
+        dir_fd = _open_lock_dir(folder)
     except UsageError:  # the run id's claim, which needs the folder too, says what is wrong with it
         return True
     try:
-        fd = os.open(f"port:{int(port)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE,
-                     dir_fd=dir_fd)
-    except OSError:
-        return True
+        if folder not in _swept:
+            _swept.append(folder)
+            _sweep_ports(dir_fd)
+        name = f"port:{int(port)}.lock"
+        for _ in range(100):  # a holder or a sweep that removes the file meanwhile: lock the one now at the name
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
+            except OSError:
+                return True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            if _still_named(dir_fd, name, fd):
+                _port_claims[port] = fd, folder
+                return True
+            os.close(fd)
+        return False
     finally:
         os.close(dir_fd)
+
+
+def _still_named(dir_fd: int, name: str, fd: int) -> bool:
+    """Whether `name` in the folder is still the file open as `fd` (not removed, not replaced)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
         return False
-    _port_claims[port] = fd
-    return True
+    mine = os.fstat(fd)
+    return (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _sweep_ports(dir_fd: int) -> None:
+    """Remove the port locks no live launch holds (left by launches that ended before their run
+    began, or were killed). Each is removed only while this process holds its lock, so a launch
+    that opened it meanwhile finds, once it has the lock, that the name is gone, and starts over."""
+    try:
+        with os.scandir(dir_fd) as entries:
+            names = [entry.name for _, entry in zip(range(MAX_SWEPT), entries)]
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith("port:") and name.endswith(".lock")):
+            continue
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if stat.S_ISREG(os.fstat(fd).st_mode) and _still_named(dir_fd, name, fd):
+                os.unlink(name, dir_fd=dir_fd)
+        except OSError:  # held by a live launch (BlockingIOError), or gone
+            pass
+        finally:
+            os.close(fd)
+
+
+def release_ports() -> None:
+    """Give up this process's port claims, removing their files while still locked."""
+    while _port_claims:
+        port, (fd, folder) = _port_claims.popitem()
+        try:
+            os.unlink(os.path.join(folder, f"port:{port}.lock"))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

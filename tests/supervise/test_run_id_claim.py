@@ -1,13 +1,16 @@
 """A run id is one run on the whole machine, whatever the log dir: the end of a run stops every
 process of this user that carries its id, so two runs with one id would stop each other's tasks."""
 
+import json
+import os
 import pathlib
 import secrets
 import signal
 import subprocess
 import sys
 
-from launching import run_mgpu, start_mgpu, wait_for
+from launcher.supervise.run_lock import run_id_lock_dir
+from launching import mgpu_env, run_mgpu, start_mgpu, wait_for
 
 HOLD = [sys.executable, "-c", "import time; print('task up', flush=True); time.sleep(120)"]
 
@@ -73,3 +76,42 @@ def test_two_launches_started_together_with_one_run_id_in_two_log_dirs(tmp_path)
         finally:
             for proc in launches:
                 stop(proc)
+
+
+# Picks two ports as a launch of `--local 2` does (claimed for as long as it runs), prints them, and
+# keeps them until its stdin closes.
+PICKER = ("import os, sys\nfrom launcher.host.ports import pick_free_ports\nfrom launcher.supervise.run_lock import claim_port\n"
+          "os.write(1, ('%d %d\\n' % tuple(pick_free_ports(2, claim=claim_port))).encode())\nsys.stdin.read()\n")
+
+
+def start_picker() -> tuple[subprocess.Popen, list[pathlib.Path]]:
+    picker = subprocess.Popen([sys.executable, "-c", PICKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=mgpu_env())
+    ports = picker.stdout.readline().split()  # it holds them now
+    assert len(ports) == 2, ports
+    return picker, [pathlib.Path(run_id_lock_dir(), f"port:{port}.lock") for port in ports]
+
+
+def test_port_locks_go_with_their_run_and_stale_ones_with_the_next_launch(tmp_path):
+    first, first_locks = start_picker()
+    second, second_locks = None, []
+    try:
+        second, second_locks = start_picker()  # its sweep leaves the locks of a live launch
+        assert all(lock.exists() for lock in first_locks + second_locks)
+        first.kill()  # a launch that dies leaves its files: the kernel drops only the locks
+        first.wait()
+        assert all(lock.exists() for lock in first_locks)
+        third, third_locks = start_picker()  # the next launch's sweep removes them, and only them
+        third.communicate(timeout=30)
+        assert not any(lock.exists() for lock in first_locks)
+        assert all(lock.exists() for lock in second_locks)
+    finally:
+        for picker in (first, second):
+            if picker is not None and picker.poll() is None:
+                picker.communicate(timeout=30)
+    # A run gives its ports' locks up with its run id's at its end.
+    run_id = f"ports-{secrets.token_hex(4)}"
+    done = run_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(tmp_path), "--", "true")
+    assert done.returncode == 0, done.stderr
+    ports = [plan["port"] for plan in json.loads((tmp_path / run_id / "run.json").read_text())["plans"]]
+    assert len(ports) == 2 and not [port for port in ports if os.path.exists(f"{run_id_lock_dir()}/port:{port}.lock")]
