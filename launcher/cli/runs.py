@@ -160,7 +160,8 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     click.echo(_table(rows))
     slowest = (run.attempts[-1] if run.attempts else {}).get("slowest")
     if slowest:
-        click.echo(console_safe(f"slowest: {slowest['task']} on {slowest['host']}, busy {round(100 * slowest['busy'])}% "
+        busy = round(100 * slowest["busy"])
+        click.echo(console_safe(f"slowest: {slowest['task']} on {slowest['host']}, busy {busy}% "
                                 f"while the others waited (since {_time(slowest.get('at'))[11:]})"))
 
 
@@ -182,16 +183,16 @@ not a run of yours or has no such log.
 def _log_name(run: runs.Run, task: str | None) -> str:
     """The file of the run's folder that `mgpu logs` shows: the console, or the task's log."""
     names = ", ".join(console_safe(name) for name in run.task_names())
+    shown = console_safe(run.run_id)
     if task is None:
         fd = runs.open_log(run, CONSOLE_LOG)
         if fd is None:
-            raise UsageError(f"run {console_safe(run.run_id)} keeps its console on the terminal that launched it "
-                             f"(no {CONSOLE_LOG}); `mgpu logs {console_safe(run.run_id)} --task NAME` shows a task's log, "
-                             f"one of {names}")
+            raise UsageError(f"run {shown} keeps its console on the terminal that launched it (no {CONSOLE_LOG}); "
+                             f"`mgpu logs {shown} --task NAME` shows a task's log, one of {names}")
         os.close(fd)
         return CONSOLE_LOG
     if task not in run.task_names():
-        raise UsageError(f"run {console_safe(run.run_id)} has no task {console_safe(repr(task))}; its tasks: {names}")
+        raise UsageError(f"run {shown} has no task {console_safe(repr(task))}; its tasks: {names}")
     task_type, _, index = task.partition(":")
     return f"{task_type}-{index}.log"
 
@@ -240,7 +241,8 @@ def attach_command(run_name: str, log_dir: pathlib.Path) -> int:
     run = runs.find(log_dir, run_name)
     shown = console_safe(run.run_id)
     if not run.supervised():
-        raise UsageError(f"run {shown} is not running ({console_safe(run.state)}); `mgpu logs {shown}` shows its console")
+        raise UsageError(f"run {shown} is not running ({console_safe(run.state)}); "
+                         f"`mgpu logs {shown}` shows its console")
     name = _log_name(run, None)
     fd = runs.open_log(run, name)
     try:
@@ -285,8 +287,8 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
     shown = console_safe(run.run_id)
     pid = run.supervisor_pid
     if not run.here:
-        raise UsageError(f"run {shown} is supervised on {console_safe(str(run.record.get('supervisor_host')))}: stop it "
-                         f"there (or, in a Slurm job, with scancel)")
+        where = console_safe(str(run.record.get("supervisor_host")))
+        raise UsageError(f"run {shown} is supervised on {where}: stop it there (or, in a Slurm job, with scancel)")
     if not run.supervised() or pid is None:
         raise UsageError(f"run {shown} is not running ({console_safe(run.state)})")
     _signal(pid, now, shown)
@@ -297,7 +299,8 @@ def stop_command(run_name: str, log_dir: pathlib.Path, now: bool) -> int:
     if ended.supervised():
         raise MgpuError(f"run {shown} has not ended {grace + STOP_TIMEOUT_MARGIN:g} s later (supervisor pid {pid})")
     message = "\n".join(console_safe(line) for line in str(ended.record.get("message") or "").splitlines())
-    click.echo(f"mgpu: run {shown} {console_safe(ended.state)} (exit {ended.exit_code})" + (f": {message}" if message else ""))
+    click.echo(f"mgpu: run {shown} {console_safe(ended.state)} (exit {ended.exit_code})"
+               + (f": {message}" if message else ""))
     return 0
 
 

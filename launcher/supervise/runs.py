@@ -2,9 +2,11 @@
 
 A run is a folder of the log dir that holds a run.json and belongs to this user (another user's runs
 are neither listed nor found); it is read as run_files.py allows, and one that is not (its folder
-open to others, its record not shaped as a launch writes it) is listed as unreadable, with the reason. Whether its supervisor still runs is not taken from run.json alone:
-the pid it names must be the one that holds the run id's lock (run_lock.py), in the lock folder the
-run recorded (a private folder of this user's), which the kernel releases when that process ends.
+open to others, its record not shaped as a launch writes it) is listed as unreadable, with the
+reason; it sorts last, with no start time. Whether its supervisor still runs is not taken from
+run.json alone: the pid it names must be the one that holds the run id's lock (run_lock.py), in
+the lock folder the run recorded (a private folder of this user's), which the kernel releases when
+that process ends.
 """
 
 from __future__ import annotations
@@ -139,12 +141,9 @@ def runs(log_dir: pathlib.Path) -> list[Run]:
 def find(log_dir: pathlib.Path, wanted: str) -> Run:
     """The run named by a run id, a unique prefix of one, or `last`; UsageError otherwise, and for
     a run that cannot be read."""
-    return readable(_find(log_dir, wanted))
-
-
-def readable(run: Run) -> Run:
+    run = _find(log_dir, wanted)
     if run.problem is not None:
-        raise UsageError(f"run {console_safe(run.run_id)} cannot be read: {run.problem}")
+        raise UsageError(f"run {console_safe(run.run_id)} cannot be read: {console_safe(run.problem)}")
     return run
 
 
@@ -162,8 +161,10 @@ def _find(log_dir: pathlib.Path, wanted: str) -> Run:
         return matches[0]
     if matches:
         shown = ", ".join(console_safe(run.run_id) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise UsageError(f"{console_safe(repr(wanted))} is the start of {len(matches)} runs in {log_dir} ({shown}); give more of it")
-    raise UsageError(f"no run {console_safe(repr(wanted))} of yours in {log_dir} (`mgpu status --log-dir {log_dir}` lists them)")
+        raise UsageError(f"{console_safe(repr(wanted))} is the start of {len(matches)} runs in {log_dir} ({shown}); "
+                         f"give more of it")
+    raise UsageError(f"no run {console_safe(repr(wanted))} of yours in {log_dir} "
+                     f"(`mgpu status --log-dir {log_dir}` lists them)")
 
 
 def lock_holder(wanted: str) -> int | None:
@@ -261,8 +262,10 @@ def follow(name: str, run: Run, out, start: int = 0, poll: float = 0.2) -> Run:
 
 
 def copy(fd: int, out, offset: int = 0) -> int:
-    """Copy the file `fd` to `out` from `offset` to its end; the offset of its end."""
-    while chunk := os.pread(fd, 1 << 16, offset):
+    """Copy the file `fd` to `out` from `offset` to where it ends now (not to what a task goes on
+    adding: that is for the next call); the offset reached."""
+    end = os.fstat(fd).st_size
+    while offset < end and (chunk := os.pread(fd, min(1 << 16, end - offset), offset)):
         out.write(chunk)
         offset += len(chunk)
     out.flush()
