@@ -111,8 +111,7 @@ def claim_run_id(run_id: str) -> None:
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
                 os.close(fd)
-                raise UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
-                                 f"this machine, in any log dir); choose another run id") from None
+                raise _in_use(run_id, holder) from None
             try:
                 current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -130,11 +129,25 @@ def claim_run_id(run_id: str) -> None:
                     os.unlink(name, dir_fd=dir_fd)
                 os.close(fd)
                 raise _cannot_lock(folder, run_id, e) from None
+            # A launch from a shell with another XDG_RUNTIME_DIR locks in another folder: looked for
+            # there too, after this claim, so that of two at once at least one sees the other.
+            other = next((pid for place in lock_dirs() if place != folder
+                          for pid in [_holder_in(run_id, place)] if pid is not None), None)
+            if other is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+                os.close(fd)
+                raise _in_use(run_id, str(other))
             _claims[run_id] = fd, folder
             return
         raise UsageError(f"run id {run_id}: its lock in {folder} keeps changing; choose another run id")
     finally:
         os.close(dir_fd)
+
+
+def _in_use(run_id: str, holder: str) -> UsageError:
+    return UsageError(f"run id {run_id} is in use by running processes (pid {holder}: a launch on this machine, in "
+                      f"any log dir); choose another run id")
 
 
 def _cannot_lock(folder: str, run_id: str, error: OSError) -> UsageError:

@@ -1,5 +1,6 @@
 """A run is found running, and stopped, from any shell of its user: whatever XDG_RUNTIME_DIR says
-there, the run's record says where its run id's lock is. Played by a user with no files on this
+there, the run's record says where its run id's lock is; and its run id is refused to a launch from
+such a shell. Played by a user with no files on this
 machine (root's locks are always in /run/mgpu), in children of this process that become that user."""
 
 import codecs
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from launcher.errors import UsageError
 import launcher.cli.runs  # noqa: F401  the commands, loaded here: the user cannot read this checkout
 from launcher.cli.main import main
 from launcher.supervise import run_lock, runs
@@ -34,6 +36,16 @@ def shared_dir():
     yield path
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(f"/tmp/mgpu-{USER}", ignore_errors=True)
+
+
+@pytest.fixture
+def login_runtime():
+    """The user's /run/user/<uid>, as a login session makes it; removed at the end."""
+    path = pathlib.Path(f"/run/user/{USER}")
+    path.mkdir(mode=0o700, parents=True)
+    os.chown(path, USER, USER)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def as_user(env: dict[str, str], body) -> int:
@@ -111,3 +123,46 @@ def test_a_run_is_running_and_stoppable_from_a_shell_with_another_runtime_dir(sh
         if holder is not None:
             os.kill(holder, signal.SIGKILL)
             os.waitpid(holder, 0)
+
+
+@needs_root
+def test_a_run_id_held_from_a_login_shell_is_refused_to_a_shell_without_its_runtime_dir(shared_dir, login_runtime):
+    # A login shell's XDG_RUNTIME_DIR is /run/user/<uid>; a shell without one (cron, su) locks in /tmp.
+    runtime = login_runtime
+    run_id = f"taken-{os.getpid()}"
+    go_read, go_write = os.pipe()  # the holder says through it that it holds the run id
+    end_read, end_write = os.pipe()  # and waits on this one to end
+
+    def holding() -> int:
+        os.close(go_read)
+        os.close(end_write)
+        run_lock.claim_run_id(run_id)
+        os.write(go_write, b"held")
+        os.close(go_write)
+        os.read(end_read, 1)  # until the test closes its end
+        return 0
+
+    holder = as_user({"XDG_RUNTIME_DIR": str(runtime)}, holding)
+    os.close(go_write)
+    os.close(end_read)
+    try:
+        with os.fdopen(go_read, "rb") as f:
+            assert f.read() == b"held"
+        answer = shared_dir / "answer"
+
+        def claiming() -> int:
+            try:
+                run_lock.claim_run_id(run_id)
+                answer.write_text(f"claimed in {run_lock.claim_folder(run_id)}")
+            except UsageError as e:
+                answer.write_text(str(e))
+            return 0
+
+        claimer = as_user({"PATH": "/usr/bin:/bin"}, claiming)
+        assert os.waitstatus_to_exitcode(os.waitpid(claimer, 0)[1]) == 0
+        assert answer.read_text() == (f"run id {run_id} is in use by running processes (pid {holder}: a launch on "
+                                      f"this machine, in any log dir); choose another run id")
+        assert not (pathlib.Path(f"/tmp/mgpu-{USER}") / f"{run_id}.lock").exists()  # its own lock given up
+    finally:
+        os.close(end_write)
+        os.waitpid(holder, 0)
