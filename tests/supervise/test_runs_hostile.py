@@ -112,8 +112,11 @@ def test_fifos_and_links_in_a_run_folder_are_refused_without_blocking(tmp_path):
     assert "no run 'linked' of yours" in run_mgpu("status", "linked", "--log-dir", str(tmp_path)).stderr
     os.symlink(tmp_path / "secret-dir", tmp_path / "dangling")
     os.mkfifo(tmp_path / "fifo")  # a FIFO in the log dir itself is not a run either
+    (tmp_path / "fifo-record").mkdir(mode=0o700)
+    os.mkfifo(tmp_path / "fifo-record" / "run.json")  # a run whose record is a FIFO: listed, not waited on
     listed = run_mgpu("status", "--log-dir", str(tmp_path), timeout=30)
-    assert listed.returncode == 0 and "linked" not in listed.stdout and "fifo" not in listed.stdout, listed
+    assert listed.returncode == 0 and "linked" not in listed.stdout and "fifo " not in listed.stdout, listed
+    assert "fifo-record  unreadable" in listed.stdout and "run.json: not a regular file" in listed.stdout, listed
 
 
 def test_control_characters_are_shown_escaped_and_raw_only_on_request(tmp_path):
