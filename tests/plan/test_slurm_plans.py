@@ -195,11 +195,12 @@ def test_a_node_left_out_gives_its_tasks_to_a_spare_node_and_the_step_excludes_i
     assert "--exclude=a" in srun_argv(plans, "python3", nodes) and "--nodes=2" in srun_argv(plans, "python3", nodes)
 
     actions = _slurm_node_actions(nodes, LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path), spec=spec, replan=replan))
-    replaced, spare = actions.replace("c", print)
+    placement = actions.replace(["c"], print)
+    replaced, [(_, spare)] = placement.plans, placement.took
     assert spare == "a"
     assert [(p.name, p.host, p.slurm_rank) for p in replaced] == [("worker:1", "a", 0), ("worker:0", "b", 1)]
     assert json.loads(replaced[0].env["TF_CONFIG"])["cluster"]["worker"] == ["b:2222", "a:2222"]
     argv = srun_argv(replaced, "python3", nodes)
     assert "--exclude=c" in argv and "--nodes=2" in argv
     # No spare left: the run stops, naming the node.
-    assert actions.replace("b", print) is None
+    assert actions.replace(["b"], print).plans is None
