@@ -45,3 +45,8 @@ class Interrupted(MgpuError):
         super().__init__(f"interrupted by signal {signum}")
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class UnreadableAnswer(CheckFailed):
+    """A host answered a check with something mgpu cannot read: too long, not JSON mgpu reads, or of
+    the wrong shape. The host fails its check."""

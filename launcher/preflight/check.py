@@ -24,9 +24,10 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from launcher.errors import CheckFailed, ConnectError, MgpuError, UsageError
+from launcher.errors import CheckFailed, ConnectError, MgpuError, UnreadableAnswer, UsageError
 from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
+from launcher.preflight.answers import check_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_probe_command, probe_for
 from launcher.preflight.reach import Reachability, ReachTest
@@ -110,12 +111,22 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
         output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed, import_tensorflow, hold),
                            PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
                            conversation=conversation, hold=hold)
+    except UnreadableAnswer as e:  # too long: the host was reached
+        report.ssh, report.error = ("local" if first.local else "ok"), e
+        report.problems.append(str(e))
+        return report
     except MgpuError as e:
         return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
-    result = output.last_json()
-    if result is None:
-        report.problems.append(f"the check did not run: {output.last_error_line()}")
+    try:
+        result = output.last_json()
+        if result is None:
+            report.problems.append(f"the check did not run: {output.last_error_line()}")
+            return report
+        result = check_answer(result)
+    except UnreadableAnswer as e:  # its reason: the host is named here
+        report.error = unreadable(first.host, "check", str(e))
+        report.problems.append(str(report.error))
         return report
     if reach:
         report.reached = result.get("reach")

@@ -8,13 +8,16 @@ what "run on a host" means, and how it fails, is written once.
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
+import signal
 import subprocess
 import threading
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from launcher.errors import CheckFailed, ConnectError
+from launcher.errors import CheckFailed, ConnectError, UnreadableAnswer
 from launcher.plan.planner import TaskPlan
+from launcher.preflight.answers import OUTPUT_LIMIT, last_json, unreadable
+from launcher.supervise.console_text import console_safe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +27,13 @@ class HostOutput:
     err: bytes
 
     def last_json(self) -> dict | None:
+        """See answers.last_json: UnreadableAnswer (its reason) for a line that cannot be read."""
         return last_json(self.out)
 
     def last_error_line(self) -> str:
         """The last line on stderr, or the exit code when there is none: why a probe did not run."""
-        return (self.err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {self.code}"])[-1]
+        line = (self.err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {self.code}"])[-1]
+        return console_safe(line[:1000])
 
 
 class Conversation:
@@ -98,20 +103,18 @@ class HostShell:
         `hold` (a remote host only), a probe that says HELD keeps its session to start `plan`
         (SshBackend.run).
 
-        Raises CheckFailed when it outlives `timeout`, and the SSH backend's errors (ConnectError,
+        Raises CheckFailed when it outlives `timeout`, UnreadableAnswer when it writes more than
+        OUTPUT_LIMIT bytes on stdout or stderr, and the SSH backend's errors (ConnectError,
         HostKeyError) when the host cannot be reached."""
-        if not plan.local:
-            if self._ssh_backend is None:
-                raise ConnectError(f"{plan.host}: no SSH backend to reach it")
-            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation, hold=hold))
-        if conversation is not None:
-            return _run_here_talking(plan, command, timeout, what, conversation)
+        if plan.local:
+            return _run_here(plan, command, timeout, what, conversation)
+        if self._ssh_backend is None:
+            raise ConnectError(f"{plan.host}: no SSH backend to reach it")
         try:
-            done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
-        return HostOutput(done.returncode, done.stdout, done.stderr)
+            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation, hold=hold,
+                                                     limit=OUTPUT_LIMIT))
+        except UnreadableAnswer as e:  # its reason: the host is named here
+            raise unreadable(plan.host, what, str(e)) from None
 
     def drop_held(self, plan: TaskPlan) -> None:
         """End the session a `run` with `hold` kept to start `plan`, if any."""
@@ -122,64 +125,81 @@ class HostShell:
              conversation: Conversation | None = None) -> dict:
         """The JSON object that `command` prints last; CheckFailed naming why when there is none."""
         output = self.run(plan, command, timeout, what, conversation)
-        result = output.last_json()
+        try:
+            result = output.last_json()
+        except UnreadableAnswer as e:
+            raise unreadable(plan.host, what, str(e)) from None
         if result is None:
             raise CheckFailed(f"{plan.host}: the {what} did not run: {output.last_error_line()}")
         return result
 
 
-def _run_here_talking(plan: TaskPlan, command: str, timeout: float, what: str,
-                      conversation: Conversation) -> HostOutput:
-    """HostShell.run on this machine, with a conversation."""
-    proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+def _run_here(plan: TaskPlan, command: str, timeout: float, what: str,
+              conversation: Conversation | None) -> HostOutput:
+    """HostShell.run on this machine: stdin at its end, or open for `conversation`; each stream read
+    in chunks, up to OUTPUT_LIMIT bytes, past which the command is stopped."""
+    proc = subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL if conversation is None else subprocess.PIPE)
     out, err = bytearray(), bytearray()
+    too_long: list[str] = []
 
-    def read_out() -> None:
-        for line in iter(proc.stdout.readline, b""):
-            out.extend(line)
-            if line.endswith(b"\n"):
-                conversation.heard(line[:-1])
+    def read(stream, into: bytearray, name: str, heard: Callable[[bytes], None] | None) -> None:
+        told = 0  # how much of `into` has been heard: whole lines only
+        while chunk := os.read(stream.fileno(), 65536):
+            if len(into) + len(chunk) > OUTPUT_LIMIT:
+                too_long.append(f"more than {OUTPUT_LIMIT >> 20} MiB on {name}")
+                _kill_tree(proc)
+                return
+            into.extend(chunk)
+            while heard is not None and (end := into.find(b"\n", told)) >= 0:
+                heard(bytes(into[told:end]))
+                told = end + 1
 
     def send(data: bytes) -> None:
         proc.stdin.write(data)
         proc.stdin.flush()
 
-    readers = [threading.Thread(target=read_out, daemon=True),
-               threading.Thread(target=lambda: err.extend(proc.stderr.read()), daemon=True)]
+    readers = [threading.Thread(target=read, args=(proc.stdout, out, "stdout", conversation and conversation.heard),
+                                daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err, "stderr", None), daemon=True)]
     for reader in readers:
         reader.start()
-    conversation.attach(send)
+    if conversation is not None:
+        conversation.attach(send)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired as e:
-        proc.kill()
-        proc.wait()
+        _kill_tree(proc)
         raise CheckFailed(f"{plan.host}: the {what} did not finish within {timeout:g} s") from e
     finally:
-        conversation.detach()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass  # the command ended before reading it all
-        for reader in readers:
+        if conversation is not None:
+            conversation.detach()
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass  # the command ended before reading it all
+        for reader in readers:  # a child that keeps the pipes open is not waited for beyond the timeout
             reader.join(timeout)
         proc.stdout.close()
         proc.stderr.close()
+    if too_long:
+        raise unreadable(plan.host, what, too_long[0])
     return HostOutput(proc.returncode, bytes(out), bytes(err))
 
 
-def last_json(out: bytes) -> dict | None:
-    """The last line of `out` that starts with "{", parsed; None when there is none or it is not JSON
-    (a login script may print before the probe does)."""
-    for line in reversed(out.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a command run here and what it started: a child left behind would hold its pipes open."""
+    import psutil  # here: a check that goes well never needs it
+
+    from launcher.host.proctree import descendants, send
+
+    try:
+        tree = descendants(psutil.Process(proc.pid))
+    except psutil.Error:
+        tree = []
+    proc.kill()
+    send(tree, signal.SIGKILL)
+    proc.wait()
 
 
 def by_host(plans: Iterable[TaskPlan]) -> list[list[TaskPlan]]:

@@ -22,10 +22,11 @@ import threading
 from typing import Mapping, Sequence
 
 from launcher.config.addresses import format_address
-from launcher.errors import CheckFailed, MgpuError
+from launcher.errors import CheckFailed, MgpuError, UnreadableAnswer
 from launcher.host import probe as host_probe
 from launcher.host.probe import interface_holding
 from launcher.plan.planner import TaskPlan
+from launcher.preflight.answers import reach_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
 from launcher.preflight.probes import reach_args, reach_probe_command
 
@@ -177,8 +178,12 @@ class ReachTest:
         host = self.hosts[i]
         command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
         try:
-            return shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe",
-                              release.conversation(i) if release is not None else None)
+            answer = shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe",
+                                release.conversation(i) if release is not None else None)
+            try:
+                return reach_answer(answer)
+            except UnreadableAnswer as e:
+                raise unreadable(host.first.host, "reachability probe", str(e)) from None
         finally:
             if release is not None:
                 release.ended(i)
@@ -198,7 +203,9 @@ class ReachTest:
             for target, outcome in result.get("reach", {}).items():
                 if outcome == "ok":
                     continue
-                peer = owner[target]
+                peer = owner.get(target)
+                if peer is None:  # not a target it was given: nothing to say about it
+                    continue
                 if outcome.startswith("cannot resolve "):
                     problems.append(f"{host.names} on {host.first.host} {outcome} ({peer.name} at {target})")
                 else:

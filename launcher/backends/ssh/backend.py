@@ -176,17 +176,17 @@ class SshBackend(Backend):
             return conn
 
     def run(self, task: TaskPlan, command: str, timeout: float, conversation=None,
-            hold: bool = False) -> tuple[int, bytes, bytes]:
-        """Run a short command on the task's host: (exit code, stdout, stderr); `conversation`: see
-        Connection.run. With `hold`, a command that says host/probe.py's HELD keeps its session,
+            hold: bool = False, limit: int | None = None) -> tuple[int, bytes, bytes]:
+        """Run a short command on the task's host: (exit code, stdout, stderr); `conversation` and
+        `limit`: see Connection.run. With `hold`, a command that says host/probe.py's HELD keeps its session,
         which then starts `task` (its exit code is 0 then): the task's first start needs no other
         session, nor the login shell each session starts."""
         conn = self.connect(task)
         kept = None
         try:
             if not hold:
-                return conn.run(command, timeout, conversation)
-            code, out, err, kept = conn.run_held(command, timeout, conversation, host_probe.HELD.encode())
+                return conn.run(command, timeout, conversation, limit)
+            code, out, err, kept = conn.run_held(command, timeout, conversation, host_probe.HELD.encode(), limit)
             if kept is not None:
                 with self._lock:
                     stale = self._held.pop(task.name, None)

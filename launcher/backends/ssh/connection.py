@@ -11,7 +11,7 @@ import paramiko
 
 from launcher.config.addresses import Endpoint
 from launcher.config.spec import SshSettings
-from launcher.errors import ConnectError, HostKeyError, MgpuError
+from launcher.errors import ConnectError, HostKeyError, MgpuError, UnreadableAnswer
 from launcher.backends.ssh import hostkeys, known_hosts, remote_command
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.target import SshTarget, resolve_target
@@ -120,24 +120,26 @@ class Connection:
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise ConnectError(f"{self.target.label}: cannot open an SSH session: {e}") from e
 
-    def run(self, command: str, timeout: float, conversation=None) -> tuple[int, bytes, bytes]:
-        """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout.
+    def run(self, command: str, timeout: float, conversation=None, limit: int | None = None
+            ) -> tuple[int, bytes, bytes]:
+        """Run a command to completion; (exit code, stdout, stderr). Raises ConnectError on timeout,
+        and with `limit`, UnreadableAnswer (its reason) once stdout or stderr brings more bytes.
 
         Without `conversation` the command's stdin is at its end from the start. With one (see
         preflight/on_host.py's Conversation), stdin stays open for what it says, and it hears each
         line of stdout as it comes."""
-        status, out, err, _ = self._run(command, timeout, conversation, None)
+        status, out, err, _ = self._run(command, timeout, conversation, None, limit)
         return status, out, err
 
-    def run_held(self, command: str, timeout: float, conversation, held: bytes
+    def run_held(self, command: str, timeout: float, conversation, held: bytes, limit: int | None = None
                  ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
         """As `run`, for a command that may end with the line `held` on both stdout and stderr and
         then wait, its session kept for what comes next (host/probe.py's HELD): (exit code, stdout,
         stderr, None) when it ended, or (-1, stdout, stderr, the open channel) without the two
         lines when it is held. The conversation hears nothing after that; the caller owns the channel."""
-        return self._run(command, timeout, conversation, held + b"\n")
+        return self._run(command, timeout, conversation, held + b"\n", limit)
 
-    def _run(self, command: str, timeout: float, conversation, held: bytes | None
+    def _run(self, command: str, timeout: float, conversation, held: bytes | None, limit: int | None = None
              ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
         chan = self.open_session(timeout)
         kept = None
@@ -165,6 +167,8 @@ class Connection:
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
+                if limit is not None and max(len(out), len(err)) > limit:
+                    raise UnreadableAnswer(f"more than {limit >> 20} MiB on {'stdout' if len(out) > limit else 'stderr'}")
                 if held is not None and _ends_with_line(out, held) and _ends_with_line(err, held):
                     # Nothing more comes until the caller speaks: what follows is the task's.
                     if conversation is not None:
