@@ -50,3 +50,10 @@ class Interrupted(MgpuError):
 class UnreadableAnswer(CheckFailed):
     """A host answered a check with something mgpu cannot read: too long, not JSON mgpu reads, or of
     the wrong shape. The host fails its check."""
+
+
+class OutputClosed(MgpuError):
+    """Standard output's reader went away while mgpu wrote to it (a pipe into a program that
+    ended): what a command is killed with by SIGPIPE, as a shell reports it."""
+
+    exit_code = 128 + 13  # SIGPIPE

@@ -62,11 +62,11 @@ def _announce(options: LaunchOptions) -> None:
     run_id = options.supervise.run_id
     log_dir = options.supervise.log_dir
     where = "" if str(log_dir) == DEFAULT_LOG_DIR else f" --log-dir {shlex.quote(str(log_dir))}"
-    print(f"mgpu: run {run_id} goes on detached; its console is in {log_dir / run_id / CONSOLE_LOG}\n"
-          f"  mgpu status {run_id}{where}        its state and progress\n"
-          f"  mgpu logs {run_id}{where} -f       follow its console to the end\n"
-          f"  mgpu attach {run_id}{where}        its live console (Ctrl-C leaves it running)\n"
-          f"  mgpu stop {run_id}{where}          stop it", flush=True)
+    detach.announce(f"mgpu: run {run_id} goes on detached; its console is in {log_dir / run_id / CONSOLE_LOG}\n"
+                    f"  mgpu status {run_id}{where}        its state and progress\n"
+                    f"  mgpu logs {run_id}{where} -f       follow its console to the end\n"
+                    f"  mgpu attach {run_id}{where}        its live console (Ctrl-C leaves it running)\n"
+                    f"  mgpu stop {run_id}{where}          stop it")
 
 
 def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callable[[], None] | None) -> None:

@@ -8,7 +8,8 @@ import traceback
 import click
 
 from launcher import __version__
-from launcher.errors import EXIT_INTERRUPTED, MgpuError
+from launcher.cli.streams import discard_stdout, open_standard_streams, stdout_gone
+from launcher.errors import EXIT_INTERRUPTED, MgpuError, OutputClosed
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -34,7 +35,9 @@ class MgpuGroup(click.Group):
         except MgpuError as exc:
             if debug_flag(self.root_context):
                 traceback.print_exc()
-            click.echo(f"mgpu: error: {exc}", err=True)
+            if isinstance(exc, OutputClosed):
+                discard_stdout()
+            _say(f"mgpu: error: {exc}")
             code = exc.exit_code
         except Exception as exc:  # a bug: one line, and the traceback on request
             if debug_flag(self.root_context):
@@ -44,10 +47,26 @@ class MgpuGroup(click.Group):
             code = 1
         sys.exit(code)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not stdout_gone():  # another pipe's: a bug
+                raise
+            raise OutputClosed("standard output was closed (its reader ended) before mgpu finished writing") from None
+
     def make_context(self, *args, **kwargs) -> click.Context:
         # Kept so that errors raised by a command can still be shown with its --debug.
         self.root_context = super().make_context(*args, **kwargs)
         return self.root_context
+
+
+def _say(line: str) -> None:
+    """One line on stderr, if anyone reads it still."""
+    try:
+        click.echo(line, err=True)
+    except OSError:
+        pass
 
 
 def debug_flag(ctx: click.Context | None) -> bool:
@@ -78,4 +97,5 @@ def cli(debug: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    open_standard_streams()
     cli.main(args=argv)

@@ -40,7 +40,10 @@ def fork() -> Child | int:
     if threading.active_count() > 1:  # a fork copies only this thread: the others' locks could stay held
         raise RuntimeError("a detached launch must fork before any thread starts")
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed, or its reader gone: what it held is lost
+            pass
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -66,3 +69,21 @@ def fork() -> Child | int:
         return 0
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def announce(text: str) -> None:
+    """What the launching process prints on stdout once the run has begun. Where stdout's reader
+    has gone (a pipe into a program that ended), the run goes on all the same: its first line, the
+    run id, goes to stderr instead, and the launch still ends with 0."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)  # what the stream still holds is flushed there at exit
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        try:
+            sys.stderr.write(text.splitlines()[0] + " (standard output is closed)\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
