@@ -10,6 +10,7 @@ import click
 from launcher import __version__
 from launcher.cli.streams import discard_stdout, open_standard_streams, stdout_gone
 from launcher.errors import EXIT_INTERRUPTED, MgpuError, OutputClosed
+from launcher.supervise.console_text import console_safe
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -37,7 +38,9 @@ class MgpuGroup(click.Group):
                 traceback.print_exc()
             if isinstance(exc, OutputClosed):
                 discard_stdout()
-            _say(f"mgpu: error: {exc}")
+            # An error may carry what a host or a file said: its lines are shown, nothing else of it runs.
+            text = "\n".join(console_safe(line) for line in str(exc).split("\n"))
+            _say(f"mgpu: error: {text}")
             code = exc.exit_code
         except Exception as exc:  # a bug: one line, and the traceback on request
             if debug_flag(self.root_context):
