@@ -27,7 +27,7 @@ import signal
 from typing import Collection, Sequence
 
 from launcher import protocol
-from launcher.supervise import runrecord
+from launcher.supervise import status
 
 PROGRAM_ERROR = "program-error"
 HOST_LOST = "host-lost"
@@ -46,7 +46,7 @@ HOST_CAUSES = (HOST_LOST, NETWORK)
 class Evidence:
     """What the supervisor saw of a failed attempt."""
 
-    status: str  # the runrecord status the attempt stopped with
+    status: str  # the status (status.py) the attempt stopped with
     task: str | None = None  # the task at fault (diagnosis.blame), or the first missing / stalled one
     host: str | None = None  # that task's host
     returncode: int | None = None  # that task's exit (negative: a signal); None while it ran
@@ -80,11 +80,11 @@ class Cause:
 def classify(evidence: Evidence) -> Cause | None:
     """The cause of a failed attempt; None for one that succeeded or was interrupted."""
     e = evidence
-    if e.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED, runrecord.RUNNING):
+    if e.status in (status.SUCCEEDED, status.INTERRUPTED, status.RUNNING):
         return None
-    if e.status == runrecord.STALLED:
+    if e.status == status.STALLED:
         return Cause(STALLED, e.task, e.host, "no progress from any training task")
-    if e.status == runrecord.START_TIMEOUT:
+    if e.status == status.START_TIMEOUT:
         return Cause(START_TIMEOUT, e.task, e.host, f"{e.task} not ready in time" if e.task else "not ready in time")
     if e.unreachable is not None:
         a, b = e.unreachable
@@ -112,7 +112,7 @@ def describe(returncode: int | None) -> str:
     if returncode is None:
         return "stopped answering its peers"
     if returncode < 0:
-        return f"killed by {runrecord.signal_name(-returncode)}"
+        return f"killed by {status.signal_name(-returncode)}"
     return f"exited with code {returncode}"
 
 

@@ -45,9 +45,9 @@ import signal
 from typing import Iterable, Sequence, Union
 
 from launcher import protocol
-from launcher.supervise import causes, runrecord
+from launcher.supervise import causes, status
 from launcher.supervise.stall import StallClock
-from launcher.supervise.summary import describe_exit
+from launcher.supervise.status import describe_exit
 
 # How often the supervisor is asked to probe whether the tasks that are ready once they join have
 # joined: each probe lists the sockets of their processes.
@@ -140,7 +140,7 @@ class Watch:
 
 @dataclasses.dataclass(frozen=True)
 class Stop:
-    """End the attempt with this status (a runrecord status)."""
+    """End the attempt with this status (status.py)."""
     status: str
     failed: str | None = None  # the first training task that failed
     returncode: int | None = None  # the failed task's
@@ -219,9 +219,9 @@ class Policy:
         received = next((e for e in events if isinstance(e, SignalReceived)), None)
         if received is not None:
             return self._stop(decisions + [Notice(
-                f"received {runrecord.signal_name(received.signum)}; stopping all tasks: waiting up to "
+                f"received {status.signal_name(received.signum)}; stopping all tasks: waiting up to "
                 f"{self.grace_period:g} s for them to exit ({_again(received.signum)} to kill now)")],
-                Stop(runrecord.INTERRUPTED, signum=received.signum))
+                Stop(status.INTERRUPTED, signum=received.signum))
 
         failed: TaskEnded | None = None
         for event in events:
@@ -237,18 +237,18 @@ class Policy:
                     failed = event
         if failed is not None:
             return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
-                              Stop(runrecord.FAILED, failed=failed.name, returncode=failed.returncode))
+                              Stop(status.FAILED, failed=failed.name, returncode=failed.returncode))
 
         signs = {e.name for e in events if isinstance(e, (ReadyLineSeen, JoinSeen))}
         if all(self._ended(role) for role in self._roles.values()):
             decisions += self._mark_ready(signs)  # a task that ended before any sign is ready too
-            return self._stop(decisions, Stop(runrecord.SUCCEEDED))
+            return self._stop(decisions, Stop(status.SUCCEEDED))
         serving = [name for name, role in self._roles.items() if role.serves and name not in self._returncodes]
         if serving and all(self._ended(role) for role in self._roles.values() if not role.serves):
             decisions += self._mark_ready(signs | set(serving))  # a server that was still there served
             done = ", ".join(name for name, role in self._roles.items() if not role.serves and not role.sidecar)
             return self._stop(decisions + [Notice(f"{done} ended; stopping the servers ({', '.join(serving)}), "
-                                                  f"which serve until stopped")], Stop(runrecord.SUCCEEDED))
+                                                  f"which serve until stopped")], Stop(status.SUCCEEDED))
 
         if not self._all_ready:
             decisions += self._mark_ready(signs)
@@ -261,7 +261,7 @@ class Policy:
                 names = ", ".join(missing)
                 return self._stop(decisions + [Notice(
                     f"not ready after {self.rules.start_timeout:g} s: {names}; stopping all tasks")],
-                    Stop(runrecord.START_TIMEOUT, missing=missing))
+                    Stop(status.START_TIMEOUT, missing=missing))
             if not self._all_ready:
                 return decisions + [self._watch_start(now)]
 
@@ -322,7 +322,7 @@ class Policy:
             return self._stop([Notice(
                 f"no progress from any training task for {idle_for:.0f} s ({seen}); "
                 f"stopping all tasks with SIGABRT, which makes Python print their stacks")],
-                Stop(runrecord.STALLED, idle_for=idle_for))
+                Stop(status.STALLED, idle_for=idle_for))
         sample: tuple[str, ...] = ()
         if now >= self._next_cpu_sample:
             self._next_cpu_sample = now + self._stall.cpu_sample_interval
@@ -342,7 +342,7 @@ class Policy:
         to `progress` (None: none reported): restart the cluster (leaving hosts out), or give up.
         `others`: the causes of the attempt's other hosts that were judged too (a lost connection,
         tasks that gave no exit status): those lost are left out with the host charged."""
-        if stop.status in (runrecord.SUCCEEDED, runrecord.INTERRUPTED):
+        if stop.status in (status.SUCCEEDED, status.INTERRUPTED):
             return GiveUp()
         previous, self._previous = self._previous, (cause, progress) if cause is not None else None
         lost_too = tuple(dict.fromkeys(other.host for other in others if other.host is not None

@@ -48,7 +48,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import socket
 import textwrap
 import threading
@@ -67,13 +66,10 @@ WRITE_INTERVAL = 0.2
 RETRY_INTERVAL = 1.0  # after a failed write
 PROGRESS_INTERVAL = 2.0
 
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-INTERRUPTED = "interrupted"
-START_TIMEOUT = "start-timeout"
-STALLED = "stalled"
-LAUNCHER_DIED = "launcher-died"
+# The statuses, told where the rules can read them without this module (status.py).
+from launcher.supervise.status import (  # noqa: E402,F401
+    FAILED, INTERRUPTED, LAUNCHER_DIED, RUNNING, START_TIMEOUT, STALLED, SUCCEEDED, signal_name,
+)
 
 
 def now() -> str:
@@ -83,13 +79,6 @@ def now() -> str:
 def utc(epoch: float) -> str:
     """Seconds since the epoch as the record writes times."""
     return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def record_launcher_died(run_dir: RunDir, message: str) -> None:

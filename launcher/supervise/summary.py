@@ -10,18 +10,10 @@ import datetime
 import pathlib
 from typing import Sequence
 
-from launcher import protocol
 from launcher.error_file import TaskError
-from launcher.supervise import causes, diagnosis, fixes, runrecord, stacks
+from launcher.supervise import causes, diagnosis, fixes, stacks
 from launcher.supervise.console_text import console_safe
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {runrecord.signal_name(-returncode)}"
-    if returncode == protocol.EXIT_PREEMPTED:
-        return f"exited with code {returncode} (preempted)"
-    return f"exited with code {returncode}"
+from launcher.supervise.status import describe_exit  # noqa: F401 - told here too, with the summaries
 
 
 @dataclasses.dataclass(frozen=True)

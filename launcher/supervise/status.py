@@ -1,0 +1,32 @@
+"""The words a run's state is told in: the statuses run.json records and `mgpu status` shows, and
+how a task's end is said. Pure and standard library only, so that the rules (policy.py,
+causes.py) can speak them without importing what writes the record."""
+
+from __future__ import annotations
+
+import signal
+
+from launcher import protocol
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+START_TIMEOUT = "start-timeout"
+STALLED = "stalled"
+LAUNCHER_DIED = "launcher-died"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal_name(-returncode)}"
+    if returncode == protocol.EXIT_PREEMPTED:
+        return f"exited with code {returncode} (preempted)"
+    return f"exited with code {returncode}"
