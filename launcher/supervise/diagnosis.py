@@ -8,7 +8,8 @@
 - cause(): the lines that say why a task failed: what it wrote to its error
   file (launcher/error_file.py), else the last Python exception
   (type, message, and the deepest frame outside libraries), else the first
-  error line, else the last meaningful lines. Tracebacks are read from stderr
+  error line, else the last meaningful lines. PyTorch's "[rankN]: " before each
+  line of a traceback is read through, here and by known_failures(). Tracebacks are read from stderr
   alone when it has one: lines of the two streams arrive interleaved, and a
   stdout line inside a traceback is not its exception.
 - blame(): which task is at fault when one fails: the task it reports
@@ -58,6 +59,10 @@ _PLAIN_NOISE = re.compile(
 # Lines of a record that spans several lines (e.g. "Example stragglers:" and the task names below it).
 _CONTINUATION = re.compile(r"^/job:\S+$")
 
+# What torch.distributed puts before every line of an uncaught exception's report once
+# init_process_group has run (its excepthook, torch 2.2 and later): "[rank1]: Traceback ...".
+_RANK_PREFIX = re.compile(r"^\[rank[0-9]{1,9}\]: ")
+
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 _LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|^<frozen |^<string>$")
@@ -92,6 +97,11 @@ def bind_failure(line: str) -> int | None:
     if _BIND_FAILURE.search(line):
         return 0
     return None
+
+
+def without_rank_prefix(line: str) -> str:
+    """`line` without PyTorch's "[rankN]: " prefix, where it has one."""
+    return _RANK_PREFIX.sub("", line, count=1) if line.startswith("[rank") else line
 
 
 def _record_level(line: str) -> str | None:
@@ -182,8 +192,8 @@ def cause(lines: Sequence[str], fallback_lines: int = 20, stderr: Sequence[str] 
     if error is not None:
         frame = [f"at {error.frame}"] if error.frame and error.exit == "exception" else []
         return "error file", [_cut(line) for line in [error.headline] + frame]
-    kept = meaningful(lines)
-    error = last_python_error(meaningful(stderr)) if stderr is not None else None
+    kept = meaningful(map(without_rank_prefix, lines))
+    error = last_python_error(meaningful(map(without_rank_prefix, stderr))) if stderr is not None else None
     if error is None:
         error = last_python_error(kept)
     if error is not None:
@@ -349,7 +359,7 @@ NETWORK_FAILURES = frozenset({GLOO_CANNOT_CONNECT, HEARTBEATS_STOPPED, PEER_UNRE
 def known_failures(lines: Iterable[str]) -> list[str]:
     """The kind of each known failure whose wording is in `lines`, in table order, each once."""
     found, seconded = set(), set()
-    for line in lines:
+    for line in map(without_rank_prefix, lines):
         for i, known in enumerate(KNOWN_FAILURES):
             if i not in found and known.pattern.search(line):
                 found.add(i)
