@@ -8,10 +8,10 @@
 - cause(): the lines that say why a task failed: what it wrote to its error
   file (launcher/error_file.py), else the last Python exception
   (type, message, and the deepest frame outside libraries), else the first
-  error line, else the last meaningful lines. PyTorch's "[rankN]: " before each
-  line of a traceback is read through, here and by known_failures(). Tracebacks are read from stderr
+  error line, else the last meaningful lines. Tracebacks are read from stderr
   alone when it has one: lines of the two streams arrive interleaved, and a
-  stdout line inside a traceback is not its exception.
+  stdout line inside a traceback is not its exception. PyTorch's "[rankN]: "
+  before each line is read through, here and by known_failures().
 - blame(): which task is at fault when one fails: the task it reports
   unhealthy, else the coordination service's task if it stopped answering,
   else a peer that failed before it, else itself.
@@ -58,6 +58,14 @@ _PLAIN_NOISE = re.compile(
 )
 # Lines of a record that spans several lines (e.g. "Example stragglers:" and the task names below it).
 _CONTINUATION = re.compile(r"^/job:\S+$")
+# A record whose message ends where a protocol buffer's text begins, on the lines below it: with
+# protobuf's marker of a debug string, drawn at random from goo.gle/debugstr, /debugonly and
+# /debugproto (TF 2.21's eager service in every worker and parameter server of parameter-server
+# training: "SessionOptions: goo.gle/debugonly", then 60-odd lines of its ConfigProto and a blank
+# line), or with the text's first message opened on the record's own line.
+_DUMP_START = re.compile(r"(?:goo\.gle/debug[a-z]*|\{)\s*$")
+# A line of that text: a field and its value, a message opened ("gpu_options {"), or closed.
+_DUMP_LINE = re.compile(r"^(?:(?:[A-Za-z_]\w*|\[[\w./]+\])(?:: \S.*|:? ?(?P<open>\{))|(?P<close>\}))$")
 
 # What torch.distributed puts before every line of an uncaught exception's report once
 # init_process_group has run (its excepthook, torch 2.2 and later): "[rank1]: Traceback ...".
@@ -106,9 +114,7 @@ def without_rank_prefix(line: str) -> str:
 
 def _record_level(line: str) -> str | None:
     match = _CPP_RECORD.match(line)
-    if not match:
-        return None
-    return match.group("level") or match.group("old_level")
+    return (match.group("level") or match.group("old_level")) if match else None
 
 
 def is_noise(line: str) -> bool:
@@ -122,13 +128,32 @@ def is_noise(line: str) -> bool:
 
 
 class NoiseFilter:
-    """is_noise() for one stream of lines: a noisy record's continuation lines are noise too."""
+    """is_noise() for one stream of lines: a noisy record's continuation lines are noise too: the
+    task names below "Example stragglers:", and a protocol buffer's text below a record that
+    announces one (up to the blank line that ends it, or the first line that is not of it).
 
-    def __init__(self) -> None:
+    With `blank_lines_shown` (the console), a blank line is noise only where it ends such a text:
+    elsewhere it is the program's own spacing, and leaves the filter as it was."""
+
+    def __init__(self, blank_lines_shown: bool = False) -> None:
+        self._blank_lines_shown = blank_lines_shown
         self._after_noise = False
+        self._dump: int | None = None  # within a noisy record's protocol buffer text: its depth
 
     def is_noise(self, line: str) -> bool:
-        self._after_noise = is_noise(line) or (self._after_noise and bool(_CONTINUATION.match(line.strip())))
+        stripped = line.strip()
+        if self._dump is not None:
+            match = _DUMP_LINE.match(stripped)
+            depth = self._dump + bool(match["open"]) - bool(match["close"]) if match else -1
+            self._dump = depth if depth >= 0 else None
+            if depth >= 0 or not stripped:  # the text goes on, or its blank line ends it
+                return True
+        if not stripped and self._blank_lines_shown:
+            return False
+        noisy = is_noise(line)
+        self._after_noise = noisy or (self._after_noise and bool(_CONTINUATION.match(stripped)))
+        if noisy and _record_level(line) is not None and _DUMP_START.search(line):
+            self._dump = 1 if line.rstrip().endswith("{") else 0
         return self._after_noise
 
 
@@ -299,6 +324,7 @@ def blame(reporter: TaskEnd, reporter_lines: Sequence[str], peers: Sequence[Task
 # is fixes.py's: this module knows the frameworks' wording, not mgpu's options.
 
 KERAS3_FIT_UNDER_MWMS = "keras3-fit-under-mwms"
+KERAS3_NO_RESET_STATES = "keras3-no-reset-states"
 TORCH_ENV_MISSING = "torch-env-missing"
 JAX_COORDINATOR_MISSING = "jax-coordinator-missing"
 JAX_PROCESSES_MISSING = "jax-processes-missing"
@@ -321,6 +347,8 @@ class KnownFailure:
 
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(re.compile(r"Attempt to convert a value \(PerReplica"), KERAS3_FIT_UNDER_MWMS),
+    # Keras 2's Metric.reset_states(), which Keras 3 renamed reset_state() (TensorFlow's custom-loop tutorials).
+    KnownFailure(re.compile(r"AttributeError: '\w+' object has no attribute 'reset_states'"), KERAS3_NO_RESET_STATES),
     KnownFailure(re.compile(r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected, but not set"),
                  TORCH_ENV_MISSING),
     KnownFailure(re.compile(r"coordinator_address should be defined"), JAX_COORDINATOR_MISSING),

@@ -18,6 +18,10 @@ FIXES: dict[str, str] = {
         "keras.distribution.initialize(), which reads the KERAS_DISTRIBUTION_* variables mgpu sets, then "
         "keras.distribution.set_distribution(keras.distribution.DataParallel()) before building the model), "
         "or write a custom training loop",
+    diagnosis.KERAS3_NO_RESET_STATES:
+        "the program was written for Keras 2 (tf.keras before TensorFlow 2.16): Keras 3's metrics have "
+        "reset_state(), not reset_states(); run it with --legacy-keras (tf_keras, Keras 2), or rename the calls "
+        "to reset_state()",
     diagnosis.TORCH_ENV_MISSING:
         "PyTorch's env:// rendezvous found no RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT: `mgpu launch` sets "
         "them (and LOCAL_RANK, LOCAL_WORLD_SIZE) for the chief and the workers, not the evaluator, which is not "

@@ -144,7 +144,8 @@ class ConsoleWatcher(LineWatcher):
         self._prefix = prefix
         self._stamp = stamp
         # One per stream: a record's continuation lines follow it on its own stream.
-        self._noise = None if show_tf_logs else {True: diagnosis.NoiseFilter(), False: diagnosis.NoiseFilter()}
+        self._noise = None if show_tf_logs else {stdout: diagnosis.NoiseFilter(blank_lines_shown=True)
+                                                 for stdout in (True, False)}
         self._meter = ProgressMeter(console.terminal, console.width)
         self._live_keys: set[str] = set()
         self.muted = False  # set from the supervisor's thread: what comes after stays off the console
@@ -154,8 +155,8 @@ class ConsoleWatcher(LineWatcher):
         if self.muted or (line.stdout and (text.strip() == protocol.READY_LINE
                                            or protocol.parse_time_split(text) is not None)):
             return  # the time split is the launcher's to read (pace.py): the log keeps it
-        if self._noise is not None and text.strip() and self._noise[line.stdout].is_noise(text):
-            return  # a blank line is the program's own spacing: shown
+        if self._noise is not None and self._noise[line.stdout].is_noise(text):
+            return  # a blank line is the program's own spacing, shown, unless it ends a noisy record
         text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
         bar = self._meter.render(text, len(self._prefix)) if line.stdout else None
         key = self._live_key(line.stdout)

@@ -66,3 +66,59 @@ def test_known_failures_are_recognised_through_the_prefix():
         "[rank0]:     distribution_lib.initialize(job_addresses, num_processes, process_id)",
         "[rank0]: AttributeError: 'NoneType' object has no attribute 'initialize'"])
     assert "torch backend" in hint
+
+
+def test_keras2s_reset_states_under_keras3_points_to_legacy_keras():
+    # TensorFlow's custom-training tutorial, run with Keras 3 (tests/programs/keras2_metrics_loop.py).
+    line = "AttributeError: 'SparseCategoricalAccuracy' object has no attribute 'reset_states'. Did you mean: 'reset_state'?"
+    [hint] = fixes.hints(["Traceback (most recent call last):", "    train_accuracy.reset_states()", line])
+    assert "--legacy-keras" in hint and "reset_state()" in hint
+    assert fixes.hints(["AttributeError: 'Trainer' object has no attribute 'reset_state'"]) == []
+
+
+# What every worker and parameter server of TensorFlow's parameter-server tutorial printed on stderr
+# (TF 2.21, tests/programs/tf_parameter_server.py): one INFO record of 21 lines, its ConfigProto
+# after protobuf's marker of a debug string (drawn from three; this task drew /debugonly), then a
+# blank line.
+SESSION_OPTIONS = [
+    "I0000 00:00:1795877465.136418   16224 eager_service_impl.cc:349] Creating sync eager service context "
+    "with rendezvous_id on host vm /job:ps/replica:0/task:0",
+    "I0000 00:00:1795877465.136475   16224 eager_service_impl.cc:355] SessionOptions: goo.gle/debugonly  ",
+    "device_count {", '  key: "CPU"', "  value: 1", "}",
+    "device_count {", '  key: "GPU"', "  value: 0", "}",
+    "gpu_options {", "  experimental {", "  }", "}",
+    "allow_soft_placement: true",
+    "experimental {", '  collective_group_leader: "/job:ps/replica:0/task:0"', "}",
+    "pluggable_device_options {", "  experimental {", "  }", "}",
+    "",
+]
+
+
+def console_view(lines):
+    noise = diagnosis.NoiseFilter(blank_lines_shown=True)
+    return [line for line in lines if not noise.is_noise(line)]
+
+
+def test_a_multi_line_info_record_is_noise_to_its_last_line():
+    said = ["ps:0 serving"]
+    assert diagnosis.meaningful(said + SESSION_OPTIONS + said) == said + said
+    assert console_view(said + SESSION_OPTIONS + said) == said + said
+    # The marker's other draws, and older protobuf that opens the first message on the record's line.
+    for marker in ("goo.gle/debugstr", "goo.gle/debugproto"):
+        assert console_view([SESSION_OPTIONS[1].replace("goo.gle/debugonly", marker)] + SESSION_OPTIONS[2:]) == []
+    older = ["2024-01-01 12:00:00.123456: I tensorflow/core/x.cc:355] SessionOptions: device_count {",
+             '  key: "CPU"', "  value: 1", "}", "allow_soft_placement: true", ""]
+    assert console_view(older + said) == said
+
+
+def test_a_programs_own_lines_are_never_taken_for_a_records_text():
+    record = SESSION_OPTIONS[1]
+    # Lines in the text's shape that follow no such record, or follow its end.
+    own = ["loss: 0.25", "epoch {", "}", "", "step: 3"]
+    assert console_view(own) == own
+    assert console_view(SESSION_OPTIONS + own) == own
+    # A record's text cut short: the first line that is not of it is the program's, and so is all after.
+    assert console_view([record, "device_count {", "Epoch 1/3", "loss: 0.25", ""]) == ["Epoch 1/3", "loss: 0.25", ""]
+    assert console_view([record, "}", "loss: 0.25"]) == ["}", "loss: 0.25"]  # a close with nothing open
+    # A single-line INFO record that names no text leaves the next lines alone.
+    assert console_view([SESSION_OPTIONS[0], "loss: 0.25", "epoch {"]) == ["loss: 0.25", "epoch {"]
