@@ -11,7 +11,7 @@ from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, host_address_options, host_naming, hosts_request, launch_options_from,
-    spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
+    no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
 )
 from launcher.intake.load import (
     SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
@@ -71,7 +71,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @click.option("--show-secrets", is_flag=True,
               help="Show the values of --env, --env-file and --forward-env in the dry run and run.json "
                    "(hidden as *** by default).")
-@click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: time and a random suffix); tags every task.")
+@click.option("--run-id", type=params.RUN_ID, help="Name of this run (default: the time and 32 random hex digits); tags every task.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=DEFAULT_LOG_DIR, show_default=True,
               help="Where each run's logs and run.json go, under a folder named by the run id.")
 @click.option("--detach", is_flag=True,
@@ -129,7 +129,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help="Stop the launch if --setup has not finished on a host by then. [default: 1800]")
 @legacy_keras_option
 @ssh_options
-@click.option("--no-check", is_flag=True, help="Skip the pre-launch checks of remote hosts.")
+@no_check_option
 @click.option("--leave-out-slow", is_flag=True,
               help="A host the speed probe finds far below the others (under 0.7 of the median) gives its "
                    "tasks to a spare host (--spare-hosts) before the start; without a spare it is only "

@@ -191,6 +191,16 @@ spare_hosts_option = click.option(
          "in this order; checked like the others (spec: `spares:`). With --slurm: nodes of the allocation "
          "that no task uses until then.")
 
+# What the pre-launch checks find is also what sets each task's NCCL and Gloo interface: skipping
+# them leaves the frameworks to pick one themselves (Gloo: the address the host's name resolves to).
+no_check_option = click.option(
+    "--no-check", is_flag=True,
+    help="Skip the pre-launch checks: remote hosts' Python, program and requirements, the network test "
+         "between tasks, the speed probe. The network test is also what chooses each task's interface for "
+         "NCCL and Gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), so with --no-check neither is set: "
+         "PyTorch's Gloo then listens where the host's name resolves (127.0.1.1 on Debian), which other "
+         "hosts cannot reach; set them with --env where that is so.")
+
 
 def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     """The spec with the command line's --spare-hosts, which win over the spec file's `spares:`."""
