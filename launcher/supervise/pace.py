@@ -19,6 +19,14 @@ The rule: once every task compared has shares covering most of the last WINDOW s
 whose share is at least RATIO times the median of the others' and MARGIN above it is named, once
 per run. An even cluster never is. Pure bookkeeping: the supervisor feeds it samples with the time
 they were seen and asks; it never reads a clock.
+
+Only training is judged (Training): start-up is no measure of pace. While one task compiles (a
+DeepSpeed op built on one rank while the others wait on its lock), loads or downloads, the others
+wait for it without any step to share, and the task busy then is not the one training will wait
+for. So shares count from the moment every task compared is ready (its ready line, or it joined
+the cluster) or reports its own progress, and training shows: a task reported progress (progress
+or time-split lines), or the CPU samples are steady, every task at work (busy at least AT_WORK of
+each interval, as a task of a synchronous job is in every step) for STEADY_SAMPLES samples running.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ MIN_COVER = 0.8  # of WINDOW a task's samples must cover before it is compared
 RATIO = 1.3  # the slow task's share over the median of the others'
 MARGIN = 0.20  # and at least this much above it (20 points)
 SAMPLE_INTERVAL = 2.0  # how often the supervisor samples each task's CPU use
+# A task busy for less of an interval than this waits (on a lock, at a barrier, for a peer's compile):
+# in a synchronous job's training every task computes its share of each step. A peer over twenty
+# times slower than the rest keeps them below it too: such a job shows no start, and is never named.
+AT_WORK = 0.05
+STEADY_SAMPLES = 3  # consecutive samples with every task at work: training has begun
 
 CPU = "cpu"
 SPLIT = "split"
@@ -55,8 +68,10 @@ class Slowest:
                 f"{self.window:g} s, the others {others}: they wait for it ({seen})")
 
     def to_dict(self) -> dict:
+        """`others`: the others' lowest and highest share, one value where they are the same (one other task)."""
         return {"task": self.task, "host": self.host, "busy": round(self.share, 3),
-                "others": [round(share, 3) for share in self.others], "source": self.source, "window_s": self.window}
+                "others": sorted({round(share, 3) for share in self.others}), "source": self.source,
+                "window_s": self.window}
 
 
 class _Series:
@@ -144,6 +159,66 @@ class Pace:
             return None
         self.named.add(name)
         return Slowest(name, self.hosts[name], share, (min(others), max(others)), source, self.window)
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """One look at a running task of the job."""
+
+    ready: bool  # its ready line, or it joined the cluster
+    progressed: bool = False  # it printed a progress line
+    cpu: tuple[float, float] | None = None  # its CPU sample: (the sampler's clock, runnable seconds in all)
+    split: tuple[int, int] | None = None  # its own time split in all: (compute ms, wait ms)
+
+
+class Training:
+    """The pace rule of one attempt (Pace), fed only once its training has begun."""
+
+    def __init__(self, hosts: Mapping[str, str], window: float = WINDOW, named: set[str] | None = None):
+        self.hosts = dict(hosts)
+        self.window = window
+        self.began: float | None = None  # when training was seen to begin
+        self._pace = Pace(self.hosts, window, named)
+        self._started: set[str] = set()  # ready, or reporting their own progress
+        self._progressed = False
+        self._last: dict[str, tuple[float, float]] = {}  # each task's previous CPU sample
+        self._at_work = dict.fromkeys(self.hosts, 0)  # samples running in which it was at work
+
+    def see(self, name: str, seen: Seen, now: float) -> None:
+        """What the supervisor saw of task `name` at `now`."""
+        if name not in self.hosts:
+            return
+        if self.began is None:
+            self._before_training(name, seen, now)
+        if self.began is not None:
+            if seen.cpu is not None:
+                self._pace.cpu(name, *seen.cpu, now)
+            if seen.split is not None:
+                self._pace.split(name, *seen.split, now)
+
+    def _before_training(self, name: str, seen: Seen, now: float) -> None:
+        progressed = seen.progressed or seen.split is not None
+        started = seen.ready or progressed
+        self._progressed |= progressed
+        if started:
+            self._started.add(name)
+        if seen.cpu is not None:
+            at, runnable = seen.cpu
+            last = self._last.get(name)
+            if last is None or at > last[0]:
+                # A drop (a process that ended took its time with it: a compiler, a loader) is no work.
+                at_work = last is not None and (runnable - last[1]) >= AT_WORK * (at - last[0])
+                self._at_work[name] = self._at_work[name] + 1 if started and at_work else 0
+                self._last[name] = seen.cpu
+        steady = all(count >= STEADY_SAMPLES for count in self._at_work.values())
+        if len(self._started) == len(self.hosts) and (self._progressed or steady):
+            self.began = now
+
+    def slowest(self, now: float) -> Slowest | None:
+        return self._pace.slowest(now) if self.began is not None else None
+
+    def shares(self, now: float) -> tuple[str, dict[str, float]]:
+        return self._pace.shares(now) if self.began is not None else (CPU, {})
 
 
 def compared(tasks: Sequence[tuple[str, str, str]], sidecar_types: frozenset[str],

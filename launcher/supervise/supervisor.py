@@ -38,9 +38,9 @@ The rules:
   where each task was and names the tasks not waiting in the framework (the
   likely cause), and the stacks are kept in the run dir. A stall is a failure:
   max_restarts applies.
-- Pace: every few seconds each running training task's CPU use (the backend's sample) and its own
-  time split (MGPU_TIME_SPLIT lines) go to the pace rule (pace.py), which names, once, the task a
-  synchronous job waits for; every task's busy share goes to run.json.
+- Pace: every few seconds each running training task's readiness, progress, CPU use (the backend's
+  sample) and time split (MGPU_TIME_SPLIT lines) go to the pace rule (pace.py), which, once training
+  has begun, names the task a synchronous job waits for; every task's busy share goes to run.json.
 - Signals: SIGINT or SIGTERM to the launcher stop every task the same way (a
   second one skips the grace period), then raise Interrupted. SIGHUP (the
   terminal closed) does not: the run goes on, its console in console.log, as a
@@ -403,7 +403,7 @@ class _Supervisor:
         # Real time, not self.clock: shares are CPU seconds over wall seconds.
         compared = (pace.compared([(t.plan.name, t.plan.type, t.plan.host) for t in tasks], self.sidecar_types,
                                   self.server_types) if self.options.slow_window else {})
-        paced = pace.Pace(compared, window=self.options.slow_window or pace.WINDOW, named=self._named_slowest)
+        paced = pace.Training(compared, window=self.options.slow_window or pace.WINDOW, named=self._named_slowest)
         next_pace = time.monotonic()
         decisions = self.policy.begin_attempt([self._role(t) for t in tasks], self.clock())
         while True:
@@ -447,20 +447,16 @@ class _Supervisor:
                     events.append(policy.CpuSeen(name, cpu))
             decisions = self.policy.on(events, now)
 
-    def _pace(self, paced: pace.Pace, tasks: list[_Task]) -> None:
-        """Feed each running training task's CPU sample and time split to the pace rule; name the
-        slow task once it shows; record every task's busy share."""
+    def _pace(self, paced: pace.Training, tasks: list[_Task]) -> None:
+        """Feed what each running training task shows (ready, progress, CPU sample, time split) to the
+        pace rule; name the slow task once it shows; record every task's busy share."""
         now = time.monotonic()
         for task in tasks:
-            name = task.plan.name
-            if task.returncode is not None or name not in paced.hosts:
-                continue
-            usage = task.proc.usage()
-            if usage is not None:
-                paced.cpu(name, usage.at, usage.runnable_seconds, now)
-            split = task.output.time_split.total()
-            if split is not None:
-                paced.split(name, *split, now)
+            if task.returncode is None and task.plan.name in paced.hosts:
+                usage = task.proc.usage()
+                paced.see(task.plan.name, pace.Seen(
+                    task.ready_at is not None, task.output.progress.step is not None,
+                    None if usage is None else (usage.at, usage.runnable_seconds), task.output.time_split.total()), now)
         slowest = paced.slowest(now)
         if slowest is not None:
             self.output.notice(slowest.text())
