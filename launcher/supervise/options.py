@@ -1,4 +1,7 @@
-"""How a run is supervised. Apart from the supervisor so the CLI can build it cheaply."""
+"""How a run is supervised. Apart from the supervisor so the CLI can build it cheaply.
+
+Each setting is declared once, here: the policy's rules (`rules()`) and what run.json records of
+the settings (`recorded()`, the fields marked RECORDED) are read from these fields."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import dataclasses
 import pathlib
 
 from launcher.backends.base import DEFAULT_GRACE_PERIOD
-from launcher.supervise import pace
+from launcher.supervise import pace, policy
 
 DEFAULT_LOG_DIR = "mgpu-runs"  # --log-dir of launch, status, logs, attach and stop
 
@@ -16,17 +19,32 @@ DEFAULT_STALL_TIMEOUT = 1800.0
 DEFAULT_SLOW_WINDOW = pace.WINDOW
 
 
+RECORDED = {"recorded": True}  # the field's value goes to run.json's "options"
+
+
 @dataclasses.dataclass(frozen=True)
 class SuperviseOptions:
     run_id: str
-    log_dir: pathlib.Path  # run files go to log_dir / run_id /
-    grace_period: float = DEFAULT_GRACE_PERIOD  # TERM -> KILL, for every backend
-    start_timeout: float = 120.0  # seconds for every task to become ready
-    max_restarts: int = 0
-    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: no stall watchdog
-    slow_window: float = DEFAULT_SLOW_WINDOW  # seconds of busy shares compared to name the slowest task; 0: never
+    log_dir: pathlib.Path = dataclasses.field(metadata=RECORDED)  # run files go to log_dir / run_id /
+    grace_period: float = dataclasses.field(default=DEFAULT_GRACE_PERIOD, metadata=RECORDED)  # TERM -> KILL
+    # Seconds for every task to become ready.
+    start_timeout: float = dataclasses.field(default=120.0, metadata=RECORDED)
+    max_restarts: int = dataclasses.field(default=0, metadata=RECORDED)
+    stall_timeout: float = dataclasses.field(default=DEFAULT_STALL_TIMEOUT, metadata=RECORDED)  # 0: no watchdog
+    # Seconds of busy shares compared to name the slowest task; 0: never.
+    slow_window: float = dataclasses.field(default=DEFAULT_SLOW_WINDOW, metadata=RECORDED)
     timestamps: bool = False
     show: frozenset[str] | None = None  # console filter: task types ("worker") or names ("worker:1"); None = all
     show_tf_logs: bool = False  # TensorFlow's C++ INFO/WARNING records and start-up notices on the console too
-    max_preemption_restarts: int = 100  # restarts after EXIT_PREEMPTED, not counted in max_restarts
+    # Restarts after EXIT_PREEMPTED, not counted in max_restarts.
+    max_preemption_restarts: int = dataclasses.field(default=100, metadata=RECORDED)
     show_secrets: bool = False  # run.json shows the values of the plans' secret_env
+
+    def rules(self) -> policy.Rules:
+        """The policy's rules, from these settings."""
+        return policy.Rules(**{f.name: getattr(self, f.name) for f in dataclasses.fields(policy.Rules)})
+
+    def recorded(self) -> dict:
+        """The settings run.json records (paths as text)."""
+        return {f.name: str(value) if isinstance(value := getattr(self, f.name), pathlib.Path) else value
+                for f in dataclasses.fields(self) if f.metadata.get("recorded")}

@@ -1,0 +1,64 @@
+"""Why an attempt failed, charged to one task and its host, from what the attempt showed and what
+the run's hosts answer now (a fresh login, the reachability test run again); causes.py classifies
+what is gathered here, and the policy's rules between attempts read the cause."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from launcher.plan.planner import TaskPlan
+from launcher.supervise import causes, diagnosis, policy
+from launcher.supervise.attempt import Attempt, AttemptTask
+from launcher.supervise.hosts import HostActions
+from launcher.supervise.status import FAILED, INTERRUPTED, START_TIMEOUT
+from launcher.supervise.summary import at_fault, program_error
+
+
+def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Sequence[TaskPlan]) -> causes.Cause | None:
+    """The cause of `attempt`'s failure (it stopped so), charged to a task and its host."""
+    tasks = attempt.tasks
+    by_name = attempt.by_name
+    progress = attempt.progress()
+    charged: AttemptTask | None = None
+    if stop.status == FAILED and stop.failed in by_name:
+        failed = by_name[stop.failed]
+        peers = [t for t in tasks if t is not failed and not t.sidecar]
+        view = at_fault(attempt.view(failed), [attempt.view(t) for t in peers])
+        charged = by_name[view.name]
+    elif stop.status == START_TIMEOUT and stop.missing:
+        charged = by_name.get(stop.missing[0])
+    # A task whose host stopped answering is charged before any other: the others' failures follow from it.
+    lost = next((t for t in tasks if t.proc.lost() is not None), None)
+    if lost is not None and stop.status != INTERRUPTED:
+        charged = lost
+    if charged is None:
+        return causes.classify(causes.Evidence(stop.status, progress=progress))
+    reason = charged.proc.lost()
+    login_ok = None
+    code = attempt.codes_at_stop.get(charged.plan.name)
+    if reason is None and charged is not by_name.get(stop.failed) and code is None and stop.status == FAILED:
+        reason = f"{charged.plan.name} stopped answering its peers"  # blamed by them, its own end unseen
+        login_ok = hosts.login_ok(charged.plan)
+        if login_ok is not False:
+            reason = None
+    elif reason is not None:
+        login_ok = hosts.login_ok(charged.plan)
+    view = attempt.view(charged)
+    unreachable = None
+    said = view.hint_lines() + (attempt.view(by_name[stop.failed]).hint_lines() if stop.failed in by_name else [])
+    if reason is None and diagnosis.NETWORK_FAILURES & set(diagnosis.known_failures(said)):
+        # The task says it could not reach a peer: the reachability test, run again, names the pair.
+        unreachable = hosts.unreachable(plans)
+        if unreachable is not None:
+            charged = next((t for t in tasks if t.plan.host == unreachable[1]), charged)
+            code = attempt.codes_at_stop.get(charged.plan.name)
+            view = attempt.view(charged)
+    if code not in (None, 0):
+        error = program_error(view)
+    elif stop.failed in by_name and by_name[stop.failed] is not charged:  # blamed by the task that failed
+        error = program_error(attempt.view(by_name[stop.failed]))
+    else:
+        error = None
+    return causes.classify(causes.Evidence(
+        stop.status, charged.plan.name, charged.plan.host, code, error=error,
+        lost=reason, login_ok=login_ok, unreachable=unreachable, progress=progress))
