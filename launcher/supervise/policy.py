@@ -146,7 +146,7 @@ class Stop:
     returncode: int | None = None  # the failed task's
     missing: tuple[str, ...] = ()  # the training tasks not ready by the start deadline
     signum: int = 0
-    idle_for: float = 0.0  # a stall: seconds without progress
+    idle_for: float = 0.0  # a stall: seconds without activity (stall.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,7 +327,7 @@ class Policy:
         if now >= self._next_cpu_sample:
             self._next_cpu_sample = now + self._stall.cpu_sample_interval
             sample = tuple(sorted(training))
-        stall_at = self._stall.progress_at + self._stall.timeout
+        stall_at = self._stall.activity_at + self._stall.timeout
         return [Watch(until=min(self._next_cpu_sample, stall_at), sample_cpu=sample)]
 
     def _stop(self, decisions: list[Decision], stop: Stop) -> list[Decision]:

@@ -10,7 +10,7 @@ from launcher.supervise.policy import (
     JOIN_PROBE_INTERVAL, CpuSeen, FailureIgnored, GiveUp, JoinSeen, Notice, OutputSeen, Policy, Ready,
     ReadyLineSeen, Restart, Rules, SignalReceived, Stop, TaskEnded, TaskRole, Watch,
 )
-from launcher.supervise.stall import CPU_PROGRESS_SHARE
+from launcher.supervise.stall import CPU_ACTIVITY_SHARE
 
 WORKERS = [TaskRole("worker:0"), TaskRole("worker:1")]
 EVALUATOR = TaskRole("evaluator", sidecar=True)
@@ -276,7 +276,7 @@ def test_cpu_use_is_progress_and_is_sampled_when_due():
     interval = 15.0  # a quarter of the timeout
     cpu = 0.0
     for t in range(0, 300, int(interval)):
-        cpu += CPU_PROGRESS_SHARE * interval  # just busy enough
+        cpu += CPU_ACTIVITY_SHARE * interval  # just busy enough
         decisions = p.on([CpuSeen("worker:0", cpu), CpuSeen("worker:1", 0.0)], float(t))
         assert isinstance(last(decisions), Watch), t
 
@@ -286,7 +286,7 @@ def test_cpu_below_the_progress_share_is_no_progress():
     all_ready(p, now=0.0)
     cpu = 0.0
     for t in range(0, 60, 15):
-        cpu += CPU_PROGRESS_SHARE * 15 * 0.5
+        cpu += CPU_ACTIVITY_SHARE * 15 * 0.5
         p.on([CpuSeen("worker:0", cpu)], float(t))
     assert last(p.on([], 60.0)).status == runrecord.STALLED
 

@@ -90,9 +90,9 @@ def test_the_stall_clock():
     assert clock.cpu_sample_interval == 10
     clock.cpu_sample("w0", 5.0, now=0)
     clock.cpu_sample("w0", 5.5, now=10)  # 5 % of a core: waiting, not working
-    assert clock.progress_at == 0
+    assert clock.activity_at == 0
     clock.cpu_sample("w0", 7.5, now=20)  # 20 %: working
-    assert clock.progress_at == 20 and not clock.stalled(79)
+    assert clock.activity_at == 20 and not clock.stalled(79)
     clock.output_seen(30)
     assert not clock.stalled(89) and clock.stalled(90) and clock.idle_for(95) == 65
 
