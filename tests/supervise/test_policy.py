@@ -58,9 +58,11 @@ def test_the_start_deadline_names_the_training_tasks_not_ready():
 
 
 def test_the_watch_looks_again_by_the_start_deadline():
+    # At the next probe for joins, or at the deadline when that comes first; not at once (a busy loop).
     p = policy(start_timeout=10.0)
-    watch = last(started(p, now=100.0))
-    assert watch.until <= 110.0
+    assert last(started(p, now=100.0)).until == 100.0 + JOIN_PROBE_INTERVAL
+    p = policy(start_timeout=0.1)
+    assert last(started(p, now=100.0)).until == 100.1
 
 
 def test_ready_tasks_pass_the_start_deadline_and_are_announced_once():
@@ -249,9 +251,12 @@ def test_a_stall_notice_says_only_what_was_seen():
 
 
 def test_the_watch_looks_again_when_a_stall_would_be_due():
+    # At the next CPU sample (every quarter of the stall timeout, at most 10 s), or when the stall
+    # would be due (the last activity, 30 s, and the timeout) if that comes first.
     p = policy(stall_timeout=60.0)
     all_ready(p, now=0.0)
-    assert last(p.on([OutputSeen("worker:0", 30.0)], 30.0)).until <= 90.0
+    assert last(p.on([OutputSeen("worker:0", 30.0)], 30.0)).until == 40.0
+    assert last(p.on([], 85.0)).until == 90.0
 
 
 def test_output_from_any_training_task_is_progress():
@@ -439,11 +444,19 @@ def test_a_lost_host_is_left_out_at_once():
     assert p.after(failed_attempt(p, 100.0), network, 60).leave_out == "h1"
 
 
-def test_a_host_with_the_same_failure_twice_in_a_row_is_left_out():
+@pytest.mark.parametrize("kind, detail", [
+    (causes.KILLED, "killed by SIGKILL"),
+    (causes.STALLED, "no progress for 60 s"),
+    (causes.START_TIMEOUT, "worker:1 not ready after 10 s"),
+])
+def test_a_host_with_the_same_failure_twice_in_a_row_is_left_out(kind, detail):
     p = policy(max_restarts=5)
-    killed = Cause(causes.KILLED, "worker:1", "h2", "killed by SIGKILL")
-    assert p.after(failed_attempt(p, 0.0, -9), killed, 10).leave_out is None
-    assert p.after(failed_attempt(p, 100.0, -9), killed, 20).leave_out == "h2"
+    same = Cause(kind, "worker:1", "h2", detail)
+    assert p.after(failed_attempt(p, 0.0, -9), same, 10).leave_out is None
+    assert p.after(failed_attempt(p, 100.0, -9), same, 20).leave_out == "h2"
+
+
+def test_the_programs_own_error_twice_leaves_no_host_out():
     # The same error of the program on one host is the program's: no host is left out for it.
     p = policy(max_restarts=5)
     assert p.after(failed_attempt(p, 0.0), raised(), 10).leave_out is None
