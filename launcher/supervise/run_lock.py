@@ -254,14 +254,17 @@ def claim_port(port: int) -> bool:
     pick_free_ports takes it): a lock file per port beside the run ids' (port:N.lock, a name no
     run id has). False when another live launch of this user holds it, or this one already does.
     The kernel drops the claim when the launcher ends, however it ends; the file goes when the
-    run's claim on its run id is given up (release_run_id), or else with the next launch's sweep."""
+    run's claim on its run id is given up (release_run_id), or else with the next launch's sweep.
+    False too when the claim cannot be made (the lock file cannot be opened or made): a port no
+    launch could claim is never handed out as if it were claimed; pick_free_ports then tries others,
+    and without any leaves the choice to the kernel."""
     if port in _port_claims:
         return False
     folder = run_id_lock_dir()
     try:
         dir_fd = _open_lock_dir(folder)
     except UsageError:  # the run id's claim, which needs the folder too, says what is wrong with it
-        return True
+        return False
     try:
         if folder not in _swept:
             _swept.append(folder)
@@ -271,7 +274,7 @@ def claim_port(port: int) -> bool:
             try:
                 fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE, dir_fd=dir_fd)
             except OSError:
-                return True
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -115,3 +115,42 @@ def test_port_locks_go_with_their_run_and_stale_ones_with_the_next_launch(tmp_pa
     assert done.returncode == 0, done.stderr
     ports = [plan["port"] for plan in json.loads((tmp_path / run_id / "run.json").read_text())["plans"]]
     assert len(ports) == 2 and not [port for port in ports if os.path.exists(f"{run_id_lock_dir()}/port:{port}.lock")]
+
+
+# Claims one port given on its command line, says whether it got it, and holds it until stdin closes.
+CLAIMER = ("import sys\nfrom launcher.supervise.run_lock import claim_port\n"
+           "print(claim_port(int(sys.argv[1])), flush=True)\nsys.stdin.read()\n")
+
+
+def claimer(port: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", CLAIMER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=mgpu_env())
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_port_one_launch_claims_is_refused_to_another_until_the_first_ends():
+    port = 20000 + secrets.randbelow(10000)
+    first, got = claimer(port)
+    try:
+        assert got == "True"
+        second, refused = claimer(port)
+        second.communicate(timeout=30)
+        assert refused == "False"
+    finally:
+        first.communicate(timeout=30)
+    third, got_again = claimer(port)  # the first's claim went with it
+    third.communicate(timeout=30)
+    assert got_again == "True"
+
+
+def test_a_port_whose_claim_cannot_be_made_is_not_handed_out():
+    port = 20000 + secrets.randbelow(10000)
+    blocker = pathlib.Path(run_id_lock_dir(), f"port:{port}.lock")
+    blocker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    blocker.mkdir()  # the lock file cannot be opened where a folder has its name
+    try:
+        proc, got = claimer(port)
+        proc.communicate(timeout=30)
+        assert got == "False"
+    finally:
+        blocker.rmdir()
