@@ -202,6 +202,12 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.setenv("MGPU_ERROR_FILE", str(target))
     assert error_file.write(RuntimeError("x"))
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # written under another name, then renamed
+    # A reader that had the file open keeps what it opened: the new one took its name whole.
+    with open(target, "rb") as before:
+        assert error_file.write(ValueError("y"))
+        assert b"RuntimeError" in before.read()
+        assert os.fstat(before.fileno()).st_ino != os.stat(target).st_ino
+    assert b"ValueError" in target.read_bytes()
     monkeypatch.setenv("MGPU_ERROR_FILE", str(tmp_path / "missing-folder" / "error.json"))
     assert not error_file.write(RuntimeError("x"))  # never raises
 
