@@ -1,6 +1,7 @@
 """The speed probe on this machine: real numpy products, a real transfer between two listeners,
 and `mgpu check` showing the figures. How fast this machine is is never asserted: only that the
-figures were measured, and that equal hosts are not told apart."""
+figures were measured and go where they should. That equal hosts are not told apart is the pure
+judgement's (test_slow_hosts.py), fed figures that differ within the margin."""
 
 import dataclasses
 import json
@@ -36,7 +37,10 @@ def test_two_hosts_on_this_machine_send_to_each_other_and_compute(run_id):
         assert speed.cpu_gflops > 0 and speed.send_mbps > 0 and speed.gpu_gflops is None
     # Each host's receiving figure is what the other one measured sending.
     assert speeds[0].receive_mbps == speeds[1].send_mbps and speeds[1].receive_mbps == speeds[0].send_mbps
-    assert slow_hosts(speeds) == [] or all(slow.figure == "compute" for slow in slow_hosts(speeds))
+    # Of two hosts the network names neither (a slow link has two ends: test_slow_hosts.py); their
+    # compute shares this machine's cores at once, so which host is faster here is chance, and
+    # whether equal hosts are told apart is the pure judgement's to prove (test_slow_hosts.py).
+    assert not [slow for slow in slow_hosts(speeds) if slow.figure != "compute"]
 
 
 def test_a_neighbour_that_cannot_be_sent_to_is_named_and_the_rest_still_measured(run_id):
