@@ -3,7 +3,6 @@ hangs up, and `status`, `logs`, `attach` and `stop` from other shells."""
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -11,51 +10,9 @@ import subprocess
 import pytest
 
 from launching import MGPU, mgpu_env, run_mgpu, start_mgpu, wait_for, wait_for_line
-from supervisor_helpers import FAKE_WORKER, assert_run_gone, pid_alive, read_pids, records
+from supervisor_helpers import Runs, assert_run_gone, pid_alive, read_pids, records
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Runs:
-    """The log dir of a test and its detached runs, whose supervisors are killed at the end if left."""
-
-    def __init__(self, tmp_path):
-        self.log_dir = tmp_path / "runs"
-        self.go = tmp_path / "go"
-        self.started: list[str] = []
-
-    def mgpu(self, *args, timeout=60):
-        return run_mgpu(*args, "--log-dir", str(self.log_dir), timeout=timeout)
-
-    def launch_args(self, run_id, *worker_args, workers=2, grace=1.0):
-        self.started.append(run_id)
-        return ["launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(self.log_dir),
-                "--grace-period", str(grace), "--", *FAKE_WORKER, *worker_args]
-
-    def detach(self, run_id, *worker_args, **kw):
-        """`mgpu launch --detach` from a shell of its own session that ends when the launch returns."""
-        argv = shlex.join([*MGPU, "launch", "--detach", *self.launch_args(run_id, *worker_args, **kw)[1:]])
-        shell = subprocess.run(["bash", "-c", f"{argv}; echo shell-exit=$?"], env=mgpu_env(), capture_output=True,
-                               text=True, timeout=60, start_new_session=True, stdin=subprocess.DEVNULL)
-        assert "shell-exit=0" in shell.stdout, shell.stdout + shell.stderr
-        return shell.stdout
-
-    def record(self, run_id):
-        return json.loads((self.log_dir / run_id / "run.json").read_text())
-
-    def status(self, run_id):
-        done = self.mgpu("status", run_id, "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def close(self):
-        for run_id in self.started:
-            try:
-                pid = self.record(run_id).get("supervisor_pid")
-            except (OSError, ValueError):
-                continue
-            if pid and pid != os.getpid() and pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)  # its reaper stops the tasks
 
 
 @pytest.fixture
