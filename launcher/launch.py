@@ -17,7 +17,8 @@ from launcher.errors import MgpuError, UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan, in_step_order
-from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version, run_checks
+from launcher.preflight.check import (check_hosts_and_reach, close_handovers, handovers_of, local_tensorflow_version,
+                                      run_checks)
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.reach import probe_reachability, reachable_interfaces
 from launcher.preflight.run_id import check_run_id_unused
@@ -99,7 +100,7 @@ def _launch(plans: Sequence[TaskPlan], options: LaunchOptions, detached: Callabl
         if options.check_hosts:
             # The remote hosts' checks, the reachability test of every task and, on more than one
             # host, the speed probe, in one session per host, which then starts the host's first task.
-            reachability, speeds = run_checks(remote, ssh_backend, reach=plans, speed=spans_hosts(plans), hold=True)
+            reachability, speeds = run_checks(remote, ssh_backend, reach=plans, speed=spans_hosts(plans), handover=True)
             # NCCL and Gloo use the interface the other tasks dial (unless the user chose one).
             plans = with_interfaces(plans, reachable_interfaces(reachability), frozenset(os.environ))
         _check_local_tf_keras(plans, options)
@@ -226,7 +227,7 @@ def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run
         return failed, [], plans
     started = time.monotonic()
     reports, reachability, _ = check_hosts_and_reach(on_spare, plans, ssh_backend, local_tensorflow_version(),
-                                                     hold=True)
+                                                     handover=True)
     if all(report.ok for report in reports):  # as run_checks says it
         print(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok", file=sys.stderr,
               flush=True)
@@ -248,8 +249,9 @@ def _check_spares(plans: list[TaskPlan], spares: Sequence[str], ssh_backend, run
             how = "cannot log in to it" if peer in reachability.unreached else "reaches no task of it"
             notice(f"{peer} is gone too: the spares' check {how}; it is left out, not the spares")
     if failed or peers:
-        ssh_backend.drop_held(on_spare)
+        close_handovers(reports)
         return failed, peers, plans
+    ssh_backend.take_handovers(handovers_of(reports))
     return [], [], with_interfaces(plans, reachability.interfaces, frozenset(os.environ))
 
 

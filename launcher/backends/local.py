@@ -14,7 +14,7 @@ from launcher import protocol
 from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
-from launcher.host.probe import port_in_use
+from launcher.host.ports_in_use import port_in_use
 from launcher.backends.base import Attempt, Backend, CpuUsage, Strays, TaskByTask, TaskProcess
 from launcher.backends.pipes import close_pipe_readers, pipe_reader
 

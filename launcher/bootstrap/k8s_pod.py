@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from launcher.config.k8s_env import dns_timeout, read_pod
 from launcher.errors import EXIT_USAGE, UsageError
-from launcher.host.probe import interface_toward
+from launcher.host.interfaces import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
 from launcher.plan.planner import pod_plan
 

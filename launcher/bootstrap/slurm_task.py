@@ -24,7 +24,7 @@ import sys
 from typing import Mapping
 
 from launcher.config.slurm_env import misplacement
-from launcher.host.probe import interface_toward
+from launcher.host.interfaces import interface_toward
 from launcher.plan.network import INTERFACE_ENV, interface_env
 from launcher.plan.planner import tf_config_text
 from launcher.protocol import ENV_ATTEMPT, attempt_env

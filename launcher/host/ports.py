@@ -1,4 +1,4 @@
-"""Free ports for local tasks. Whether a port is free: launcher.host.probe.
+"""Free ports for local tasks. Whether a port is in use: launcher.host.ports_in_use.
 
 Not the kernel's choice (binding port 0): that comes from the ephemeral range
 (/proc/sys/net/ipv4/ip_local_port_range), where every outgoing connection of the machine

@@ -22,16 +22,19 @@ import dataclasses
 import sys
 import threading
 import time
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from launcher.errors import CheckFailed, ConnectError, MgpuError, UnreadableAnswer, UsageError
-from launcher.host import probe as host_probe
+from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import check_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
-from launcher.preflight.probes import host_probe_command, probe_for
+from launcher.preflight.probes import host_check_command, probe_for
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
+
+if TYPE_CHECKING:
+    from launcher.backends.ssh.handover import Handover
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow, in `mgpu check`, takes a few).
 PROBE_TIMEOUT = 90.0
@@ -52,6 +55,7 @@ class HostReport:
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
     reached: dict | None = None  # the reachability test's answer, when it ran in the check's session
     measured: dict | None = None  # the speed probe's answer, when it ran in the check's session
+    handover: Handover | None = None  # the check's session, kept to start the host's first task
 
     @property
     def ok(self) -> bool:
@@ -64,7 +68,7 @@ class HostReport:
 
 def local_tensorflow_version() -> str | None:
     """The TensorFlow version installed here, read from package metadata (TensorFlow is not imported)."""
-    return host_probe.installed_tensorflow_version()
+    return installed_tensorflow_version()
 
 
 def legacy_keras_fix(tensorflow_version: str | None) -> str:
@@ -84,7 +88,7 @@ def _check_tf_keras(report: HostReport, result: dict) -> None:
                                    f"(--legacy-keras): {legacy_keras_fix(tensorflow)}")
     else:
         report.tf_keras = "missing"
-        state = "is not installed" if result.get("tf_keras_error") == host_probe.NOT_INSTALLED else "does not import"
+        state = "is not installed" if result.get("tf_keras_error") == NOT_INSTALLED else "does not import"
         report.problems.append(f"tf_keras {state} (--legacy-keras needs it): {legacy_keras_fix(tensorflow)}")
 
 
@@ -97,20 +101,21 @@ def _unreachable(host_plans: Sequence[TaskPlan], error: MgpuError) -> HostReport
 def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequence[str] = (),
                 reach_timeout: float = 0.0, speed: Sequence[str] = (),
                 conversation: Conversation | None = None, import_tensorflow: bool = False,
-                hold: bool = False) -> HostReport:
+                handover: bool = False) -> HostReport:
     """The host's report; with `reach` (ReachTest.args), the same probe runs the reachability test
-    first, its answer in the report's `reached`, and talks in `conversation` (Release); with
-    `speed` (ring_args), the speed probe last, its answer in the report's `measured`; with `hold`,
-    a remote host's session is kept to start its first task (host/probe.py: HELD)."""
+    first, its answer in the report's `reached`, and talks in `conversation` (AllDialed); with
+    `speed` (ring_args), the speed probe last, its answer in the report's `measured`; with
+    `handover`, a remote host's session is kept to start its first task, in the report's `handover`
+    (backends/ssh/handover.py)."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
     probe = probe_for(first)
     ports = [p.port for p in host_plans if p.port is not None]
-    hold = hold and not first.local and conversation is not None  # the conversation keeps stdin open
+    handover = handover and not first.local and conversation is not None  # the conversation keeps stdin open
+    command = host_check_command(probe, ports, first.workdir, reach, speed, import_tensorflow, handover)
     try:
-        output = shell.run(first, host_probe_command(probe, ports, first.workdir, reach, speed, import_tensorflow, hold),
-                           PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
-                           conversation=conversation, hold=hold)
+        output = shell.run(first, command, PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
+                           conversation=conversation, handover=handover)
     except UnreadableAnswer as e:  # too long: the host was reached
         report.ssh, report.error = ("local" if first.local else "ok"), e
         report.problems.append(str(e))
@@ -118,6 +123,7 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     except MgpuError as e:
         return _unreachable(host_plans, e)
     report.ssh = "local" if first.local else "ok"
+    report.handover = output.handover
     try:
         result = output.last_json()
         if result is None:
@@ -147,7 +153,7 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
         report.tensorflow = "missing"
         if probe.tensorflow_required:
             error = result.get("tensorflow_error", "?")
-            report.problems.append("tensorflow is not installed" if error == host_probe.NOT_INSTALLED
+            report.problems.append("tensorflow is not installed" if error == NOT_INSTALLED
                                    else f"tensorflow does not import: {error}")
     if probe.legacy_keras:
         _check_tf_keras(report, result)
@@ -174,12 +180,15 @@ def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None
 
 def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], ssh_backend=None,
                           local_version: str | None = None, speed: bool = False, import_tensorflow: bool = False,
-                          hold: bool = False) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
+                          handover: bool = False) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
     """The host check of `plans` (one report per host, in plan order) and the reachability test
     between the tasks of `reach`, on every host at once; with `speed`, the speed probe of the
     hosts of `reach` too (their figures, in their order; [] without); with `import_tensorflow`,
     TensorFlow imported where the tasks require it (`mgpu check`), else its version read; with
-    `hold`, each remote host's session that ran the test too is kept to start the host's first task.
+    `handover`, each remote host's session that ran the test too is kept to start the host's first
+    task, in its report's `handover` (handovers_of), for the caller to give to the SSH backend
+    (SshBackend.take_handovers) or close (close_handovers); a host that failed its check starts no
+    task, and its session ends with the check.
 
     A host that both concern runs both in one SSH session, through one probe (the test first,
     then the check, which may import TensorFlow, then the speed probe); a host of only one of them
@@ -190,7 +199,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     """
     shell = HostShell(ssh_backend)
     test = ReachTest.of(reach)
-    release = test.release()
+    all_dialed = test.all_dialed()
     firsts = [host.first for host in test.hosts]
     groups = by_host(plans)
     tested = [test.index(group[0]) for group in groups]
@@ -222,9 +231,9 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
             return _check_host(group, shell, import_tensorflow=import_tensorflow)
         try:
             report = _check_host(group, shell, test.args(i), test.run_timeout, ring_args(firsts, i) if speed else (),
-                                 release.conversation(i), import_tensorflow, hold)
+                                 all_dialed.conversation(i), import_tensorflow, handover)
         finally:
-            release.ended(i)
+            all_dialed.ended(i)
         answers[i], measured[i] = report.reached, report.measured
         return report
 
@@ -236,7 +245,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
             if unreached:
                 return
             answer = test.run(i, shell, ring_args(firsts, i) if speed else (), SPEED_RUN_TIMEOUT if speed else 0.0,
-                              release)
+                              all_dialed)
             measured[i] = answer.pop("speed", None)
             answers[i] = answer
         except MgpuError as e:
@@ -248,20 +257,37 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     jobs += [lambda i=i: reach_alone(i) for i in untested]
     reports = in_parallel(jobs, len(jobs))[:len(groups)]
     _compare_tensorflow(reports, local_version)
-    if hold:  # a host that failed its check starts no task: its session ends now
-        for group, report in zip(groups, reports):
-            if not report.ok:
-                shell.drop_held(group[0])
     speeds = speeds_from(firsts, measured) if speed else []
+    reachability = _reachability(test, answers, errors, unreached, lost)
+    close_handovers([report for report in reports if not report.ok])  # they start no task
+    return reports, reachability, speeds
+
+
+def _reachability(test: ReachTest, answers: Sequence[dict | None], errors: Sequence[MgpuError],
+                  unreached: Sequence[str], lost: Sequence[str]) -> Reachability:
+    """What the reachability test found, from every host's answer, or why it could not run."""
     if errors:
-        return reports, Reachability((str(errors[0]),), {}, unreached=tuple(unreached + lost)), speeds
+        return Reachability((str(errors[0]),), {}, unreached=tuple([*unreached, *lost]))
     if unreached:
-        return reports, Reachability((f"the reachability test did not run: {', '.join(unreached)} not reached",), {},
-                                     unreached=tuple(unreached)), speeds
+        return Reachability((f"the reachability test did not run: {', '.join(unreached)} not reached",), {},
+                            unreached=tuple(unreached))
     missing = [host.first.host for host, answer in zip(test.hosts, answers) if answer is None]
     if missing:
-        return reports, Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {}), speeds
-    return reports, test.judge(answers), speeds
+        return Reachability(tuple(f"{host}: the reachability probe did not run" for host in missing), {})
+    return test.judge(answers)
+
+
+def handovers_of(reports: Sequence[HostReport]) -> list[Handover]:
+    """The sessions a check kept to start each host's first task (check_hosts_and_reach with handover)."""
+    return [report.handover for report in reports if report.handover is not None]
+
+
+def close_handovers(reports: Sequence[HostReport]) -> None:
+    """End the sessions the check of `reports` kept, unused: their hosts start no task."""
+    for report in reports:
+        if report.handover is not None:
+            report.handover.close()
+            report.handover = None
 
 
 COLUMNS = (("HOST", "host"), ("TASKS", "tasks"), ("SSH", "ssh"), ("PYTHON", "python"),
@@ -308,17 +334,18 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
 
 
 def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None,
-               reach: Sequence[TaskPlan] = (), speed: bool = False, hold: bool = False
+               reach: Sequence[TaskPlan] = (), speed: bool = False, handover: bool = False
                ) -> tuple[Reachability, list[HostSpeed]]:
     """The pre-launch check: print the table and raise if a host fails, else one summary line.
     With `reach`, the reachability test between those plans' tasks runs in the same sessions
     (check_hosts_and_reach), and with `speed` the speed probe of their hosts after it: what they
-    found is returned, for the caller to judge. With `hold`, those sessions are kept to start each
-    host's first task (SshBackend.run)."""
+    found is returned, for the caller to judge. With `handover`, those sessions are kept to start
+    each host's first task, and once every check has passed they are given to `ssh_backend`
+    (SshBackend.take_handovers), whose `start` starts those tasks in them."""
     console = console or sys.stderr
     started = time.monotonic()
     reports, reachability, speeds = check_hosts_and_reach(plans, reach, ssh_backend, local_tensorflow_version(), speed,
-                                                          hold=hold)
+                                                          handover=handover)
     failed = sum(not r.ok for r in reports)
     if reports and not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
@@ -326,4 +353,6 @@ def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = 
         console.write(render_table(reports) + "\n")
     console.flush()
     raise_for_failures(reports)
+    if handovers := handovers_of(reports):
+        ssh_backend.take_handovers(handovers)
     return reachability, speeds

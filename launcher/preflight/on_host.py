@@ -12,12 +12,15 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeVar
 
 from launcher.errors import CheckFailed, ConnectError, UnreadableAnswer
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import OUTPUT_LIMIT, last_json, unreadable
 from launcher.supervise.console_text import console_safe
+
+if TYPE_CHECKING:
+    from launcher.backends.ssh.handover import Handover
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +28,7 @@ class HostOutput:
     code: int
     out: bytes
     err: bytes
+    handover: Handover | None = None  # the session kept to start the host's first task (`run` with handover)
 
     def last_json(self) -> dict | None:
         """See answers.last_json: UnreadableAnswer (its reason) for a line that cannot be read."""
@@ -97,11 +101,11 @@ class HostShell:
         self._ssh_backend.connect(plan).release()
 
     def run(self, plan: TaskPlan, command: str, timeout: float, what: str = "check",
-            conversation: Conversation | None = None, hold: bool = False) -> HostOutput:
+            conversation: Conversation | None = None, handover: bool = False) -> HostOutput:
         """`command` (one line for a login shell: see launcher.shell.sh) on `plan`'s host; with
         `conversation`, talked with while it runs (its stdin open), else its stdin at its end. With
-        `hold` (a remote host only), a probe that says HELD keeps its session to start `plan`
-        (SshBackend.run).
+        `handover` (a remote host only), a command of backends/ssh/handover.py that hands its session
+        over comes back with the Handover that starts `plan` (SshBackend.run_for_handover).
 
         Raises CheckFailed when it outlives `timeout`, UnreadableAnswer when it writes more than
         OUTPUT_LIMIT bytes on stdout or stderr, and the SSH backend's errors (ConnectError,
@@ -111,15 +115,12 @@ class HostShell:
         if self._ssh_backend is None:
             raise ConnectError(f"{plan.host}: no SSH backend to reach it")
         try:
-            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation, hold=hold,
-                                                     limit=OUTPUT_LIMIT))
+            if handover:
+                return HostOutput(*self._ssh_backend.run_for_handover(plan, command, timeout, conversation,
+                                                                      limit=OUTPUT_LIMIT))
+            return HostOutput(*self._ssh_backend.run(plan, command, timeout, conversation, limit=OUTPUT_LIMIT))
         except UnreadableAnswer as e:  # its reason: the host is named here
             raise unreadable(plan.host, what, str(e)) from None
-
-    def drop_held(self, plan: TaskPlan) -> None:
-        """End the session a `run` with `hold` kept to start `plan`, if any."""
-        if not plan.local and self._ssh_backend is not None:
-            self._ssh_backend.drop_held([plan])
 
     def json(self, plan: TaskPlan, command: str, timeout: float, what: str,
              conversation: Conversation | None = None) -> dict:

@@ -1,7 +1,7 @@
 """The probes preflight runs on each host, and their command lines.
 
-All run launcher/host/probe.py's source (standard library only) with the interpreter the tasks
-will use there, so a host is judged by the Python its tasks get: the host check (which Python,
+All run the probe (launcher/host/probe/, standard library only, shipped as one source) with the
+interpreter the tasks will use there, so a host is judged by the Python its tasks get: the host check (which Python,
 TensorFlow, modules, free ports, GPUs), the reachability test (listen on the tasks' ports,
 connect to every task's address, and list the host's addresses by interface) and the speed probe
 (a transfer to the next host of a ring, a matrix product).
@@ -10,22 +10,16 @@ connect to every task's address, and list the host's addresses by interface) and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import pathlib
 import shlex
 import shutil
 import sys
 from typing import Iterable, Sequence
 
-from launcher.host import probe as host_probe
+from launcher.backends.ssh.handover import handover_script
+from launcher.host.probe import probe_source
 from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
 from launcher.shell import safe_workdir, sh
-
-
-@functools.lru_cache(maxsize=1)
-def probe_source() -> str:
-    return pathlib.Path(host_probe.__file__).read_text(encoding="utf-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,20 +45,20 @@ def probe_for(plan: TaskPlan) -> Probe:
     return Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
 
 
-def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
-                       speed: Sequence[str] = (), import_tensorflow: bool = False, hold: bool = False) -> str:
-    """A command that probes a host and prints one JSON object on stdout.
+def host_check_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
+                       speed: Sequence[str] = (), import_tensorflow: bool = False, handover: bool = False) -> str:
+    """A command that checks a host with the probe and prints one JSON object on stdout.
 
-    Keys: workdir_missing, program_missing, python_missing (true when so), else those
-    of launcher/host/probe.py, whose source runs with the task's Python. With `reach` (the
+    Keys: workdir_missing, program_missing, python_missing (true when so), else those of the
+    probe (host/probe/main.py), whose source runs with the task's Python. With `reach` (the
     reachability test's arguments: reach_args), the same process runs that test first and adds
     its answer under the key reach: one session per host for both. With `speed` (speed_args), the
     speed probe runs last, its answer under the key speed. With `import_tensorflow`, TensorFlow is
-    imported where the tasks require it, not only its version read. With `hold`, the probe then
-    waits to become the host's first task (host/probe.py: HELD), in the directory the session began in.
+    imported where the tasks require it, not only its version read. With `handover`, the session
+    then waits to start the host's first task (backends/ssh/handover.py), in the directory it began in.
     """
     port_list = ",".join(str(int(p)) for p in ports)
-    lines = ["mgpu_dir=$PWD"] if hold else []
+    lines = ["mgpu_dir=$PWD"] if handover else []
     if workdir:
         lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
@@ -77,41 +71,22 @@ def host_probe_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
                       *(["legacy-keras"] if probe.legacy_keras else []),
                       *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []),
                       *speed))
-    if not hold:
-        # The reachability test listens on stdin (host/probe.py: RELEASE).
-        lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
-        return sh("\n".join(lines))
-    # Held (host/probe.py: HELD): this shell, which the session's login shell exec'd as it execs a
-    # task's, says HELD once the probe has ended (whatever the probe wrote comes before it; on
-    # stderr after a newline, should a start-up file have left its line unfinished), then runs the
-    # task, where the session began, with its environment untouched by the probe's interpreter (a
-    # pyenv or conda shim changes PATH for the interpreter it starts). Its `read` takes a line and no
-    # byte after it: the task's environment follows the task's line on stdin. A RELEASE that came
-    # after the probe's last read comes before that line, and is passed over.
-    lines += [
-        f"TF_CPP_MIN_LOG_LEVEL=3 {run} || exit $?",
-        f"echo {host_probe.HELD}",
-        f"printf '\\n%s\\n' {host_probe.HELD} >&2",
-        "mgpu_nl='\n'",
-        f"{host_probe.HELD_TASK}=",
-        "while IFS= read -r mgpu_line; do",
-        f'  case $mgpu_line in {host_probe.HELD_TASK}=*) eval "$mgpu_line"; break;; esac',
-        "done",
-        f'[ -n "${host_probe.HELD_TASK}" ] || exit 0',
-        f'{{ [ "$PWD" = "$mgpu_dir" ] || cd "$mgpu_dir"; }} && eval "${host_probe.HELD_TASK}"',
-    ]
+    if handover:
+        return sh("\n".join(lines + handover_script(run)))
+    # The reachability test listens on stdin (host/probe/reach_test.py: ALL_DIALED).
+    lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
     return sh("\n".join(lines))
 
 
 def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, expected: Sequence[int]) -> list[str]:
-    """The arguments of host/probe.py's reachability test (its `reach` mode); `expected`: per
+    """The arguments of the probe's reachability test (its `reach` mode); `expected`: per
     port, how many hosts dial it."""
     return ["reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}", ",".join(map(str, expected))]
 
 
 def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
                         expected: Sequence[int], speed: Sequence[str] = ()) -> str:
-    """The reachability probe alone for the host of `plan` (see host/probe.py's `reach`), and with
+    """The reachability test alone for the host of `plan` (see host/probe/main.py's `reach`), and with
     `speed` (speed_args) the speed probe after it, its answer under the key speed.
 
     Another host runs it with the tasks' Python; this machine with the launcher's own, or for the
@@ -121,10 +96,10 @@ def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[
     if plan.local and not (speed and probe_for(plan).python_required and shutil.which(python)):
         python = sys.executable
     argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected), *speed]
-    return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv))  # stdin: see host/probe.py's RELEASE
+    return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv))  # stdin: see reach_test.py's ALL_DIALED
 
 
 def speed_args(port: int | None, target: str | None, timeout: float) -> list[str]:
-    """The arguments of host/probe.py's speed probe (its `speed` mode): listen on `port` for the
+    """The arguments of the probe's speed probe (its `speed` mode): listen on `port` for the
     previous host of the ring, send to `target`; neither on a lone host."""
     return ["speed", "-" if port is None else str(port), target or "-", f"{timeout:g}"]

@@ -1,7 +1,7 @@
 """Preflight reachability: can every task open a TCP connection to every other task's TF_CONFIG address?
 
 On every host of the cluster at the same time (so that the listeners exist while the
-connections are made), host/probe.py in its `reach` mode listens on that host's task ports
+connections are made), the probe's reachability test (host/probe/reach_test.py) listens on that host's task ports
 and connects to every cluster address (in a large cluster, to every pair of hosts and every
 port: FULL_TEST_TASKS). One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
@@ -23,8 +23,8 @@ from typing import Mapping, Sequence
 
 from launcher.config.addresses import format_address
 from launcher.errors import CheckFailed, MgpuError, UnreadableAnswer
-from launcher.host import probe as host_probe
-from launcher.host.probe import interface_holding
+from launcher.host.interfaces import interface_holding
+from launcher.host.probe.reach_test import ALL_DIALED, DIALED, REACH_LINGER, REACH_WAIT
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import reach_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
@@ -32,8 +32,8 @@ from launcher.preflight.probes import reach_args, reach_probe_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
 # The probe (refused targets tried for REACH_WAIT x REACH_TIMEOUT, the last attempt up to
-# REACH_TIMEOUT, the listeners' hold), plus a slow SSH session start.
-_RUN_TIMEOUT = (host_probe.REACH_WAIT + 1) * REACH_TIMEOUT + host_probe.REACH_HOLD + 30.0
+# REACH_TIMEOUT, the listeners' lingering), plus a slow SSH session start.
+_RUN_TIMEOUT = (REACH_WAIT + 1) * REACH_TIMEOUT + REACH_LINGER + 30.0
 HINT = (
     "hint: the tasks dial each other at their TF_CONFIG addresses: open those ports in the firewall "
     "between the hosts, and make every host resolve those names (an ssh-config alias is written as "
@@ -99,10 +99,10 @@ def _dials(hosts: Sequence[_Host]) -> tuple[tuple[str, ...], ...]:
     return tuple(dials)
 
 
-class Release:
-    """Ends the listening of every host's test together (see host/probe.py: DIALED, RELEASE): each
-    host's probe says when its own dials are done, and once every host has said it, or its probe
-    has ended or never started, each is told that no dial is still to come."""
+class AllDialed:
+    """Ends the listening of every host's test together (reach_test.py's DIALED and ALL_DIALED):
+    each host's probe says when its own dials are done, and once every host has said it, or its
+    probe has ended or never started, each is told that no dial is still to come."""
 
     def __init__(self, hosts: int):
         self._waiting = set(range(hosts))
@@ -118,7 +118,7 @@ class Release:
         self._done(i)
 
     def _heard(self, i: int, line: bytes) -> None:
-        if line.strip() == host_probe.DIALED.encode():
+        if line.strip() == DIALED.encode():
             self._done(i)
 
     def _done(self, i: int) -> None:
@@ -129,7 +129,7 @@ class Release:
             if self._waiting:
                 return
         for conversation in self._conversations:
-            conversation.say(host_probe.RELEASE.encode() + b"\n")
+            conversation.say(ALL_DIALED.encode() + b"\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +159,7 @@ class ReachTest:
                 for plan in self.hosts[i].plans if plan.port is not None]
 
     def args(self, i: int) -> list[str]:
-        """host/probe.py's arguments for the test on host `i`."""
+        """The probe's arguments for the test on host `i`."""
         return reach_args(self.hosts[i].ports, self.dials[i], REACH_TIMEOUT, self.expected(i))
 
     @property
@@ -167,26 +167,26 @@ class ReachTest:
         """Seconds the test gets on a host, once it is reached."""
         return _RUN_TIMEOUT
 
-    def release(self) -> Release:
+    def all_dialed(self) -> AllDialed:
         """What ends the listening of the hosts' tests together (one for each run of the test)."""
-        return Release(len(self.hosts))
+        return AllDialed(len(self.hosts))
 
     def run(self, i: int, shell: HostShell, speed: Sequence[str] = (), speed_timeout: float = 0.0,
-            release: Release | None = None) -> dict:
+            all_dialed: AllDialed | None = None) -> dict:
         """The test alone on host `i` (and with `speed`, speed_args, the speed probe after it, under
         the key speed): its JSON answer; raises MgpuError when it could not run."""
         host = self.hosts[i]
         command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
         try:
             answer = shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe",
-                                release.conversation(i) if release is not None else None)
+                                all_dialed.conversation(i) if all_dialed is not None else None)
             try:
                 return reach_answer(answer)
             except UnreadableAnswer as e:
                 raise unreadable(host.first.host, "reachability probe", str(e)) from None
         finally:
-            if release is not None:
-                release.ended(i)
+            if all_dialed is not None:
+                all_dialed.ended(i)
 
     def judge(self, results: Sequence[dict]) -> Reachability:
         """The pairs that cannot connect, and each task's interface, from every host's answer (in
@@ -225,8 +225,8 @@ def probe_reachability(plans: Sequence[TaskPlan], ssh_backend=None) -> Reachabil
     if not test.hosts:
         return Reachability((), {})
     shell = HostShell(ssh_backend)
-    release = test.release()
-    jobs = [lambda i=i: test.run(i, shell, release=release) for i in range(len(test.hosts))]
+    all_dialed = test.all_dialed()
+    jobs = [lambda i=i: test.run(i, shell, all_dialed=all_dialed) for i in range(len(test.hosts))]
     try:  # every host at once: its listeners must be up while the others connect
         results = in_parallel(jobs, len(jobs))
     except MgpuError as e:

@@ -3,8 +3,8 @@ below the others.
 
 In synchronous training every task waits for the slowest at each step, so a host with a
 throttled CPU or GPU, a CPU quota, a busy neighbour or a slow link slows the whole job. On every
-host of the cluster at once, host/probe.py's speed probe (last in the same process and SSH
-session as the host check and the reachability test: preflight/check.py) sends to the next host
+host of the cluster at once, the probe's speed probe (host/probe/speed_probe.py: last in the same
+process and SSH session as the host check and the reachability test, preflight/check.py) sends to the next host
 of a ring (in plan order) over the tasks' own addresses and ports for about 0.15 s, then
 times a fixed matrix product on one core with numpy (and on the first GPU with torch or
 TensorFlow, where there is one). A host whose figure is under SLOW_FRACTION of the hosts' median is named; that
@@ -23,7 +23,7 @@ import sys
 from typing import Sequence, TextIO
 
 from launcher.config.addresses import format_address
-from launcher.host import probe as host_probe
+from launcher.host.probe.speed_probe import TRANSFER_SECONDS
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import by_host
 from launcher.preflight.probes import speed_args
@@ -34,7 +34,7 @@ SLOW_FRACTION = 0.7  # a figure under this fraction of the median names its host
 SPEED_TIMEOUT = 5.0
 # What the speed probe adds to its host's session: its connections, the transfer, the compute, and
 # a GPU framework's import.
-SPEED_RUN_TIMEOUT = SPEED_TIMEOUT + host_probe.TRANSFER_SECONDS + 60.0
+SPEED_RUN_TIMEOUT = SPEED_TIMEOUT + TRANSFER_SECONDS + 60.0
 
 
 @dataclasses.dataclass(frozen=True)

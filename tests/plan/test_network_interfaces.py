@@ -2,7 +2,7 @@
 never over the user's own choice. Pure functions, no hosts."""
 
 from launcher.config.spec import ClusterSpec, TaskSpec
-from launcher.host.probe import interface_holding
+from launcher.host.interfaces import interface_holding
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import plan_tasks
 from launcher.preflight.reach import describe_interfaces

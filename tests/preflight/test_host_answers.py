@@ -33,7 +33,7 @@ def stand_in(tmp_path: pathlib.Path, answer: str) -> pathlib.Path:
 
 
 def good_answer(**changes) -> dict:
-    """What host/probe.py answers for one task on a host with every check passed."""
+    """What the probe (host/probe/) answers for one task on a host with every check passed."""
     answer = {"python": "3.11.7", "busy_ports": [], "missing_modules": [], "tensorflow_error": "not installed",
               "gpus": 0,
               "reach": {"listen_errors": {}, "reach": {"TARGET": "ok"}, "dialed": {"TARGET": "127.0.0.1"},

@@ -43,7 +43,7 @@ def test_an_unresolvable_address_is_named_as_soon_as_every_host_has_dialed(run_i
     # Nobody can dial worker:1's port (its name does not resolve), so its listener never gets its
     # connection, and on its own would hold it for the hour of REACH_TIMEOUT after the dials. The
     # probe answers within the test's 60 s only because the launcher, having heard that every host
-    # has dialed, releases it (host/probe.py: DIALED, RELEASE).
+    # has dialed, tells it so (host/probe/reach_test.py: DIALED, ALL_DIALED).
     monkeypatch.setattr(reach, "REACH_TIMEOUT", 3600.0)
     monkeypatch.setattr(reach, "_RUN_TIMEOUT", 7200.0)
     plans = make_plans(run_id, [], workers=2)
@@ -120,7 +120,7 @@ def test_a_large_cluster_dials_every_pair_of_hosts_and_every_port_but_not_every_
 
 
 def test_a_probe_that_ends_before_the_launchers_word_exits_cleanly():
-    """The reachability probe listens for RELEASE on its stdin from a thread. When it ends first (here
+    """The reachability probe listens for ALL_DIALED on its stdin from a thread. When it ends first (here
     it dials nothing, and nothing dials it), with its stdin still open, it exits 0: the thread must
     not hold the interpreter's stdin, which made it abort at exit (SIGABRT, where a host may keep a
     core file)."""

@@ -99,13 +99,13 @@ def test_the_sender_tries_again_while_the_port_still_closes_what_it_accepts():
     import threading
     import time
 
-    from launcher.host import probe as host_probe
+    from launcher.host.probe import speed_probe
 
     (port,) = pick_free_ports(1)
     sent = {}
     with socket.create_server(("127.0.0.1", port)) as holder:
         sender = threading.Thread(
-            target=lambda: sent.update(mbps=host_probe.send_to(f"127.0.0.1:{port}", time.monotonic() + 30)))
+            target=lambda: sent.update(mbps=speed_probe.send_to(f"127.0.0.1:{port}", time.monotonic() + 30)))
         sender.start()
         holder.settimeout(30)
         conn, _ = holder.accept()

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from launcher.host import gpus, probe
+from launcher.host import gpus, ports_in_use
 from launcher.plan import devices as plan_devices
 from launcher.host import ports
 from launcher.supervise import diagnosis
@@ -79,7 +79,7 @@ def test_pick_free_ports_are_distinct_and_bindable():
     picked = ports.pick_free_ports(20)
     assert len(set(picked)) == 20
     for port in picked:
-        assert not probe.port_in_use(port)
+        assert not ports_in_use.port_in_use(port)
 
 
 def test_picked_ports_are_outside_the_ephemeral_range():
@@ -183,7 +183,7 @@ def test_port_in_use_sees_a_listener():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        assert probe.port_in_use(holder.getsockname()[1])
+        assert ports_in_use.port_in_use(holder.getsockname()[1])
 
 
 def test_bind_failure_recognises_tensorflow_messages():

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Sequence
+from typing import Iterable
 
 import paramiko
 
 from launcher.errors import ConnectError
-from launcher.host import probe as host_probe
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
 from launcher.backends.ssh import remote_command
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
+from launcher.backends.ssh.handover import HANDOVER, Handover, task_line
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.stream import ChannelStream
 from launcher.backends.ssh.target import SshTarget, load_ssh_config, resolve_target
@@ -143,8 +143,8 @@ class SshBackend(Backend):
         self._lock = threading.Lock()
         self._host_locks: dict[SshTarget, threading.Lock] = {}
         self._connections: dict[SshTarget, list[Connection]] = {}
-        # Sessions whose host check is held to become a task (host/probe.py: HELD), by task name.
-        self._held: dict[str, tuple[SshTarget, Connection, paramiko.Channel]] = {}
+        # Sessions the checks handed over to start tasks (take_handovers), by task name.
+        self._handovers: dict[str, Handover] = {}
 
     def target(self, task: TaskPlan) -> SshTarget:
         return resolve_target(task.host, task.ssh, self._config)
@@ -176,55 +176,52 @@ class SshBackend(Backend):
             return conn
 
     def run(self, task: TaskPlan, command: str, timeout: float, conversation=None,
-            hold: bool = False, limit: int | None = None) -> tuple[int, bytes, bytes]:
+            limit: int | None = None) -> tuple[int, bytes, bytes]:
         """Run a short command on the task's host: (exit code, stdout, stderr); `conversation` and
-        `limit`: see Connection.run. With `hold`, a command that says host/probe.py's HELD keeps its session,
-        which then starts `task` (its exit code is 0 then): the task's first start needs no other
-        session, nor the login shell each session starts."""
+        `limit`: see Connection.run."""
+        conn = self.connect(task)
+        try:
+            return conn.run(command, timeout, conversation, limit)
+        finally:
+            conn.release()
+
+    def run_for_handover(self, task: TaskPlan, command: str, timeout: float, conversation=None,
+                         limit: int | None = None) -> tuple[int, bytes, bytes, Handover | None]:
+        """As `run`, for a command of handover.handover_script: (exit code, stdout, stderr, None) when
+        it ended, or (0, stdout, stderr, the Handover whose session starts `task`) when it handed its
+        session over. The caller owns that: it gives it to take_handovers, or closes it."""
         conn = self.connect(task)
         kept = None
         try:
-            if not hold:
-                return conn.run(command, timeout, conversation, limit)
-            code, out, err, kept = conn.run_held(command, timeout, conversation, host_probe.HELD.encode(), limit)
-            if kept is not None:
-                with self._lock:
-                    stale = self._held.pop(task.name, None)
-                    self._held[task.name] = (conn.target, conn, kept)
-                if stale is not None:
-                    self._drop_held(stale)
-                return 0, out, err
-            return code, out, err
+            code, out, err, kept = conn.run_until_handover(command, timeout, conversation, HANDOVER.encode(), limit)
+            if kept is None:
+                return code, out, err, None
+            return 0, out, err, Handover(task.name, conn.target, conn, kept)
         finally:
             if kept is None:
                 conn.release()
 
-    def drop_held(self, tasks: Sequence[TaskPlan]) -> None:
-        """End the held sessions that would start `tasks` (their hosts' checks failed, say)."""
+    def take_handovers(self, handovers: Iterable[Handover]) -> None:
+        """`start` starts each handover's task in its session, not in a new one (a task's session
+        taken before is closed). The backend owns them now: `close` ends those still unused."""
+        replaced = []
         with self._lock:
-            dropped = [self._held.pop(task.name) for task in tasks if task.name in self._held]
-        for held in dropped:
-            self._drop_held(held)
+            for handover in handovers:
+                if (before := self._handovers.get(handover.task)) is not None and before is not handover:
+                    replaced.append(before)
+                self._handovers[handover.task] = handover
+        for handover in replaced:
+            handover.close()
 
-    def _take_held(self, task: TaskPlan) -> tuple[Connection, paramiko.Channel] | None:
-        """The held session that starts `task`, if one was kept on its host (it may have ended since:
-        `start` then opens another)."""
+    def _handover_for(self, task: TaskPlan) -> Handover | None:
+        """The session handed over to start `task`, if one was (it may have ended since: `start` then
+        opens another)."""
         with self._lock:
-            held = self._held.pop(task.name, None)
-        if held is None:
+            handover = self._handovers.pop(task.name, None)
+        if handover is not None and handover.target != self.target(task):  # the task moved to another host (a spare's)
+            handover.close()
             return None
-        target, conn, chan = held
-        if target != self.target(task):  # the task moved to another host (a spare's)
-            self._drop_held(held)
-            return None
-        return conn, chan
-
-    @staticmethod
-    def _drop_held(held: tuple[SshTarget, Connection, paramiko.Channel]) -> None:
-        """End a held session: its shell ends at the end of its stdin."""
-        _, conn, chan = held
-        chan.close()
-        conn.release()
+        return handover
 
     def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
         # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
@@ -238,31 +235,31 @@ class SshBackend(Backend):
 
     def start(self, task: TaskPlan, attempt: int) -> TaskProcess:
         """Start the task; its join reporter looks at its own port and the coordinator's. A session
-        its host's check kept (`run` with `hold`) starts the host's first task."""
+        its host's check handed over (take_handovers) starts the host's first task."""
         nonce = remote_command.new_nonce()
         reporter = remote_command.join_report_command("$$", task.port, task.coordinator_port, nonce)
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period, reporter)
-        held = self._take_held(task)
-        if held is not None:
+        handover = self._handover_for(task)
+        if handover is not None:
             try:
-                return self._begin(remote, nonce, task, *held)
+                return self._begin(remote, nonce, task, handover.connection, handover.channel)
             except ConnectError:
-                pass  # the held session ended before it started the task: a session of its own then
+                pass  # the handed-over session ended before it started the task: a session of its own then
         return self._begin(remote, nonce, task, self.connect(task, SshTaskProcess.sessions), None)
 
     def _begin(self, remote: remote_command.RemoteTask, nonce: str, task: TaskPlan, conn: Connection,
-               held: paramiko.Channel | None) -> SshTaskProcess:
-        """Start `remote` in the `held` session, or with None in a new session of `conn`; either way
-        the task's session slots on `conn` are taken already, and given back if the start fails."""
-        chan = held
+               handed_over: paramiko.Channel | None) -> SshTaskProcess:
+        """Start `remote` in the `handed_over` session, or with None in a new session of `conn`; either
+        way the task's session slots on `conn` are taken already, and given back if the start fails."""
+        chan = handed_over
         try:
             if chan is None:
                 chan = conn.open_session(self.options.connect_timeout)
             try:
                 try:
-                    if held is not None:
-                        chan.sendall(remote_command.held_task_line(remote))
+                    if handed_over is not None:
+                        chan.sendall(task_line(remote))
                     else:
                         chan.exec_command(remote.command)
                         chan.sendall(remote.stdin)  # the env values: never on a command line
@@ -308,9 +305,9 @@ class SshBackend(Backend):
         with self._lock:
             pools = list(self._connections.values())
             self._connections.clear()
-            held, self._held = list(self._held.values()), {}
-        for session in held:
-            self._drop_held(session)
+            handovers, self._handovers = list(self._handovers.values()), {}
+        for handover in handovers:
+            handover.close()
         for pool in pools:
             for conn in pool:
                 conn.close()

@@ -131,15 +131,15 @@ class Connection:
         status, out, err, _ = self._run(command, timeout, conversation, None, limit)
         return status, out, err
 
-    def run_held(self, command: str, timeout: float, conversation, held: bytes, limit: int | None = None
-                 ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
-        """As `run`, for a command that may end with the line `held` on both stdout and stderr and
-        then wait, its session kept for what comes next (host/probe.py's HELD): (exit code, stdout,
-        stderr, None) when it ended, or (-1, stdout, stderr, the open channel) without the two
-        lines when it is held. The conversation hears nothing after that; the caller owns the channel."""
-        return self._run(command, timeout, conversation, held + b"\n", limit)
+    def run_until_handover(self, command: str, timeout: float, conversation, handover: bytes,
+                           limit: int | None = None) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
+        """As `run`, for a command that may end with the line `handover` on both stdout and stderr and
+        then wait, its session kept for what comes next (handover.py): (exit code, stdout, stderr,
+        None) when it ended, or (-1, stdout, stderr, the open channel) without the two lines when it
+        hands its session over. The conversation hears nothing after that; the caller owns the channel."""
+        return self._run(command, timeout, conversation, handover + b"\n", limit)
 
-    def _run(self, command: str, timeout: float, conversation, held: bytes | None, limit: int | None = None
+    def _run(self, command: str, timeout: float, conversation, handover: bytes | None, limit: int | None = None
              ) -> tuple[int, bytes, bytes, paramiko.Channel | None]:
         chan = self.open_session(timeout)
         kept = None
@@ -169,13 +169,13 @@ class Connection:
                     got = True
                 if limit is not None and max(len(out), len(err)) > limit:
                     raise UnreadableAnswer(f"more than {limit >> 20} MiB on {'stdout' if len(out) > limit else 'stderr'}")
-                if held is not None and _ends_with_line(out, held) and _ends_with_line(err, held):
+                if handover is not None and _ends_with_line(out, handover) and _ends_with_line(err, handover):
                     # Nothing more comes until the caller speaks: what follows is the task's.
                     if conversation is not None:
                         conversation.detach()
                     chan.settimeout(None)
                     kept = chan
-                    return -1, bytes(out[:-len(held)]), bytes(err[:-len(held)]), chan
+                    return -1, bytes(out[:-len(handover)]), bytes(err[:-len(handover)]), chan
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if not got:

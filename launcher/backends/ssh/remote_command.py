@@ -2,7 +2,7 @@
 
 sshd hands the command to the user's login shell (or, for a host's first task after
 the checks, the shell of the check's session reads it from stdin and runs it the same
-way: host/probe.py's HELD). We make that shell exec a POSIX sh running a small wrapper,
+way: handover.py). We make that shell exec a POSIX sh running a small wrapper,
 which:
 
 - prints its pid on stderr (PGID_MARKER). sshd starts every session with
@@ -58,7 +58,6 @@ import signal
 from typing import Iterable, Mapping, Sequence
 
 from launcher.config.addresses import parse_env_name
-from launcher.host.probe import HELD_TASK
 from launcher.protocol import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
 from launcher.shell import one_line, safe_workdir, sh
 
@@ -100,7 +99,7 @@ kill -KILL $(tagged "$@") "-$g" 2>/dev/null
 
 @dataclasses.dataclass(frozen=True)
 class RemoteTask:
-    command: str  # for exec_command (or a held check's shell: held_task_line): no env value in it
+    command: str  # for exec_command (or a handed-over check's shell: handover.task_line): no env value in it
     stdin: bytes  # to send on the session's stdin at once: the env values
 
 
@@ -259,12 +258,6 @@ def task_command(
         run = f"cd {shlex.quote(safe_workdir(workdir))} && {run}"
     lines.append(run)
     return RemoteTask(sh("\n".join(lines)), env_block(env))
-
-
-def held_task_line(remote: RemoteTask) -> bytes:
-    """What a held host check's shell reads to start `remote` (host/probe.py: HELD), and then what
-    the task reads: its environment."""
-    return f"{HELD_TASK}={one_line(remote.command)}\n".encode("utf-8", "surrogateescape") + remote.stdin
 
 
 def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:

@@ -216,7 +216,7 @@ def free_ports_in_a_row(n: int) -> int:
     """The first of `n` consecutive ports that were free a moment ago: `--port P` plans the tasks
     of one node on P, P+1, ..."""
     from launcher.host.ports import pick_free_ports
-    from launcher.host.probe import port_in_use
+    from launcher.host.ports_in_use import port_in_use
 
     for _ in range(200):
         first = pick_free_ports(1)[0]

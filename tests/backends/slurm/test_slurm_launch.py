@@ -16,7 +16,7 @@ import uuid
 import psutil
 import pytest
 
-from launcher.host.probe import interface_holding, local_addresses, source_address_toward
+from launcher.host.interfaces import interface_holding, local_addresses, source_address_toward
 from slurm_helpers import SlurmLab, free_ports_in_a_row
 
 MGPU = [sys.executable, "-m", "launcher"]

@@ -39,10 +39,10 @@ def task_with_python(tmp_path, script: str) -> TaskPlan:
                     str(tmp_path), False)
 
 
-@pytest.mark.parametrize("hold", [False, True], ids=["session-ends", "session-kept"])
-def test_a_flood_from_a_remote_host_is_cut_off_at_the_limit(runner, tmp_path, hold):
+@pytest.mark.parametrize("handover", [False, True], ids=["session-ends", "session-kept"])
+def test_a_flood_from_a_remote_host_is_cut_off_at_the_limit(runner, tmp_path, handover):
     task = task_with_python(tmp_path, "#!/bin/sh\nexec cat /dev/zero\n")
-    reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=hold)
+    reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=handover)
     assert reports[0].problems == ["host sshd-a answered the check with something mgpu cannot read: "
                                    "more than 4 MiB on stdout"], reports[0].problems
     with pytest.raises(UnreadableAnswer):
@@ -53,6 +53,6 @@ def test_a_crafted_answer_from_a_remote_host_is_one_line(runner, tmp_path):
     answer = json.dumps({"python": "3.11.7", "busy_ports": [], "missing_modules": [], "gpus": 0,
                          "reach": {"listen_errors": [], "reach": {}, "dialed": {}, "addresses": []}})
     task = task_with_python(tmp_path, f"#!{sys.executable}\nprint({answer!r})\n")
-    reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
+    reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=True)
     assert reports[0].problems == ["host sshd-a answered the check with something mgpu cannot read: "
                                    "reach.listen_errors is a list, not an object of texts"], reports[0].problems

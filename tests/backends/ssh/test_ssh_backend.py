@@ -700,10 +700,12 @@ def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(runner):
 def kept_shells(folder) -> list[psutil.Process]:
     """The shells of sessions that host checks kept to start a task (their script names `folder`,
     the task's workdir)."""
+    from launcher.backends.ssh.handover import HANDOVER
+
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "mgpu-probe-held" in cmdline and str(folder) in cmdline:
+        if HANDOVER in cmdline and str(folder) in cmdline:
             found.append(proc)
     return found
 
@@ -719,7 +721,7 @@ def test_the_session_kept_by_a_failed_check_ends_with_the_check(runner, tmp_path
         taken.listen()
         task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "pass"], workdir=str(tmp_path)),
                                    port=taken.getsockname()[1])
-        reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
+        reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=True)
     assert not reports[0].ok and "in use" in reports[0].reason, reports[0].reason
     wait_for(lambda: not kept_shells(tmp_path), 30, "the kept session's end")
 
@@ -727,12 +729,13 @@ def test_the_session_kept_by_a_failed_check_ends_with_the_check(runner, tmp_path
 def test_a_task_whose_kept_session_has_ended_starts_in_a_session_of_its_own(runner, tmp_path):
     """The shell a host check kept to start the task is gone when the task starts (killed here):
     the task starts all the same, in a new session."""
-    from launcher.preflight.check import check_hosts_and_reach
+    from launcher.preflight.check import check_hosts_and_reach, handovers_of
 
     task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "print('started')"], workdir=str(tmp_path)),
                                port=free_port())
-    reports, _, _ = check_hosts_and_reach([task], [task], runner, hold=True)
+    reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=True)
     assert reports[0].ok, reports[0].reason
+    runner.take_handovers(handovers_of(reports))
     shells = kept_shells(tmp_path)
     assert len(shells) == 1
     shells[0].kill()
@@ -741,3 +744,29 @@ def test_a_task_whose_kept_session_has_ended_starts_in_a_session_of_its_own(runn
     out, _ = drain(proc)
     assert wait_exit(proc) == 0 and out == b"started\n"
     proc.close()
+
+
+def test_the_check_returns_its_kept_session_and_the_task_starts_in_it_once_the_backend_is_given_it(runner, tmp_path):
+    """A check for a handover returns the session it kept (the report's handover); the backend starts
+    the host's first task in it only once given it (take_handovers): the task is then in the check's
+    SSH session, and before, in a session of its own."""
+    from launcher.preflight.check import check_hosts_and_reach, handovers_of
+
+    task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "import os; print(os.getsid(0))"],
+                                    workdir=str(tmp_path)), port=free_port())
+    reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=True)
+    assert reports[0].ok, reports[0].reason
+    [handover] = handovers_of(reports)
+    assert handover.task == task.name
+    [shell] = kept_shells(tmp_path)
+    checks_session = os.getsid(shell.pid)
+    sessions = []
+    for given in (False, True):
+        if given:
+            runner.take_handovers([handover])
+        proc = runner.start(task, attempt=0)
+        out, _ = drain(proc)
+        assert wait_exit(proc) == 0
+        proc.close()
+        sessions.append(int(out))
+    assert sessions[0] != checks_session and sessions[1] == checks_session, (sessions, checks_session)
