@@ -29,7 +29,7 @@ from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import check_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
-from launcher.preflight.probes import host_check_command, probe_for
+from launcher.preflight.probes import host_check_command, needs_of
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
 
@@ -109,10 +109,10 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     (backends/ssh/handover.py)."""
     first = host_plans[0]
     report = HostReport(first.host, tuple(p.name for p in host_plans))
-    probe = probe_for(first)
+    needs = needs_of(first)
     ports = [p.port for p in host_plans if p.port is not None]
     handover = handover and not first.local and conversation is not None  # the conversation keeps stdin open
-    command = host_check_command(probe, ports, first.workdir, reach, speed, import_tensorflow, handover)
+    command = host_check_command(needs, ports, first.workdir, reach, speed, import_tensorflow, handover)
     try:
         output = shell.run(first, command, PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
                            conversation=conversation, handover=handover)
@@ -141,21 +141,21 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     if result.get("workdir_missing"):
         report.problems.append(f"no directory {first.workdir}")
     elif result.get("program_missing"):
-        report.problems.append(f"{probe.program} not found")
+        report.problems.append(f"{needs.program} not found")
     elif result.get("python_missing"):
-        report.problems.append(f"{probe.python} not found")
+        report.problems.append(f"{needs.python} not found")
     if "python" not in result:
         return report
     report.python = result["python"]
     if "tensorflow" in result:
         report.tensorflow = result["tensorflow"]
-    elif probe.python_required:
+    elif needs.python_required:
         report.tensorflow = "missing"
-        if probe.tensorflow_required:
+        if needs.tensorflow_required:
             error = result.get("tensorflow_error", "?")
             report.problems.append("tensorflow is not installed" if error == NOT_INSTALLED
                                    else f"tensorflow does not import: {error}")
-    if probe.legacy_keras:
+    if needs.legacy_keras:
         _check_tf_keras(report, result)
     for module in result.get("missing_modules", []):
         report.problems.append(f"cannot import {module}")

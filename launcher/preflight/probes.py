@@ -1,10 +1,10 @@
-"""The probes preflight runs on each host, and their command lines.
+"""The command lines that run the probe on each host, and what its host check asks of a task's host.
 
-All run the probe (launcher/host/probe/, standard library only, shipped as one source) with the
-interpreter the tasks will use there, so a host is judged by the Python its tasks get: the host check (which Python,
-TensorFlow, modules, free ports, GPUs), the reachability test (listen on the tasks' ports,
-connect to every task's address, and list the host's addresses by interface) and the speed probe
-(a transfer to the next host of a ring, a matrix product).
+Each runs the probe (launcher/host/probe/, standard library only, shipped as one source) with the
+interpreter the tasks will use there, so a host is judged by the Python its tasks get: the host
+check (which Python, TensorFlow, modules, free ports, GPUs), the reachability test (listen on the
+tasks' ports, connect to every task's address, and list the host's addresses by interface) and the
+speed probe (a transfer to the next host of a ring, a matrix product).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from launcher.shell import safe_workdir, sh
 
 
 @dataclasses.dataclass(frozen=True)
-class Probe:
+class TaskNeeds:
     """What the host check asks of a task's host, from the task's command line."""
 
     program: str  # the task's program: it must exist
@@ -34,18 +34,19 @@ class Probe:
     tensorflow_required: bool = False
 
 
-def probe_for(plan: TaskPlan) -> Probe:
+def needs_of(plan: TaskPlan) -> TaskNeeds:
+    """What the host check asks of the host of `plan`."""
     argv = plan.argv
     legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
     if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
-        return Probe(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
+        return TaskNeeds(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
     if os.path.basename(argv[0]).startswith("python"):
-        return Probe(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
+        return TaskNeeds(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
     # Some other program: Python is only used for the probe itself, and may be absent.
-    return Probe(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
+    return TaskNeeds(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
 
 
-def host_check_command(probe: Probe, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
+def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
                        speed: Sequence[str] = (), import_tensorflow: bool = False, handover: bool = False) -> str:
     """A command that checks a host with the probe and prints one JSON object on stdout.
 
@@ -62,14 +63,14 @@ def host_check_command(probe: Probe, ports: Iterable[int], workdir: str | None, 
     if workdir:
         lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
-        f"command -v {shlex.quote(probe.program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
+        f"command -v {shlex.quote(needs.program)} >/dev/null 2>&1 || {{ echo '{{\"program_missing\": true}}'; exit 0; }}"
     )
-    missing = '{"python_missing": true}' if probe.python_required else "{}"
-    lines.append(f"command -v {shlex.quote(probe.python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
-    run = shlex.join((probe.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
-                      port_list, ",".join(probe.modules),
-                      *(["legacy-keras"] if probe.legacy_keras else []),
-                      *(["import-tensorflow"] if import_tensorflow and probe.tensorflow_required else []),
+    missing = '{"python_missing": true}' if needs.python_required else "{}"
+    lines.append(f"command -v {shlex.quote(needs.python)} >/dev/null 2>&1 || {{ echo '{missing}'; exit 0; }}")
+    run = shlex.join((needs.python, "-c", probe_source(), *(list(reach) + ["check"] if reach else []),
+                      port_list, ",".join(needs.modules),
+                      *(["legacy-keras"] if needs.legacy_keras else []),
+                      *(["import-tensorflow"] if import_tensorflow and needs.tensorflow_required else []),
                       *speed))
     if handover:
         return sh("\n".join(lines + handover_script(run)))
@@ -84,7 +85,7 @@ def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, exp
     return ["reach", ",".join(map(str, ports)), ",".join(targets), f"{timeout:g}", ",".join(map(str, expected))]
 
 
-def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
+def reach_test_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[str], timeout: float,
                         expected: Sequence[int], speed: Sequence[str] = ()) -> str:
     """The reachability test alone for the host of `plan` (see host/probe/main.py's `reach`), and with
     `speed` (speed_args) the speed probe after it, its answer under the key speed.
@@ -92,8 +93,8 @@ def reach_probe_command(plan: TaskPlan, ports: Sequence[int], targets: Sequence[
     Another host runs it with the tasks' Python; this machine with the launcher's own, or for the
     speed probe with the tasks' where they run Python and it is found (its numpy, torch or
     TensorFlow are what is timed)."""
-    python = probe_for(plan).python
-    if plan.local and not (speed and probe_for(plan).python_required and shutil.which(python)):
+    python = needs_of(plan).python
+    if plan.local and not (speed and needs_of(plan).python_required and shutil.which(python)):
         python = sys.executable
     argv = [python, "-c", probe_source(), *reach_args(ports, targets, timeout, expected), *speed]
     return sh("TF_CPP_MIN_LOG_LEVEL=3 exec " + shlex.join(argv))  # stdin: see reach_test.py's ALL_DIALED

@@ -6,7 +6,7 @@ and connects to every cluster address (in a large cluster, to every pair of host
 port: FULL_TEST_TASKS). One line per broken pair, e.g.
 `worker:0 on h1 cannot connect to worker:1 at h2:2222: timed out after 5 s (10.0.0.5)`.
 Local hosts are probed with a subprocess, remote ones through the SSH backend; the whole
-test is bounded by the connect timeout plus the probe's hold time and the SSH start-up. On a host
+test is bounded by the connect timeout plus the listeners' lingering and the SSH start-up. On a host
 that the host check probes too, the same probe runs both, in one session (check.py).
 
 The same probe lists each host's addresses by interface and the address it dialed for each
@@ -28,7 +28,7 @@ from launcher.host.probe.reach_test import ALL_DIALED, DIALED, REACH_LINGER, REA
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import reach_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
-from launcher.preflight.probes import reach_args, reach_probe_command
+from launcher.preflight.probes import reach_args, reach_test_command
 
 REACH_TIMEOUT = 5.0  # seconds each connection gets
 # The probe (refused targets tried for REACH_WAIT x REACH_TIMEOUT, the last attempt up to
@@ -176,7 +176,7 @@ class ReachTest:
         """The test alone on host `i` (and with `speed`, speed_args, the speed probe after it, under
         the key speed): its JSON answer; raises MgpuError when it could not run."""
         host = self.hosts[i]
-        command = reach_probe_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
+        command = reach_test_command(host.first, host.ports, self.dials[i], REACH_TIMEOUT, self.expected(i), speed)
         try:
             answer = shell.json(host.first, command, self.run_timeout + speed_timeout, "reachability probe",
                                 all_dialed.conversation(i) if all_dialed is not None else None)

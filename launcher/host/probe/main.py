@@ -38,7 +38,7 @@ where nvidia-smi lists one). PORT and TARGET are "-" on a lone host. Prints one 
 cpu_gflops, gpu_gflops, send_mbps (null where not measured) and, for what could not be,
 cpu_error, gpu_error and send_error. It may end any other mode (`reach ... check ... speed PORT
 TARGET TIMEOUT`, `reach ... speed ...`): it runs last, in the same process (so the launch needs
-no other SSH session for it), its answer under the key speed; numpy's threads are held to one
+no other SSH session for it), its answer under the key speed; numpy's threads are kept to one
 before the host check can import it with TensorFlow.
 """
 

@@ -22,7 +22,7 @@ TRANSFER_ROUNDS = 4  # in rounds: the first of TRANSFER_FIRST_ROUND bytes, the o
 TRANSFER_FIRST_ROUND = 4 << 20
 TRANSFER_MAX_BYTES = 256 << 20  # the most one round sends
 TRANSFER_CHUNK = 1 << 20
-# The BLAS of numpy is held to one thread: the figure is one core's, comparable between hosts
+# The BLAS of numpy is kept to one thread: the figure is one core's, comparable between hosts
 # whatever their core counts and however busy their other cores are.
 ONE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -187,7 +187,7 @@ def send_to(target, deadline, seconds=TRANSFER_SECONDS, rounds=TRANSFER_ROUNDS, 
     """MB/s of sending to `target` (host:port): the best of `rounds` rounds that each take about
     seconds/rounds, each counted until the receiver has read it all (the best round forgives a
     moment's noise, as the compute's best window does); connection attempts go on until `deadline`
-    (the neighbour's listener may start later, and until then its port may still be held by the
+    (the neighbour's listener may start later, and until then its port may still be taken by the
     neighbour's reachability test, which closes what it accepts)."""
     host, port = split_target(target)
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
