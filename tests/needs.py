@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import shutil
 import types
 
 import pytest
@@ -23,6 +24,16 @@ def missing(reason: str) -> None:
     if ON_CI:
         pytest.fail(f"{reason}; CI (CI=true or MGPU_REQUIRE_SSHD=1) runs every test", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
+
+
+def root(*tools: str) -> None:
+    """For a test that acts as root (another user's files, setpriv, namespaces): skip as another
+    user, or without `tools`, except on CI (which runs as root with them), where it fails."""
+    if os.geteuid() != 0:
+        missing("needs root")
+    absent = [tool for tool in tools if shutil.which(tool) is None]
+    if absent:
+        missing(f"needs {', '.join(absent)}")
 
 
 def require(module: str, extra: str = "the dev extra") -> types.ModuleType:

@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+import needs
+
 from launching import MGPU, mgpu_env, run_mgpu, start_mgpu, wait_for, wait_for_line
 from supervisor_helpers import Runs, assert_run_gone, pid_alive, read_pids, records
 
@@ -135,6 +137,7 @@ def test_a_detached_launch_refused_before_it_starts_says_so_here(run_id, runs):
 
 
 def test_status_of_a_run_that_is_not_yours_or_not_there_is_one_line(runs):
+    needs.root()  # a folder of another user's
     theirs = runs.log_dir / "theirs"
     theirs.mkdir(parents=True)
     (theirs / "run.json").write_text(json.dumps({"run_id": "theirs", "status": "running", "started_at": "x"}))
