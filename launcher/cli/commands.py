@@ -239,7 +239,7 @@ def check_command(**opts) -> None:
     spare_plans = spare_check_plans(spec, "check", host_naming(opts))
     ssh_backend = None
     if any(not plan.local for plan in [*plans, *spare_plans]):
-        from launcher.launch import make_ssh_backend
+        from launcher.fleet.backends import make_ssh_backend
 
         ssh_backend = make_ssh_backend(ssh_options_from(opts))
     try:

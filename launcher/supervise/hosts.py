@@ -1,6 +1,6 @@
-"""The run's hosts between attempts, as the supervisor sees them: what the launcher can do about them
-(HostActions, which launch.py makes), every host of a failed attempt judged at once, and the words
-for hosts left out.
+"""The run's hosts between attempts, as the supervisor sees them: the policy's view of them (FleetView),
+what the supervisor may ask of them (HostActions, which the launch's Fleet answers), every host of a
+failed attempt judged at once, and the words for hosts left out.
 
 The supervisor charges one task and its host with an attempt's failure (causes.py); hosts lost
 together are judged together: every other host whose connection was lost, or whose tasks gave no
@@ -32,20 +32,49 @@ class Placement:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostActions:
-    """What the launcher can do about a run's hosts between attempts (launch.py makes them; the
-    supervisor knows hosts only through these)."""
+class FleetView:
+    """The run's hosts as the policy sees them between attempts: data, no actions."""
 
-    # Whether the host of a task answers a fresh login now; None: cannot tell (this machine).
-    login_ok: Callable[[TaskPlan], bool | None] = lambda plan: None
-    # The plans with spares (that passed the checks) in place of the hosts left out, each host its
-    # own spare. Its second argument takes notices (a spare failing its checks, a peer found gone).
-    replace: Callable[[Sequence[str], Callable[[str], None]], Placement] = lambda hosts, notice: Placement(None)
-    # The reachability test run again on the plans' hosts: the first pair of hosts where the first
-    # cannot connect to a task of the second; None when every pair connects (or it cannot tell).
-    unreachable: Callable[[Sequence[TaskPlan]], tuple[str, str] | None] = lambda plans: None
-    # The command that relaunches the run without these hosts; None when it cannot be written.
-    relaunch: Callable[[Sequence[str]], str | None] = lambda hosts: None
+    in_use: tuple[str, ...] = ()  # the hosts of the attempt's tasks, in plan order
+    this_machine: frozenset[str] = frozenset()  # those of them that are this machine (the launcher runs there)
+    spares: tuple[str, ...] = ()  # the spares left, in the order they are taken
+
+    @classmethod
+    def of(cls, plans: Sequence[TaskPlan], spares: Sequence[str] = ()) -> FleetView:
+        return cls(tuple(dict.fromkeys(plan.host for plan in plans)),
+                   frozenset(plan.host for plan in plans if plan.local), tuple(spares))
+
+    def may_leave_out(self, host: str) -> bool:
+        """A host of the run that is not this machine: the launcher runs here, so this machine stays."""
+        return host in self.in_use and host not in self.this_machine
+
+
+class HostActions:
+    """What the supervisor may ask of a run's hosts between attempts, and the only way it knows
+    them. These answers are those of a run whose hosts cannot change (no spare, no fresh login);
+    a launch's Fleet (launcher/fleet/) answers for its hosts."""
+
+    def view(self, plans: Sequence[TaskPlan]) -> FleetView:
+        """The hosts that run `plans` (the attempt's) and the spares left, for the policy."""
+        return FleetView.of(plans)
+
+    def login_ok(self, plan: TaskPlan) -> bool | None:
+        """Whether the host of a task answers a fresh login now; None: cannot tell (this machine)."""
+        return None
+
+    def replace(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans with spares (that passed the checks) in place of `hosts`, each host its own;
+        `notice` takes what is said meanwhile (a spare failing its checks, a peer found gone)."""
+        return Placement(None)
+
+    def unreachable(self, plans: Sequence[TaskPlan]) -> tuple[str, str] | None:
+        """The reachability test run again on the plans' hosts: the first pair of hosts where the
+        first cannot connect to a task of the second; None when every pair connects (or it cannot tell)."""
+        return None
+
+    def relaunch(self, hosts: Sequence[str]) -> str | None:
+        """The command that relaunches the run without `hosts`; None when it cannot be written."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

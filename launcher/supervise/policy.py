@@ -30,7 +30,9 @@ Between attempts, from the attempt's cause (causes.py) and the progress its task
   stalled or start-timeout failure in two attempts in a row. Every other host of the attempt that
   was judged lost too (host-lost or network) is left out in the same step (`Restart.leave_out_too`),
   so that no spare is checked beside a peer that is gone; each takes the next spare
-  (`place_on_spares`), and without a spare for every one of them the run stops.
+  (`place_on_spares`), and without a spare for every one of them the run stops (`GiveUp.left_out`).
+  The fleet is seen as data (hosts.FleetView): only a host that runs tasks is left out, and this
+  machine never is (the launcher runs on it).
 - Restarts must make progress: an attempt that fails with the same program error as the attempt
   before it, having reported no step beyond that attempt's, ends the run whatever max_restarts
   says (`GiveUp.reason` names the error).
@@ -46,6 +48,7 @@ from typing import Iterable, Sequence, Union
 
 from launcher import protocol
 from launcher.supervise import causes, status
+from launcher.supervise.hosts import FleetView
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -163,7 +166,8 @@ class Restart:
 
 @dataclasses.dataclass(frozen=True)
 class GiveUp:
-    reason: str = ""  # why the run stops before its restarts are spent (the repeated error)
+    reason: str = ""  # why the run stops before its restarts are spent (the repeated error, no spare left)
+    left_out: tuple[str, ...] = ()  # hosts left out with no spare to take their tasks: the run stops naming them
 
 
 Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
@@ -337,29 +341,32 @@ class Policy:
     # -- between attempts ------------------------------------------------------------------
 
     def after(self, stop: Stop, cause: causes.Cause | None = None, progress: int | None = None,
-              others: Sequence[causes.Cause] = ()) -> Restart | GiveUp:
+              others: Sequence[causes.Cause] = (), fleet: FleetView | None = None) -> Restart | GiveUp:
         """The attempt stopped so, for `cause` (causes.classify), its tasks having reported steps up
-        to `progress` (None: none reported): restart the cluster (leaving hosts out), or give up.
+        to `progress` (None: none reported): restart the cluster (leaving hosts out, each replaced by
+        a spare), stop (hosts to leave out and too few spares), or give up.
         `others`: the causes of the attempt's other hosts that were judged too (a lost connection,
-        tasks that gave no exit status): those lost are left out with the host charged."""
+        tasks that gave no exit status): those lost are left out with the host charged. `fleet`:
+        the run's hosts (None: every host may be left out, spares are not counted here)."""
         if stop.status in (status.SUCCEEDED, status.INTERRUPTED):
             return GiveUp()
         previous, self._previous = self._previous, (cause, progress) if cause is not None else None
+        may_leave_out = fleet.may_leave_out if fleet is not None else lambda host: True
         lost_too = tuple(dict.fromkeys(other.host for other in others if other.host is not None
-                                       and other.kind in causes.HOST_CAUSES))
+                                       and other.kind in causes.HOST_CAUSES and may_leave_out(other.host)))
         preempted = cause.kind == causes.PREEMPTED if cause is not None else stop.returncode == protocol.EXIT_PREEMPTED
         if preempted and self.preemptions < self.rules.max_preemption_restarts:
             self.preemptions += 1
             without = f" without {', '.join(lost_too)}" if lost_too else ""
-            return Restart(f"restarting all tasks{without} after preemption ({self.preemptions} of at most "
-                           f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too)
+            return _placed(Restart(f"restarting all tasks{without} after preemption ({self.preemptions} of at most "
+                                   f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet)
         leave_out = None
         if cause is not None and not preempted:
             repeated = previous is not None and cause.same_failure(previous[0])
             progressed = progress is not None and (previous is None or previous[1] is None or progress > previous[1])
             if cause.kind == causes.PROGRAM_ERROR and repeated and not progressed:
                 return GiveUp(f"the same error twice in a row without progress: {cause.detail}")
-            if cause.host is not None and (cause.kind in causes.HOST_CAUSES or (
+            if cause.host is not None and may_leave_out(cause.host) and (cause.kind in causes.HOST_CAUSES or (
                     repeated and cause.kind in (causes.KILLED, causes.STALLED, causes.START_TIMEOUT))):
                 leave_out = cause.host
         if self.restarts < self.rules.max_restarts:
@@ -367,9 +374,16 @@ class Policy:
             leave_out_too = tuple(host for host in lost_too if host != leave_out)
             left_out = ((leave_out,) if leave_out else ()) + leave_out_too
             without = f" without {', '.join(left_out)}" if left_out else ""
-            return Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
-                           leave_out=leave_out, leave_out_too=leave_out_too)
+            return _placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
+                                   leave_out=leave_out, leave_out_too=leave_out_too), fleet)
         return GiveUp()
+
+
+def _placed(restart: Restart, fleet: FleetView | None) -> Restart | GiveUp:
+    """The restart, if the fleet has a spare for every host it leaves out; else the run stops naming them."""
+    if fleet is None or place_on_spares(restart.left_out, fleet.spares) is not None:
+        return restart
+    return GiveUp(f"no spare host left to take the tasks of {', '.join(restart.left_out)}", left_out=restart.left_out)
 
 
 def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:

@@ -26,7 +26,7 @@ from launcher.supervise import causes, evidence, pace, policy, runrecord
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
-from launcher.supervise.hosts import HostActions, Seen, judge_others, left_out_head
+from launcher.supervise.hosts import HostActions, Placement, Seen, judge_others, left_out_head
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.output import RunOutput
 from launcher.supervise.reaper import Reaper
@@ -170,15 +170,13 @@ class _Supervisor:
             for judged in ([cause] if cause is not None else []) + others:
                 self.output.notice(f"attempt {attempt + 1} failed: {judged.kind}"
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
-            after = self.policy.after(stop, cause, progress, others)
+            after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
             self.costs.progressed(progress)
-            if isinstance(after, policy.Restart) and (cause or others):
+            if (isinstance(after, policy.Restart) or after.left_out) and (cause or others):
                 self.costs.costs.append(Cost(cause or others[0], time.time(), lost))
-            # This machine is never left out: the launcher runs on it.
-            leave = [h for h in after.left_out if any(p.host == h and not p.local for p in self.plans)] \
-                if isinstance(after, policy.Restart) else []
-            if leave:
-                self._leave_out(leave, stop, ([cause] if cause is not None else []) + others, attempt)
+            if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
+                self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
+                                to_spares=isinstance(after, policy.Restart))
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -282,10 +280,12 @@ class _Supervisor:
 
     # -- hosts left out --------------------------------------------------------------
 
-    def _leave_out(self, hosts: list[str], stop: policy.Stop, judged: list[causes.Cause], attempt: int) -> None:
-        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or stop the
-        run naming them and the command that relaunches without any host found lost."""
-        placement = self.hosts.replace(hosts, self.output.notice)
+    def _leave_out(self, hosts: list[str], stop: policy.Stop, judged: list[causes.Cause], attempt: int,
+                   to_spares: bool = True) -> None:
+        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or (no spare
+        that passes its checks, or `to_spares` false) stop the run naming them and the command that
+        relaunches without any host found lost."""
+        placement = self.hosts.replace(hosts, self.output.notice) if to_spares else Placement(None)
         judged = judged + [causes.Cause(causes.NETWORK, None, host, "the spares' check could not reach it")
                            for host in placement.gone]  # found gone after the attempt: left out too
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")

@@ -7,7 +7,7 @@ import pytest
 from launcher.config.spec import ClusterSpec, TaskSpec, with_host_replaced
 from launcher.config.spec_file import load_spec_text
 from launcher.errors import SpecError
-from launcher.launch import relaunch_command
+from launcher.fleet.relaunch import relaunch_command
 from launching import run_mgpu
 
 

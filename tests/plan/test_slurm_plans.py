@@ -180,7 +180,7 @@ def test_a_node_left_out_gives_its_tasks_to_a_spare_node_and_the_step_excludes_i
     from launcher.cli.options import HostNaming
     from launcher.config.slurm_env import read_allocation
     from launcher.intake.load import HostsRequest, SlurmScope, make_plans, read_spec
-    from launcher.launch import _slurm_node_actions
+    from launcher.fleet.fleet import SlurmFleet
     from launcher.launch_options import LaunchOptions
     from launcher.supervise.options import SuperviseOptions
 
@@ -194,7 +194,8 @@ def test_a_node_left_out_gives_its_tasks_to_a_spare_node_and_the_step_excludes_i
     assert [(p.name, p.host, p.slurm_rank) for p in plans] == [("worker:0", "b", 0), ("worker:1", "c", 1)]
     assert "--exclude=a" in srun_argv(plans, "python3", nodes) and "--nodes=2" in srun_argv(plans, "python3", nodes)
 
-    actions = _slurm_node_actions(nodes, LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path), spec=spec, replan=replan))
+    actions = SlurmFleet(plans, LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path), spec=spec, replan=replan),
+                         nodes)
     placement = actions.replace(["c"], print)
     replaced, [(_, spare)] = placement.plans, placement.took
     assert spare == "a"

@@ -8,6 +8,7 @@ import pytest
 
 from launcher.supervise import causes, runrecord
 from launcher.supervise.causes import Cause, Evidence, check_fault, classify
+from launcher.supervise.hosts import FleetView
 from launcher.supervise.policy import (
     GiveUp, Policy, ReadyLineSeen, Restart, Rules, Stop, TaskEnded, TaskRole, place_on_spares,
 )
@@ -68,6 +69,57 @@ def test_each_host_left_out_takes_a_spare_of_its_own():
     # Two hosts lost and one spare: no place for every task, the run stops.
     assert place_on_spares(["h1", "h2"], ["h4"]) is None
     assert place_on_spares([], []) == ()
+
+
+# The policy sees the fleet as data: h1, h2 and h3 in use, h3 this machine (where the launcher runs).
+def fleet(*spares: str) -> FleetView:
+    return FleetView(("h1", "h2", "h3"), frozenset({"h3"}), spares)
+
+
+def test_this_machine_is_never_left_out():
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=2))
+    here = judged("worker:2", "h3", "worker:2 gave no exit status", False)
+    decision = p.after(failed_attempt(p, 100.0), here, 50, [judged(*H2)], fleet("h4", "h5"))
+    assert decision == Restart("restarting all tasks without h2 (restart 1 of 2)", leave_out=None,
+                               leave_out_too=("h2",))
+    # Charged alone, it restarts with every host.
+    decision = p.after(failed_attempt(p, 200.0), here, 60, [], fleet("h4", "h5"))
+    assert decision == Restart("restarting all tasks (restart 2 of 2)")
+
+
+def test_a_host_that_runs_no_task_is_not_left_out():
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=2))
+    elsewhere = judged("worker:0", "h9", "SSH keepalives unanswered", False)
+    assert p.after(failed_attempt(p, 100.0), elsewhere, 50, [], fleet("h4")) == Restart(
+        "restarting all tasks (restart 1 of 2)")
+
+
+def test_with_a_spare_for_each_host_lost_the_cluster_restarts_on_them():
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=2))
+    decision = p.after(failed_attempt(p, 100.0), judged(*H1), 50, [judged(*H2)], fleet("h4", "h5"))
+    assert decision == Restart("restarting all tasks without h1, h2 (restart 1 of 2)", leave_out="h1",
+                               leave_out_too=("h2",))
+
+
+@pytest.mark.parametrize("spares", [(), ("h4",)])
+def test_without_a_spare_for_each_host_lost_the_run_stops_naming_them(spares):
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=2))
+    decision = p.after(failed_attempt(p, 100.0), judged(*H1), 50, [judged(*H2)], fleet(*spares))
+    assert decision == GiveUp("no spare host left to take the tasks of h1, h2", left_out=("h1", "h2"))
+
+
+def test_a_preempted_attempt_with_a_host_lost_and_no_spare_stops_naming_it():
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=2, max_preemption_restarts=2))
+    preempted = Cause(causes.PREEMPTED, "worker:0", "h1", "exit code 42")
+    assert p.after(failed_attempt(p, 100.0), preempted, 50, [judged(*H2)], fleet("h4")) == Restart(
+        "restarting all tasks without h2 after preemption (1 of at most 2)", leave_out_too=("h2",))
+    assert p.after(failed_attempt(p, 200.0), preempted, 60, [judged(*H2)], fleet()) == GiveUp(
+        "no spare host left to take the tasks of h2", left_out=("h2",))
+
+
+def test_no_restart_left_stops_without_leaving_out():
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=0))
+    assert p.after(failed_attempt(p, 100.0), judged(*H1), 50, [judged(*H2)], fleet()) == GiveUp()
 
 
 HOSTS = ["h4", "h2", "h3"]  # h1 left out, its spare h4 checked beside the others
