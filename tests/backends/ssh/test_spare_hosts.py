@@ -1,10 +1,12 @@
 """A host lost in the middle of a run: three hosts in network namespaces of their own, each with its
 own sshd. h2 dies (its link goes down and every process in its namespace is killed); with a spare,
 h3 takes its task and the run resumes from its checkpoint; without one, the run stops and says how
-to relaunch without h2."""
+to relaunch without h2. A spare at a public address gets the exposure warning, as the hosts of the
+first start do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -145,6 +147,49 @@ def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     finally:
         ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "up")
     assert done.returncode == 1 and "h3" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@contextlib.contextmanager
+def at_public_address(lab: Netns, name: str):
+    """Host `name` at a public address too, as a cloud host is: the address on its link, routes to it
+    from this machine and the other hosts, its sshd's port there. Yields the address."""
+    private, namespace = lab.hosts[name], lab.namespaces[name]
+    public = f"100.0.{lab.subnet.rsplit('.', 1)[1]}.{private.rsplit('.', 1)[1]}"  # a lab's own
+    nat = ["ip", "netns", "exec", namespace, "iptables", "-t", "nat"]
+    rule = ["PREROUTING", "-d", public, "-p", "tcp", "--dport", "22", "-j", "DNAT", "--to-destination", f"{private}:22"]
+    others = [ns for host, ns in lab.namespaces.items() if host != name]
+    try:
+        ip("-n", namespace, "addr", "add", f"{public}/32", "dev", "eth0")
+        subprocess.run([*nat, "-A", *rule], check=True)
+        ip("route", "add", f"{public}/32", "via", private)
+        for other in others:
+            ip("-n", other, "route", "add", f"{public}/32", "via", private)
+        yield public
+    finally:
+        for other in others:
+            ip("-n", other, "route", "del", f"{public}/32", check=False)
+        ip("route", "del", f"{public}/32", check=False)
+        subprocess.run([*nat, "-D", *rule], check=False)
+        ip("-n", namespace, "addr", "del", f"{public}/32", "dev", "eth0", check=False)
+
+
+def test_a_spare_at_a_public_address_gets_the_exposure_warning(three_hosts, lab_of_three, tmp_path):
+    """h1 and h2 are on private addresses: no warning at the start. The spare h3's ssh config names
+    its public address, which its task serves on once it takes h2's."""
+    lab, known, config = three_hosts
+    sshd = lab_of_three[3]["h3"]
+    with at_public_address(lab, "h3") as public:
+        public_config = tmp_path / "ssh_config"
+        public_config.write_text(config.read_text().replace(f"HostName {lab.hosts['h3']}\n", f"HostName {public}\n"))
+        public_known = tmp_path / "known_hosts"
+        public_known.write_text(known.read_text() + f"{public} ssh-ed25519 {sshd.public_key}\n")
+        code, out, record, _ = run_losing_h2((lab, public_known, public_config), tmp_path, "--spare-hosts", "h3")
+    assert code == 0, out[-4000:]
+    second = record["attempts"][1]
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    exposed = [line for line in out.splitlines() if "a public address" in line]
+    assert len(exposed) == 1 and exposed[0].startswith(
+        f"mgpu: warning: worker:1 serves TensorFlow on h3 ({public}) port 2222, a public address; "), out[-4000:]
 
 
 # Worker 0 dials worker 1, which listens; a refused or dropped connection is reported in gRPC's words.
