@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, longest_start_command
 from launcher.errors import MgpuError, UsageError
 from launcher.fleet.backends import sync_to_hosts
 from launcher.plan.network import with_interfaces
@@ -116,7 +116,8 @@ def check_command_lengths(state: Preparing) -> None:
     for plan in state.plans:
         if plan.local:
             continue
-        command = task_command(plan.argv, plan.env, plan.workdir, grace_period).command
+        command = longest_start_command(plan.argv, plan.env, plan.workdir, grace_period, plan.port,
+                                        plan.coordinator_port)
         size = len(command.encode("utf-8", "surrogateescape"))
         if size > MAX_COMMAND_BYTES:
             state.refuse(state.hosts, UsageError(

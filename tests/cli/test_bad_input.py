@@ -1,5 +1,6 @@
 """Hostile or broken input: one line, exit 2, at once, nothing started."""
 
+import json
 import subprocess
 
 import pytest
@@ -93,4 +94,23 @@ def test_a_remote_command_line_too_long_is_refused_before_connecting(tmp_path):
     config.write_text("Host h1\n  HostName 127.0.0.1\n  Port 9\n")  # nothing listens: connecting would fail
     result = run_mgpu("launch", "--workers", "h1:2222", "--ssh-config", str(config), "--log-dir", str(tmp_path / "runs"),
                       "--", "echo", *["x" * 1000] * 200)
+    assert_usage_error(result, "worker:0: the command line is")
+
+
+def test_a_command_line_over_the_limit_only_with_what_a_start_adds_is_refused_too(tmp_path):
+    """The check measures the command a start sends, with the join reporter beside the task and the
+    variables every attempt adds, not the plan's alone: one argument sized to leave the plan's own
+    command just under the limit is still refused before connecting."""
+    from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, task_command
+
+    config = tmp_path / "ssh_config"
+    config.write_text("Host h1\n  HostName 127.0.0.1\n  Port 9\n")  # nothing listens: connecting would fail
+    dry = run_mgpu("launch", "--workers", "h1:2222", "--ssh-config", str(config), "--dry-run", "--json", "--",
+                   "echo", "x")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)["tasks"][0]
+    own = len(task_command(plan["argv"], plan["env"], plan.get("workdir"), 10.0).command.encode())
+    filler = "x" * (MAX_COMMAND_BYTES - own - 64)  # the plan's own command: 63 bytes under the limit
+    result = run_mgpu("launch", "--workers", "h1:2222", "--ssh-config", str(config), "--log-dir", str(tmp_path / "runs"),
+                      "--", "echo", filler)
     assert_usage_error(result, "worker:0: the command line is")

@@ -58,7 +58,7 @@ import signal
 from typing import Iterable, Mapping, Sequence
 
 from launcher.config.addresses import parse_env_name
-from launcher.protocol import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE
+from launcher.protocol import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, ENV_TASK_INDEX, ENV_TASK_TYPE, attempt_env
 from launcher.shell import one_line, safe_workdir, sh
 
 PGID_MARKER = "MGPU_REMOTE_PGID"
@@ -258,6 +258,21 @@ def task_command(
         run = f"cd {shlex.quote(safe_workdir(workdir))} && {run}"
     lines.append(run)
     return RemoteTask(sh("\n".join(lines)), env_block(env))
+
+
+# The widest an attempt number, a launch's id and a reporter's marker can be: what the length check
+# measures, so that the command a start sends is never longer than the one checked.
+_WIDEST_ATTEMPT = 10 ** 6
+_WIDEST_LAUNCH_ID = "f" * 16  # secrets.token_hex(8), as the supervisor draws it
+
+
+def longest_start_command(argv: Sequence[str], env: Mapping[str, str], workdir: str | None, grace_period: float,
+                          own_port: int | None, coordinator_port: int | None) -> str:
+    """The command line that starts a task over SSH (SshBackend.start) at its longest: with the
+    variables every attempt adds, the launch's id, and the join reporter beside the task."""
+    widest = {**env, **attempt_env(_WIDEST_ATTEMPT), ENV_LAUNCH_ID: _WIDEST_LAUNCH_ID}
+    reporter = join_report_command("$$", own_port, coordinator_port, new_nonce())
+    return task_command(argv, widest, workdir, grace_period, reporter).command
 
 
 def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
