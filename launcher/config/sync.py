@@ -1,6 +1,6 @@
 """What `--sync DIR` copies to every remote host, as data: the files of the folder with their
 hashes and modes, and one digest of them all. Pure: intake/sync_folder.py reads the folder,
-preflight/sync.py copies it."""
+fleet/sync.py copies it."""
 
 from __future__ import annotations
 

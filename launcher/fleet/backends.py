@@ -20,5 +20,5 @@ def make_ssh_backend(options: SshOptions, grace_period: float = DEFAULT_GRACE_PE
 
 def sync_to_hosts(plans: Sequence[TaskPlan], ssh_backend) -> None:
     """The --sync folder to the hosts of the remote plans, over SFTP."""
-    from launcher.preflight.sync import sync_to_hosts as sync
+    from launcher.fleet.sync import sync_to_hosts as sync
     sync(plans, ssh_backend)

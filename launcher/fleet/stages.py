@@ -17,9 +17,10 @@ import dataclasses
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, longest_start_command
+from launcher.backends.base import Backend
 from launcher.errors import MgpuError, UsageError
 from launcher.fleet.backends import sync_to_hosts
 from launcher.plan.network import with_interfaces
@@ -29,13 +30,27 @@ from launcher.preflight.check import (check_hosts_and_reach, close_handovers, ha
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.on_host import by_host
 from launcher.preflight.reach import reachable_interfaces
-from launcher.preflight.setup import run_setup
+from launcher.fleet.setup import run_setup
 from launcher.preflight.speed import HostSpeed, spans_hosts
 from launcher.supervise import causes
 from launcher.supervise.rundir import make_run_dir
 
 if TYPE_CHECKING:
-    from launcher.fleet.fleet import Fleet
+    from launcher.launch_options import LaunchOptions
+    from launcher.supervise.rundir import RunDir
+
+
+class Hosts(Protocol):
+    """What the stages use of the fleet they make ready (fleet.Fleet is one)."""
+
+    options: "LaunchOptions"
+    run_dir: "RunDir | None"  # made by the --setup's stage, for its logs
+    ssh: Backend | None  # the run's SSH backend, once a stage opened it
+    made_ready: set[str]  # hosts that have the --sync folder and ran the --setup
+
+    def open_ssh(self) -> Backend: ...
+
+    def backend_for(self, plan: TaskPlan) -> Backend: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +72,7 @@ class Prepared:
 class Preparing:
     """The preparation under way: what each stage reads and leaves for the next."""
 
-    fleet: Fleet
+    fleet: Hosts
     plans: list[TaskPlan]  # every task of the run, as placed
     hosts: tuple[str, ...]  # the hosts being made ready
     notice: Callable[[str], None]
@@ -87,7 +102,7 @@ class Preparing:
 Stage = Callable[[Preparing], None]
 
 
-def prepare(fleet: Fleet, plans: Sequence[TaskPlan], hosts: Sequence[str], notice: Callable[[str], None],
+def prepare(fleet: Hosts, plans: Sequence[TaskPlan], hosts: Sequence[str], notice: Callable[[str], None],
             first: bool = False) -> Prepared:
     """Run the fleet's stages on `hosts` of `plans`, in order, up to the first that fails one."""
     state = Preparing(fleet, list(plans), tuple(dict.fromkeys(hosts)), notice, first)

@@ -33,9 +33,9 @@ from launcher.config.sync import MANIFEST_NAME, SyncedFile, SyncedFolder, human_
 from launcher.errors import CheckFailed
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import by_host, in_parallel
-from launcher.preflight.remote_tree import (Entry, account_uid, clear_places, make_parents, own_folder, plain_relative,
+from launcher.fleet.remote_tree import (Entry, account_uid, clear_places, make_parents, own_folder, plain_relative,
                                            remove_gone, scan, shown)
-from launcher.preflight.sync_progress import SyncProgress
+from launcher.fleet.sync_progress import SyncProgress
 from launcher.shell import sh
 
 COMMAND_TIMEOUT = 60.0  # for any one answer from the host
