@@ -271,6 +271,12 @@ class Policy:
 
         return decisions + self._watch_stall(events, now)
 
+    def none_seen_joining(self) -> bool:
+        """Whether every training task that could be seen joining its cluster ended 0 before it was:
+        a job whose tasks never met (a program that found no GPU and exited 0, say)."""
+        watched = [name for name, role in self._roles.items() if not role.sidecar and not role.ready_when_started]
+        return bool(watched) and all(name in self._ready_by_ending for name in watched)
+
     def _ended(self, role: TaskRole) -> bool:
         """Done, as far as the attempt's success goes: a training task ended 0, a sidecar ended."""
         code = self._returncodes.get(role.name)

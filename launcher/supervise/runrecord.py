@@ -267,6 +267,12 @@ class RunRecord:
         with self._lock:
             self._data["costs"] = totals
 
+    def run_warning(self, text: str) -> None:
+        """Something the run's end should not hide though it succeeded (run.json's "warnings")."""
+        with self._lock:
+            self._data.setdefault("warnings", []).append(text)
+            self._write()
+
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]

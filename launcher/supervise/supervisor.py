@@ -120,6 +120,7 @@ class _Supervisor:
                     self.terminal.move_console()
                     self.detach()
                 final = self._attempts()
+                self._warn_if_none_met()
                 tasks = self.attempt.tasks
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
@@ -186,6 +187,15 @@ class _Supervisor:
                 raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
             attempt += 1
+
+    def _warn_if_none_met(self) -> None:
+        """A run whose tasks all ended 0 before any was seen joining its cluster, and that reported
+        no progress, succeeded as far as exit codes go; it may well have trained nothing."""
+        if self.policy.none_seen_joining() and self.attempt.progress() is None:
+            text = ("no task was seen joining its cluster or reporting progress before it ended; "
+                    "check in its logs that it trained")
+            self.output.notice(f"warning: {text}")
+            self.record.run_warning(text)
 
     # -- one attempt -------------------------------------------------------------
 

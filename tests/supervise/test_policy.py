@@ -461,3 +461,21 @@ def test_the_programs_own_error_twice_leaves_no_host_out():
     p = policy(max_restarts=5)
     assert p.after(failed_attempt(p, 0.0), raised(), 10).leave_out is None
     assert p.after(failed_attempt(p, 100.0), raised(), 20).leave_out is None
+
+
+def test_a_job_whose_tasks_all_ended_before_any_was_seen_joining_is_told_apart():
+    p = policy()
+    started(p, now=0.0)
+    assert last(p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 0)], 1.0)) == Stop(runrecord.SUCCEEDED)
+    assert p.none_seen_joining()
+    # One task seen joining before the ends: the job met.
+    p = policy()
+    started(p, now=0.0)
+    p.on([JoinSeen("worker:0")], 0.5)
+    p.on([TaskEnded("worker:0", 0), TaskEnded("worker:1", 0)], 1.0)
+    assert not p.none_seen_joining()
+    # Tasks whose joining cannot be seen say nothing either way; a sidecar does not count.
+    p = policy()
+    started(p, [TaskRole("worker:0", ready_when_started=True), TaskRole("evaluator:0", sidecar=True)], now=0.0)
+    p.on([TaskEnded("worker:0", 0), TaskEnded("evaluator:0", 0)], 1.0)
+    assert not p.none_seen_joining()
