@@ -91,6 +91,11 @@ class TaskProcess(abc.ABC):
         vanished without an exit status), in a few words; None when it was not lost."""
         return None
 
+    def out_of_memory(self) -> tuple[str, bool] | None:
+        """Once the task has ended: its memory cgroup, and whether the kernel's OOM killer ended a
+        process there since the task started. None where the backend cannot see it (another host)."""
+        return None
+
     def close(self) -> None:
         """Release pipes or channels. Called once the task has ended."""
 

@@ -14,6 +14,7 @@ from launcher import protocol
 from launcher.host import proctree
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
+from launcher.host.memory_cgroup import memory_cgroup
 from launcher.host.ports_in_use import port_in_use
 from launcher.backends.base import Attempt, Backend, CpuUsage, Strays, TaskByTask, TaskProcess
 from launcher.backends.pipes import close_pipe_readers, pipe_reader
@@ -35,9 +36,18 @@ class LocalTaskProcess(TaskProcess):
             self._root: psutil.Process | None = psutil.Process(popen.pid)
         except psutil.Error:
             self._root = None
+        # Its memory cgroup and the OOM kills counted there so far: the evidence for a SIGKILL.
+        self._memory = memory_cgroup(popen.pid)
+        self._oom_kills_at_start = self._memory.oom_kills() if self._memory is not None else None
 
     def poll(self) -> int | None:
         return self._popen.poll()
+
+    def out_of_memory(self) -> tuple[str, bool] | None:
+        if self._memory is None or self._oom_kills_at_start is None:
+            return None
+        now = self._memory.oom_kills()
+        return None if now is None else (self._memory.name, now > self._oom_kills_at_start)
 
     def signal_tree(self, signum: int) -> None:
         # The snapshot of descendants is taken before signalling, while parent links

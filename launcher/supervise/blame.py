@@ -4,6 +4,7 @@ what is gathered here, and the policy's rules between attempts read the cause.""
 
 from __future__ import annotations
 
+import signal
 from typing import Sequence
 
 from launcher.plan.planner import TaskPlan
@@ -59,6 +60,7 @@ def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Seque
         error = program_error(attempt.view(by_name[stop.failed]))
     else:
         error = None
+    out_of_memory = charged.proc.out_of_memory() if code == -signal.SIGKILL else None
     return causes.classify(causes.Evidence(
         stop.status, charged.plan.name, charged.plan.host, code, error=error,
-        lost=reason, login_ok=login_ok, unreachable=unreachable, progress=progress))
+        lost=reason, login_ok=login_ok, unreachable=unreachable, progress=progress, out_of_memory=out_of_memory))

@@ -55,6 +55,8 @@ class Evidence:
     login_ok: bool | None = None  # whether the host answered a fresh login after the loss; None: not tried
     unreachable: tuple[str, str] | None = None  # a pair of hosts the reachability probe found cut
     progress: int | None = None  # the highest step the attempt's tasks reported; None: none reported
+    # For a task killed by SIGKILL: its memory cgroup, and whether the OOM killer acted there (None: unseen).
+    out_of_memory: tuple[str, bool] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +103,22 @@ def classify(evidence: Evidence) -> Cause | None:
     if code == -signal.SIGTERM:
         return Cause(PREEMPTED, e.task, e.host, "SIGTERM from outside mgpu (preempted)")
     if code == -signal.SIGKILL:
-        return Cause(KILLED, e.task, e.host, "killed by SIGKILL that mgpu did not send (likely out of memory)")
+        return Cause(KILLED, e.task, e.host, _killed(e.out_of_memory))
     if e.error:
         return Cause(PROGRAM_ERROR, e.task, e.host, e.error, error=e.error)
     what = describe(code)
     return Cause(PROGRAM_ERROR, e.task, e.host, what, error=what)
+
+
+def _killed(out_of_memory: tuple[str, bool] | None) -> str:
+    """A SIGKILL mgpu did not send, said as far as the evidence goes: the kernel's count of OOM
+    kills in the task's memory cgroup, where this machine can read it."""
+    if out_of_memory is None:
+        return "killed by SIGKILL that mgpu did not send (out of memory, or a kill from outside: no record of which here)"
+    cgroup, oom = out_of_memory
+    if oom:
+        return f"killed by the kernel's OOM killer (memory cgroup {cgroup})"
+    return f"killed by SIGKILL from outside mgpu; no out-of-memory kill in its memory cgroup ({cgroup})"
 
 
 def describe(returncode: int | None) -> str:

@@ -229,7 +229,8 @@ def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> st
     elif cause.kind == causes.PREEMPTED:
         story = f"{cause.task} preempted at {when}"
     elif cause.kind == causes.KILLED:
-        story = f"{cause.task} on {cause.host} killed at {when} (likely out of memory)"
+        how = "out of memory" if "OOM killer" in cause.detail else "SIGKILL"
+        story = f"{cause.task} on {cause.host} killed at {when} ({how})"
     elif cause.kind == causes.PROGRAM_ERROR:
         story = f"{cause.task} failed at {when}: {cause.detail}"
     else:

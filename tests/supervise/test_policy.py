@@ -386,8 +386,15 @@ def test_each_failed_attempt_gets_a_cause_charged_to_its_task_and_host(evidence,
     assert (cause.kind, cause.task, cause.host) == (kind, evidence.task, evidence.host)
 
 
-def test_a_kill_mgpu_did_not_send_is_likely_out_of_memory():
-    assert "likely out of memory" in classify(Evidence(runrecord.FAILED, "worker:0", "h1", -signal.SIGKILL)).detail
+def test_a_kill_mgpu_did_not_send_is_said_as_far_as_the_evidence_goes():
+    def killed(out_of_memory):
+        return classify(Evidence(runrecord.FAILED, "worker:0", "h1", -signal.SIGKILL, out_of_memory=out_of_memory)).detail
+
+    assert killed(("/jobs/7", True)) == "killed by the kernel's OOM killer (memory cgroup /jobs/7)"
+    assert killed(("/jobs/7", False)) == ("killed by SIGKILL from outside mgpu; no out-of-memory kill in its memory "
+                                          "cgroup (/jobs/7)")
+    assert killed(None) == ("killed by SIGKILL that mgpu did not send (out of memory, or a kill from outside: "
+                            "no record of which here)")
 
 
 @pytest.mark.parametrize("status", [runrecord.SUCCEEDED, runrecord.INTERRUPTED])
