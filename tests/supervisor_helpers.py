@@ -12,6 +12,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from launcher.host import proctree
 from launcher.plan.coordinator import Coordinator
@@ -217,3 +218,11 @@ class Runs:
                 continue
             if pid and pid != os.getpid() and pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)  # its reaper stops the tasks
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """A test's Runs: its detached runs' supervisors are killed at the end if they were left."""
+    made = Runs(tmp_path)
+    yield made
+    made.close()

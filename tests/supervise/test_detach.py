@@ -12,16 +12,9 @@ import pytest
 import needs
 
 from launching import MGPU, mgpu_env, run_mgpu, start_mgpu, wait_for, wait_for_line
-from supervisor_helpers import Runs, assert_run_gone, pid_alive, read_pids, records
+from supervisor_helpers import assert_run_gone, pid_alive, read_pids, records, runs  # noqa: F401 - runs: a fixture
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def runs(tmp_path):
-    made = Runs(tmp_path)
-    yield made
-    made.close()
 
 
 def test_a_detached_run_goes_on_without_its_shell_and_is_followed_to_its_end(run_id, record_dir, runs):

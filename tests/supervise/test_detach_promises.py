@@ -10,16 +10,9 @@ import subprocess
 import pytest
 
 from launching import run_mgpu, start_mgpu, wait_for, wait_for_line
-from supervisor_helpers import FAKE_WORKER, Runs, assert_run_gone, read_pids, records
+from supervisor_helpers import FAKE_WORKER, assert_run_gone, read_pids, records, runs  # noqa: F401 - runs: a fixture
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def runs(tmp_path):
-    made = Runs(tmp_path)
-    yield made
-    made.close()
 
 
 def test_a_detached_launch_whose_check_fails_says_so_here_and_exits_1(run_id, runs):
