@@ -19,7 +19,8 @@ from ssh_helpers import PYTHON, Netns, ip, run_processes, start_sshd, unique_run
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 
-# Each worker listens on its TF_CONFIG port (how mgpu knows it joined), then steps in lockstep with
+# Each worker listens on its TF_CONFIG port (how mgpu knows it joined) and reaches its peer at the
+# address TF_CONFIG gives, then steps in lockstep with
 # the other through files in a shared folder (as a collective would: a worker whose peer is gone
 # waits), worker 0 checkpointing the step; a restart resumes from the checkpoint.
 PROGRAM = r"""
@@ -31,6 +32,18 @@ server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("0.0.0.0", int(tf["cluster"]["worker"][index].rsplit(":", 1)[1])))
 server.listen()
+# Dial the peer where TF_CONFIG says it is (60 s at most), as a collective would: a plan not made
+# again for a spare sends this to the lost host.
+address = tf["cluster"]["worker"][1 - index]
+deadline = time.monotonic() + 60
+while True:
+    try:
+        socket.create_connection((address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])), timeout=2).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(4)
+        time.sleep(0.1)
 checkpoint = folder / "step"
 start = int(checkpoint.read_text()) if checkpoint.exists() else 0
 print(f"start step {start}", flush=True)
