@@ -7,7 +7,8 @@ backend show into events, carries the decisions out and keeps the record.
 
 The rules of one attempt:
 - Fail fast: the first training task (chief or worker) to end non-zero or by a signal stops the
-  attempt (`Stop(FAILED)`).
+  attempt (`Stop(FAILED)`); of failures seen at once, a signal's before an exit code's (its peers'
+  errors follow from it).
 - Sidecars (the evaluator) are not part of the cluster: a sidecar that fails is a notice and
   `FailureIgnored`; once training is done, the attempt waits for them to end by themselves. Without
   training tasks, nothing is a sidecar.
@@ -237,7 +238,7 @@ class Policy:
                     decisions.append(Notice(f"{event.name} {describe_exit(event.returncode)}; "
                                             f"training goes on without it"))
                     decisions.append(FailureIgnored(event.name))
-                elif failed is None:
+                elif failed is None or event.returncode < 0 <= failed.returncode:
                     failed = event
         if failed is not None:
             return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
@@ -272,8 +273,7 @@ class Policy:
         return decisions + self._watch_stall(events, now)
 
     def none_seen_joining(self) -> bool:
-        """Whether every training task that could be seen joining its cluster ended 0 before it was:
-        a job whose tasks never met (a program that found no GPU and exited 0, say)."""
+        """Whether every training task that could be seen joining its cluster ended 0 before it was."""
         watched = [name for name, role in self._roles.items() if not role.sidecar and not role.ready_when_started]
         return bool(watched) and all(name in self._ready_by_ending for name in watched)
 

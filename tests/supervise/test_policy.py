@@ -486,3 +486,16 @@ def test_a_job_whose_tasks_all_ended_before_any_was_seen_joining_is_told_apart()
     started(p, [TaskRole("worker:0", ready_when_started=True), TaskRole("evaluator:0", sidecar=True)], now=0.0)
     p.on([TaskEnded("worker:0", 0), TaskEnded("evaluator:0", 0)], 1.0)
     assert not p.none_seen_joining()
+
+
+def test_of_failures_seen_at_once_a_signal_is_named_before_an_exit_code():
+    # A peer's "connection reset" exit and the kill that caused it, seen in one look: the kill is named.
+    p = policy()
+    all_ready(p, now=0.0)
+    decisions = p.on([TaskEnded("worker:0", 1), TaskEnded("worker:1", -9)], 10.0)
+    assert last(decisions) == Stop(runrecord.FAILED, failed="worker:1", returncode=-9)
+    assert notices(decisions) == ["worker:1 was killed by SIGKILL; stopping all tasks"]
+    # Seen one after the other, the first stays the one named.
+    p = policy()
+    all_ready(p, now=0.0)
+    assert last(p.on([TaskEnded("worker:0", 1)], 10.0)).failed == "worker:0"
