@@ -10,7 +10,7 @@ import os
 import pytest
 
 from launching import REPO, finish, start_mgpu, wait_for
-from ssh_helpers import PYTHON, Netns, ip, run_processes, start_sshd, unique_run_id
+from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, start_sshd, unique_run_id
 
 HOSTS = ("h1", "h2", "h3", "h4", "h5")
 
@@ -89,16 +89,6 @@ def five_hosts(lab_of_five):
         if servers[name].proc.poll() is not None:
             servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=lab.hosts[name], port=22,
                                        netns=lab.namespaces[name])
-
-
-def lose(lab: Netns, name: str) -> None:
-    """The host dies: its link goes down, then every process in its namespace is killed."""
-    ip("-n", lab.namespaces[name], "link", "set", "eth0", "down")
-    for pid in ip("netns", "pids", lab.namespaces[name]).stdout.split():
-        try:
-            os.kill(int(pid), 9)
-        except ProcessLookupError:
-            pass
 
 
 def run_losing(five_hosts, tmp_path, spares: str, lost: tuple[str, ...], during_spare_setup: str | None = None):

@@ -279,6 +279,16 @@ ECHO_PROGRAM = (
 # -- network namespaces ---------------------------------------------------------------------
 
 
+def lose(lab: "Netns", name: str) -> None:
+    """Host `name` of `lab` dies: its link goes down, then every process in its namespace is killed."""
+    ip("-n", lab.namespaces[name], "link", "set", "eth0", "down")
+    for pid in ip("netns", "pids", lab.namespaces[name]).stdout.split():
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+
+
 def require_namespaces() -> None:
     require_tools("ip")
     if os.geteuid() != 0:

@@ -15,7 +15,7 @@ import pytest
 
 from launching import finish, start_mgpu, wait_for
 from launching import REPO
-from ssh_helpers import PYTHON, Netns, ip, run_processes, start_sshd, unique_run_id
+from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, start_sshd, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 
@@ -76,17 +76,6 @@ def three_hosts(lab_of_three):
     if servers["h2"].proc.poll() is not None:
         servers["h2"] = start_sshd(directory, "h2", ssh_lab.authorized_keys, address=lab.hosts["h2"], port=22,
                                    netns=lab.namespaces["h2"])
-
-
-def lose(lab: Netns, name: str) -> None:
-    """The host dies: its link goes down, then every process in its namespace is killed."""
-    namespace = lab.namespaces[name]
-    ip("-n", namespace, "link", "set", "eth0", "down")
-    for pid in ip("netns", "pids", namespace).stdout.split():
-        try:
-            os.kill(int(pid), 9)
-        except ProcessLookupError:
-            pass
 
 
 def run_losing_h2(three_hosts, tmp_path, *spares: str):
