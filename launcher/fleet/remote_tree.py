@@ -92,7 +92,7 @@ class Entry:
         return stat.S_ISLNK(self.mode)
 
 
-def _entry(attrs: paramiko.SFTPAttributes) -> Entry:
+def entry_of(attrs: paramiko.SFTPAttributes) -> Entry:
     return Entry(attrs.st_mode or 0, attrs.st_size or 0, int(attrs.st_mtime or 0),
                  -1 if attrs.st_uid is None else attrs.st_uid)
 
@@ -120,7 +120,7 @@ def own_folder(sftp: paramiko.SFTPClient, host: str, folder: str, uid: int) -> s
             attrs = sftp.lstat(folder)
         except FileNotFoundError:
             raise _refuse(host, f"cannot make the folder {shown(folder)}") from None
-    check_own_folder(host, folder, _entry(attrs), uid)
+    check_own_folder(host, folder, entry_of(attrs), uid)
     return folder
 
 
@@ -148,15 +148,15 @@ def _check_parents(sftp: paramiko.SFTPClient, host: str, parent: str, uid: int) 
         resolved = None  # made below, then resolved again
     for path in _prefixes(parent):
         try:
-            entry = _entry(sftp.lstat(path))
+            entry = entry_of(sftp.lstat(path))
         except FileNotFoundError:
             _make_parent(sftp, host, path)
-            entry = _entry(sftp.lstat(path))
+            entry = entry_of(sftp.lstat(path))
         _check_parent(host, path, entry, uid)
     if resolved is None:
         resolved = sftp.normalize(parent)
     for path in _prefixes(resolved):
-        _check_parent(host, path, _entry(sftp.lstat(path)), uid)
+        _check_parent(host, path, entry_of(sftp.lstat(path)), uid)
 
 
 def _make_parent(sftp: paramiko.SFTPClient, host: str, path: str) -> None:
@@ -213,7 +213,7 @@ def scan(sftp: paramiko.SFTPClient, host: str, root: str, paths: Iterable[str], 
         for count, attrs in enumerate(sftp.listdir_iter(f"{root}/{folder}" if folder else root)):
             if count >= MAX_LISTED:
                 raise _refuse(host, f"{shown(root + '/' + folder)} holds over {MAX_LISTED:,} entries")
-            found[posixpath.join(folder, attrs.filename)] = _entry(attrs)
+            found[posixpath.join(folder, attrs.filename)] = entry_of(attrs)
     return found
 
 
@@ -297,5 +297,5 @@ def make_parents(sftp: paramiko.SFTPClient, host: str, root: str, tree: dict[str
         except OSError:
             pass  # lstat says what is there
         attrs = sftp.lstat(f"{root}/{folder}")
-        tree[folder] = Entry(attrs.st_mode or 0, 0, 0, -1 if attrs.st_uid is None else attrs.st_uid)
+        tree[folder] = entry_of(attrs)
         check_own_folder(host, f"{root}/{folder}", tree[folder], uid)

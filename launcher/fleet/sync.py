@@ -33,8 +33,8 @@ from launcher.config.sync import MANIFEST_NAME, SyncedFile, SyncedFolder, human_
 from launcher.errors import CheckFailed
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.on_host import by_host, in_parallel
-from launcher.fleet.remote_tree import (Entry, account_uid, clear_places, make_parents, own_folder, plain_relative,
-                                           remove_gone, scan, shown)
+from launcher.fleet.remote_tree import (Entry, account_uid, clear_places, entry_of, make_parents, own_folder,
+                                        plain_relative, remove_gone, scan, shown)
 from launcher.fleet.sync_progress import SyncProgress
 from launcher.shell import sh
 
@@ -120,7 +120,9 @@ def _sync_host(plan: TaskPlan, folder: SyncedFolder, ssh_backend, progress: Sync
                 in_parallel([lambda c=c, share=share: [_put(c, root, folder.source, f, progress, mtime)
                                                        for f in share]
                              for c, share in zip(clients, shares)], len(clients))
-            _write_manifest(sftp, root, folder, {path: held[path].get("mtime") for path in held} | dict.fromkeys(copying, mtime))
+            # What each file was left with: as before where it was held, this copy's time where it was sent.
+            mtimes = {path: entry.get("mtime") for path, entry in held.items()} | dict.fromkeys(copying, mtime)
+            _write_manifest(sftp, root, folder, mtimes)
         except (OSError, EOFError, paramiko.SSHException, UnicodeError) as e:
             raise CheckFailed(f"sync to {plan.host}:{shown(root)} failed: {_describe(e)}") from e
         return HostSync(plan.host, root, len(to_copy), sum(f.size for f in to_copy), len(to_remove),
@@ -190,7 +192,7 @@ def _read_manifest(sftp: paramiko.SFTPClient, root: str, uid: int) -> tuple[dict
         attrs = sftp.lstat(path)
     except FileNotFoundError:
         return {}, []
-    entry = Entry(attrs.st_mode or 0, attrs.st_size or 0, 0, -1 if attrs.st_uid is None else attrs.st_uid)
+    entry = entry_of(attrs)
     if not entry.is_file or entry.uid not in (uid, 0):
         return {}, [f"{shown(path)} is not a regular file of this account's; mgpu ignores it"]
     if entry.size > MAX_MANIFEST_BYTES:

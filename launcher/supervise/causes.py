@@ -114,7 +114,8 @@ def _killed(out_of_memory: tuple[str, bool] | None) -> str:
     """A SIGKILL mgpu did not send, said as far as the evidence goes: the kernel's count of OOM
     kills in the task's memory cgroup, where this machine can read it."""
     if out_of_memory is None:
-        return "killed by SIGKILL that mgpu did not send (out of memory, or a kill from outside: no record of which here)"
+        return ("killed by SIGKILL that mgpu did not send (out of memory, or a kill from outside: "
+                "no record of which here)")
     cgroup, oom = out_of_memory
     if oom:
         return f"killed by the kernel's OOM killer (memory cgroup {cgroup})"
