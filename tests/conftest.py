@@ -135,7 +135,7 @@ def mgpu():
 # (`pytest -m fast`) runs them in seconds, beside the real-process tests. A test in these places is
 # fast unless it is marked slow, ssh or netns, or it or its module imports a framework (or require()s
 # one, see needs.py).
-FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
+FAST = ("tests/cli/", "tests/report/test_report_page.py", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervise/test_diagnosis.py", "tests/supervise/test_stacks.py",
         "tests/supervise/test_output_reader.py", "tests/supervise/test_policy.py", "tests/supervise/test_summary.py",
         "tests/supervise/test_runs.py", "tests/preflight/test_slow_hosts.py", "tests/supervise/test_pace.py",

@@ -1,0 +1,175 @@
+"""The report's page and trace from records made by hand: what it shows, that a record's text is
+shown as text, that figures it does not know or lacks are shown or left out without failing, and
+that a hostile record is bounded. Pure: no process, no browser."""
+
+import copy
+import html.parser
+import json
+
+import pytest
+
+from launcher.report import page, story, trace
+
+T0 = "2026-01-02T03:04:05.000+00:00"
+
+
+def at(seconds: float) -> str:
+    return f"2026-01-02T03:04:{5 + seconds:06.3f}+00:00"
+
+
+def task(host="h1", start=0.0, ready=None, end=None, code=None, sig=None, log="worker-0.log", busy=None, step=None):
+    return {"host": host, "pid": 10, "log": log, "started_at": at(start), "ready_at": None if ready is None else at(ready),
+            "ended_at": None if end is None else at(end), "exit_code": code, "signal": sig, "failure_ignored": False,
+            "last_line": None, "progress": None if step is None else {"step": step, "total": 20, "rate": 2.0,
+                                                                       "eta_s": 1.0, "at": at(end or 0)},
+            "busy": None if busy is None else {"share": busy, "source": "cpu", "window_s": 60.0}}
+
+
+def record(**changes):
+    """A run of two workers on h1 and h2: attempt 0 fails (worker:1 on h2, its error text holding
+    markup), h2 is left out and h3 takes worker:1; attempt 1 succeeds."""
+    data = {
+        "run_id": "20260102-030405-abc", "status": "succeeded", "message": None, "exit_code": 0,
+        "started_at": T0, "ended_at": at(20),
+        "options": {"grace_period": 10.0, "max_restarts": 3},
+        "attempts": [
+            {"attempt": 0, "started_at": at(0.5), "ended_at": at(8), "outcome": "failed",
+             "tasks": {"worker:0": task("h1", 0.5, 2, 8, sig="SIGTERM", busy=0.4, step=12),
+                       "worker:1": task("h2", 0.5, 2.5, 7.9, code=1, log="worker-1.log", busy=0.95, step=12)},
+             "ready_at": at(2.5), "progress": {"last_step": 12, "gained": 12}, "time_lost_s": 1.5,
+             "cause": "program-error", "task": "worker:1", "host": "h2",
+             "detail": "ValueError: <script>alert('x')</script> & <b>bold</b>"},
+            {"attempt": 1, "started_at": at(10), "ended_at": at(19.5), "outcome": "succeeded",
+             "tasks": {"worker:0": task("h1", 10, 11, 19, code=0, busy=0.5, step=20),
+                       "worker:1": task("h3", 10, 11.5, 19.4, code=0, log="worker-1.log", busy=0.6, step=20)},
+             "ready_at": at(11.5), "progress": {"last_step": 20, "gained": 8}, "time_lost_s": 0.0},
+        ],
+        "costs": {"restarts": 1, "left_out": [{"host": "h2", "cause": "program-error", "at": at(8),
+                                               "replaced_by": "h3 took worker:1"}],
+                  "time_lost_s": 1.5, "wall_s": 20.0, "goodput": 0.925},
+        "plans": [{"name": "worker:0", "type": "worker", "index": 0, "host": "h1", "address": "10.0.0.1",
+                   "argv": ["python3", "train.py", "--epochs", "3"], "gpus": "0"},
+                  {"name": "worker:1", "type": "worker", "index": 1, "host": "h3", "address": "10.0.0.3",
+                   "argv": ["python3", "train.py", "--epochs", "3"], "gpus": "0"}],
+    }
+    data.update(changes)
+    return data
+
+
+class Page(html.parser.HTMLParser):
+    """The page as a browser's parser reads it: its elements and its text."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.tags, self.text, self.links = [], [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "a":
+            self.links.append(dict(attrs).get("href"))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @property
+    def words(self):
+        return " ".join(" ".join(self.text).split())
+
+
+def render(data, checks=None):
+    told = story.story(data, checks)
+    return told, page.render(told, {name: log for name, log in told.logs}, "trace.json")
+
+
+def test_the_page_tells_the_run():
+    told, text = render(record())
+    shown = Page(text)
+    words = shown.words
+    assert "python3 train.py --epochs 3" in words
+    for name in ("worker:0", "worker:1", "h1", "h2", "h3"):
+        assert name in words
+    assert "program-error" in words and "h3 took worker:1" in words  # the cause; who took the host's place
+    assert "92.5%" in words  # the goodput
+    assert [b.task for b in told.bars].count("worker:1") == 2  # a bar per attempt
+    bars = {(b.task, b.attempt): b for b in told.bars}
+    assert bars["worker:1", 0].at_fault and not bars["worker:0", 0].at_fault
+    assert (bars["worker:1", 0].start, bars["worker:1", 0].ready, bars["worker:1", 0].end) == pytest.approx((0.5, 2.5, 7.9))
+    assert told.wall == 20.0
+    assert text.count('class="bar ') == 4 and text.count('class="share"') == 4
+    assert sorted(shown.links[:2]) == ["worker-0.log", "worker-1.log"] and "trace.json" in shown.links
+    assert "script" not in shown.tags and "img" not in shown.tags  # nothing runs, nothing is fetched
+    assert "src=" not in text and "@import" not in text and "url(" not in text
+
+
+def test_a_record_s_markup_is_shown_as_text():
+    data = record(message="<script>alert(1)</script>", run_id='"><script>x</script>')
+    data["plans"][0]["argv"] = ["python3", "<img src=x onerror=alert(1)>"]
+    data["attempts"][0]["tasks"] = {"<b>w</b>": task(log="<x>.log"), **data["attempts"][0]["tasks"]}
+    _, text = render(data)
+    shown = Page(text)
+    assert "script" not in shown.tags and "b" not in shown.tags and "img" not in shown.tags, shown.tags
+    assert "ValueError: <script>alert('x')</script> & <b>bold</b>" in " ".join(shown.text)
+    assert "<img src=x onerror=alert(1)>" in " ".join(shown.text)
+    assert "<x>.log" not in shown.links  # only a plain file of the run's folder is linked
+
+
+def test_figures_it_does_not_know_are_shown_as_tables_and_those_missing_are_left_out():
+    data = record()
+    data["costs"]["lost_by_cause_s"] = {"start-up": 1.25, "wasted progress": 3.0, "restart overhead": 0.5}
+    data["costs"]["per_attempt"] = [{"attempt": 0, "start-up": 1.25}, {"attempt": 1, "start-up": 0.75}]
+    data["attempts"][0]["lost_s"] = {"stall": 2.0, "after last step": 0.5}
+    told, text = render(data)
+    words = Page(text).words
+    names = dict(told.breakdowns)
+    assert names["lost_by_cause_s"].rows == (("start-up", "1.25"), ("wasted progress", "3"),
+                                             ("restart overhead", "0.5"))
+    assert names["per_attempt"].columns == ("attempt", "start-up")
+    assert "lost_s.stall" in told.attempts.columns and "wasted progress" in words
+    bare = record()
+    del bare["costs"]
+    for attempt in bare["attempts"]:
+        for key in ("progress", "time_lost_s", "ready_at"):
+            attempt.pop(key)
+    told, text = render(bare)
+    assert told.goodput is None and "unknown" in Page(text).words
+
+
+def test_the_trace_has_an_event_per_task_attempt():
+    told = story.story(record())
+    events = json.loads(trace.trace_json(told))["traceEvents"]
+    attempts = [(e["args"]["host"], e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
+    assert sorted(attempts) == [("h1", "attempt 0", 500000, 7500000), ("h1", "attempt 1", 10000000, 9000000),
+                                ("h2", "attempt 0", 500000, 7400000), ("h3", "attempt 1", 10000000, 9400000)]
+    restarts = [e for e in events if e.get("cat") == "restart"]
+    assert [(e["name"], e["args"]["task"]) for e in restarts] == [("attempt 0 failed: program-error", "worker:1")]
+    names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names == {"worker:0", "worker:1"}
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(attempts="many"),
+    lambda d: d["attempts"][0].update(tasks=["x"], started_at="yesterday", attempt="0"),
+    lambda d: d["attempts"][0]["tasks"]["worker:0"].update(started_at=None, ended_at=12, busy={"share": "all"}),
+    lambda d: d["attempts"][1]["tasks"]["worker:1"].update(started_at="9" * 5000, progress=[1]),
+    lambda d: d.update(costs={"goodput": 7, "wall_s": 1e300, "left_out": [None, {"host": ["x"]}],
+                              "deep": {"a": {"b": {"c": 1}}}}),
+    lambda d: d.update(plans=[None, {"argv": "python3 x"}, {"name": 5, "argv": [1, None]}], options=[]),
+])
+def test_a_record_not_as_a_launch_writes_it_still_makes_a_page(change):
+    data = record()
+    change(data)
+    told, text = render(copy.deepcopy(data))
+    Page(text)
+    json.loads(trace.trace_json(told))
+
+
+def test_a_huge_run_is_drawn_in_part_and_says_so():
+    data = record()
+    data["attempts"][1]["tasks"] = {f"worker:{i}": task("h1", 10, 11, 19, code=0) for i in range(story.MAX_TASKS + 200)}
+    data["attempts"][0]["detail"] = "x" * 100_000
+    told, text = render(data)
+    assert len(told.tasks) == story.MAX_TASKS
+    assert f"{story.MAX_TASKS + 200} tasks: the first {story.MAX_TASKS} drawn" in Page(text).words
+    assert len(told.restarts[0].detail) == story.MAX_TEXT
+    assert len(text) < 2_000_000
