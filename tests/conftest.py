@@ -135,13 +135,13 @@ def mgpu():
 # (`pytest -m fast`) runs them in seconds, beside the real-process tests. A test in these places is
 # fast unless it is marked slow, ssh or netns, or it or its module imports a framework (or require()s
 # one, see needs.py).
-FAST = ("tests/cli/", "tests/report/test_report_page.py", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
+FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervise/test_diagnosis.py", "tests/supervise/test_stacks.py",
         "tests/supervise/test_output_reader.py", "tests/supervise/test_policy.py", "tests/supervise/test_summary.py",
         "tests/supervise/test_runs.py", "tests/preflight/test_slow_hosts.py", "tests/supervise/test_pace.py",
         "tests/host/test_package_metadata.py", "tests/preflight/test_in_parallel.py",
         "tests/trainer/test_outdirs.py", "tests/supervise/test_signals.py", "tests/supervise/test_lost_hosts_policy.py",
-        "tests/fleet/")
+        "tests/fleet/", "tests/report/test_report_page.py", "tests/report/test_report_command.py")
 NOT_FAST_MARKS = ("slow", "ssh", "netns")
 FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
 USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"

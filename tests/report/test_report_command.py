@@ -1,0 +1,69 @@
+"""`mgpu report` on run folders written by hand: where the page and the trace go, what their links
+are, and the one line and exit 2 for what cannot be read or written."""
+
+import json
+import os
+import socket
+
+from launcher.report import files
+
+
+def write_run(log_dir, run_id="20260102-030405-abc"):
+    folder = log_dir / run_id
+    folder.mkdir(parents=True, mode=0o700)
+    tasks = {"worker:0": {"host": "h1", "log": "worker-0.log", "started_at": "2026-01-02T03:04:06+00:00",
+                          "ended_at": "2026-01-02T03:04:09+00:00", "exit_code": 0}}
+    (folder / "run.json").write_text(json.dumps({
+        "run_id": run_id, "status": "succeeded", "started_at": "2026-01-02T03:04:05+00:00",
+        "ended_at": "2026-01-02T03:04:10+00:00", "supervisor_host": socket.gethostname(),
+        "attempts": [{"attempt": 0, "started_at": "2026-01-02T03:04:05.5+00:00", "outcome": "succeeded",
+                      "tasks": tasks}],
+        "plans": [{"name": "worker:0", "type": "worker", "index": 0, "host": "h1", "argv": ["python3", "t.py"]}]}))
+    (folder / "worker-0.log").write_text("hello\n")
+    return folder
+
+
+def test_the_page_and_the_trace_go_into_the_run_s_folder_with_links_beside_them(tmp_path, mgpu):
+    folder = write_run(tmp_path)
+    done = mgpu("report", "last", "--log-dir", str(tmp_path))
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.strip() == (f"mgpu: report of run {folder.name}: {folder / 'report.html'} "
+                                   f"(its timeline for Perfetto: {folder / 'trace.json'})")
+    text = (folder / "report.html").read_text()
+    assert '<a href="worker-0.log">worker:0</a>' in text and '<a href="trace.json" id="trace">' in text
+    assert [e["name"] for e in json.loads((folder / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"] \
+        == ["attempt 0"]
+    assert oct((folder / "report.html").stat().st_mode & 0o777) == "0o600"
+    assert sorted(os.listdir(folder)) == ["report.html", "run.json", "trace.json", "worker-0.log"]
+
+
+def test_a_link_in_the_run_s_folder_is_replaced_not_followed(tmp_path, mgpu):
+    folder = write_run(tmp_path / "runs")
+    elsewhere = tmp_path / "elsewhere.html"
+    elsewhere.write_text("untouched")
+    (folder / "report.html").symlink_to(elsewhere)
+    assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs")).exit_code == 0
+    assert elsewhere.read_text() == "untouched"
+    assert not (folder / "report.html").is_symlink() and "<!DOCTYPE html>" in (folder / "report.html").read_text()
+
+
+def test_with_o_the_trace_is_beside_the_page_and_the_logs_are_linked_where_they_are(tmp_path, mgpu):
+    folder = write_run(tmp_path / "runs")
+    done = mgpu("report", folder.name[:10], "--log-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "run.html"))
+    assert done.exit_code == 0, done.stderr
+    assert files.trace_path(tmp_path / "run.html") == tmp_path / "run.trace.json"
+    text = (tmp_path / "run.html").read_text()
+    assert f'<a href="{(folder / "worker-0.log").as_uri()}">worker:0</a>' in text
+    assert '<a href="run.trace.json" id="trace">' in text and (tmp_path / "run.trace.json").exists()
+    assert not (folder / "report.html").exists()
+
+
+def test_what_cannot_be_read_or_written_is_one_line_and_exit_2(tmp_path, mgpu):
+    write_run(tmp_path / "runs")
+    done = mgpu("report", "last", "--log-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "no" / "such" / "r.html"))
+    assert done.exit_code == 2
+    assert done.stderr.startswith(f"mgpu: error: cannot write {tmp_path / 'no' / 'such'}") and \
+        done.stderr.count("\n") == 1, done.stderr
+    done = mgpu("report", "nope", "--log-dir", str(tmp_path / "runs"))
+    assert done.exit_code == 2 and done.stderr.startswith("mgpu: error: no run 'nope' of yours") \
+        and done.stderr.count("\n") == 1
