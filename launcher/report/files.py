@@ -24,7 +24,7 @@ from launcher.supervise.runs import Run
 REPORT_NAME = "report.html"
 TRACE_NAME = "trace.json"
 TRACE_SUFFIX = ".trace.json"
-CHECKS_NAME = "checks.json"  # the host checks' table, where a launch keeps one
+CHECKS_NAME = "checks.json"  # the host checks' table: `mgpu check --json`'s output, or its "hosts" rows
 MAX_CHECKS_BYTES = 1 << 20
 
 
@@ -46,6 +46,8 @@ def _checks(folder: int) -> list | None:
         rows = json.loads(data)
     except (ValueError, RecursionError):
         return None
+    if isinstance(rows, dict):  # as `mgpu check --json` prints it
+        rows = rows.get("hosts")
     return rows if isinstance(rows, list) else None
 
 

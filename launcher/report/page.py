@@ -112,8 +112,8 @@ def _busy(story: Story) -> str:
 
 def _checks(story: Story) -> str:
     if story.checks is None:
-        return ('<h2 id="checks">Host checks</h2><p class="muted">no host checks recorded in the run\'s folder '
-                '(a run on this machine alone checks no host)</p>')
+        return ('<h2 id="checks">Host checks</h2><p class="muted">no host checks\' table in the run\'s folder '
+                '(checks.json: what <code>mgpu check --json</code> prints for the run\'s hosts)</p>')
     return f'<h2 id="checks">Host checks</h2>{table(story.checks, detail=("problems",))}'
 
 

@@ -139,11 +139,13 @@ def _list(value: Any) -> list:
 
 
 def _figure(value: Any) -> str | None:
-    """A scalar figure as text; None for what is not a scalar."""
+    """A scalar figure (or a short list of them) as text; None for what is not one."""
     if value is None or isinstance(value, (str, bool)):
         return text(value, 200) if value is not None else "-"
     if number(value) is not None:
         return text(value)
+    if isinstance(value, list) and all(isinstance(item, (str, int, float)) for item in value[:MAX_ROWS]):
+        return text("; ".join(text(item, 200) for item in value[:MAX_ROWS]), MAX_TEXT)
     return None
 
 

@@ -67,3 +67,17 @@ def test_what_cannot_be_read_or_written_is_one_line_and_exit_2(tmp_path, mgpu):
     done = mgpu("report", "nope", "--log-dir", str(tmp_path / "runs"))
     assert done.exit_code == 2 and done.stderr.startswith("mgpu: error: no run 'nope' of yours") \
         and done.stderr.count("\n") == 1
+
+
+def test_the_host_checks_table_is_shown_from_the_check_s_json_in_the_run_s_folder(tmp_path, mgpu):
+    folder = write_run(tmp_path)
+    rows = [{"host": "h1", "tasks": ["worker:0"], "ssh": "ok", "python": "3.11.7", "tensorflow": "-", "tf_keras": "-",
+             "ports": "ok", "gpus": "0", "ok": False, "problems": ["port 2222 in use", "<b>no GPU</b>"],
+             "speed": {"host": "h1", "matmul_gflops": 12.5}}]
+    (folder / "checks.json").write_text(json.dumps({"hosts": rows, "unreachable": [], "slow_hosts": []}))
+    assert mgpu("report", "last", "--log-dir", str(tmp_path)).exit_code == 0
+    text = (folder / "report.html").read_text()
+    checks = text[text.index('<h2 id="checks">'):text.index('<h2 id="logs">')]
+    assert "<td>h1</td><td>worker:0</td><td>ok</td><td>3.11.7</td>" in checks
+    assert '<td class="detail">port 2222 in use; &lt;b&gt;no GPU&lt;/b&gt;</td>' in checks
+    assert "<th>speed.matmul_gflops</th>" in checks and "<td>12.5</td>" in checks
