@@ -222,13 +222,20 @@ def _task_name(plan: dict) -> str:
     return f"{text(plan.get('type'), 100)}:{text(plan.get('index'), 20)}"
 
 
-def _hosts(plans: list[dict]) -> Table:
+def _hosts(plans: list[dict], attempts: list[dict]) -> Table:
+    """Each host's tasks, as planned and as they ran (a spare took a host's tasks in a later attempt)."""
     hosts: dict[str, dict[str, Any]] = {}
     for plan in plans:
         host = hosts.setdefault(text(plan.get("host"), 200), {"tasks": [], "address": set(), "gpus": set()})
         host["tasks"].append(_task_name(plan))
         host["address"].add(text(plan.get("address"), 200))
         host["gpus"].add(text(plan.get("gpus"), 200))
+    for attempt in attempts:
+        for name, task in list(_dict(attempt.get("tasks")).items())[:MAX_TASKS]:
+            if isinstance(task, dict) and isinstance(task.get("host"), str) and len(hosts) < MAX_ROWS:
+                host = hosts.setdefault(text(task["host"], 200), {"tasks": [], "address": set(), "gpus": set()})
+                if text(name, 200) not in host["tasks"]:
+                    host["tasks"].append(text(name, 200))
     return Table(("host", "tasks", "address", "GPUs"), tuple(
         (name, ", ".join(h["tasks"]), ", ".join(sorted(h["address"] - {""})), "; ".join(sorted(h["gpus"] - {""})))
         for name, h in list(hosts.items())[:MAX_ROWS]))
@@ -320,7 +327,7 @@ def story(record: dict, checks: list | None = None) -> Story:
         run_id=text(record.get("run_id"), 200), status=text(record.get("status"), 100),
         message=text(record.get("message")), started_at=text(record.get("started_at"), MAX_TIME_TEXT),
         ended_at=text(record.get("ended_at"), MAX_TIME_TEXT), wall=max(ends, default=0.0),
-        commands=_commands(plans), hosts=_hosts(plans), settings=settings, tasks=tuple(names), bars=tuple(bars),
+        commands=_commands(plans), hosts=_hosts(plans, attempts), settings=settings, tasks=tuple(names), bars=tuple(bars),
         attempt_starts=tuple(starts), restarts=tuple(restarts), left_out=left_out,
         goodput=goodput if goodput is not None and 0 <= goodput <= 1 else None,
         costs=Table(("figure", "value"), tuple(scalars.items())), breakdowns=breakdowns,

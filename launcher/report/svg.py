@@ -116,8 +116,9 @@ def timeline(story: Story) -> str:
             out.append(f'<rect x="{split}" y="{y}" width="{round(x1 - split, 2)}" height="{BAR}" fill="{colour}"/>')
         if ready is not None:
             out.append(f'<line x1="{ready}" y1="{y - 2}" x2="{ready}" y2="{y + BAR + 2}" class="ready"/>')
-        if x1 - x0 > 28:
-            out.append(f'<text x="{x0 + 4}" y="{y + BAR - 3}" class="in-bar">#{esc(bar.attempt)}</text>')
+        if x1 - x0 > 28:  # the attempt, and where there is room the host (a spare's shows at a glance)
+            label = f"#{bar.attempt} {bar.host}" if x1 - x0 > 40 + 7 * len(bar.host) else f"#{bar.attempt}"
+            out.append(f'<text x="{x0 + 4}" y="{y + BAR - 3}" class="in-bar">{esc(label)}</text>')
         out.append("</g>")
     out.extend(scale.axis(TOP + ROW * len(rows) + 2))
     out.append("</svg>")

@@ -18,7 +18,8 @@ def at(seconds: float) -> str:
 
 
 def task(host="h1", start=0.0, ready=None, end=None, code=None, sig=None, log="worker-0.log", busy=None, step=None):
-    return {"host": host, "pid": 10, "log": log, "started_at": at(start), "ready_at": None if ready is None else at(ready),
+    return {"host": host, "pid": 10, "log": log, "started_at": at(start),
+            "ready_at": None if ready is None else at(ready),
             "ended_at": None if end is None else at(end), "exit_code": code, "signal": sig, "failure_ignored": False,
             "last_line": None, "progress": None if step is None else {"step": step, "total": 20, "rate": 2.0,
                                                                        "eta_s": 1.0, "at": at(end or 0)},
@@ -94,8 +95,12 @@ def test_the_page_tells_the_run():
     assert [b.task for b in told.bars].count("worker:1") == 2  # a bar per attempt
     bars = {(b.task, b.attempt): b for b in told.bars}
     assert bars["worker:1", 0].at_fault and not bars["worker:0", 0].at_fault
-    assert (bars["worker:1", 0].start, bars["worker:1", 0].ready, bars["worker:1", 0].end) == pytest.approx((0.5, 2.5, 7.9))
+    failed = bars["worker:1", 0]
+    assert (failed.start, failed.ready, failed.end) == pytest.approx((0.5, 2.5, 7.9))
     assert told.wall == 20.0
+    assert told.hosts.rows == (("h1", "worker:0", "10.0.0.1", "0"), ("h3", "worker:1", "10.0.0.3", "0"),
+                               ("h2", "worker:1", "", ""))  # the host left out, from the attempt it ran in
+    assert ">#0 h2</text>" in text and ">#1 h3</text>" in text  # who ran each attempt, on the bar
     assert text.count('class="bar ') == 4 and text.count('class="share"') == 4
     assert sorted(shown.links[:2]) == ["worker-0.log", "worker-1.log"] and "trace.json" in shown.links
     assert "script" not in shown.tags and "img" not in shown.tags  # nothing runs, nothing is fetched
