@@ -184,7 +184,7 @@ def measure_training(args, opts, strategy, num_gpus, task_index):
     state = builders.train_state(opts, strategy)
     loop = builders.train_loop(opts, strategy, state, batch, num_gpus)
     arrays = datasets.load(opts.dataset, opts.data_dir)
-    iterator = iter(builders.train_data(strategy, arrays, seed=opts.seed, start_step=0,
+    iterator = iter(builders.train_data(strategy, arrays, seed=opts.seed, start_example=0,
                                         global_batch_size=batch))
     error = gradient_error(opts, strategy, state, loop, batch, iterator) if replicas > 1 else None
     per_call = opts.steps_per_loop

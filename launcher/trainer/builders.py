@@ -64,12 +64,12 @@ def train_loop(opts: TrainOptions, strategy: tf.distribute.Strategy, state: Trai
                      allreduce, factored, loss_scaling=loss_scaling(opts), xla=opts.xla)
 
 
-def train_data(strategy: tf.distribute.Strategy, arrays: Arrays, *, seed: int, start_step: int,
+def train_data(strategy: tf.distribute.Strategy, arrays: Arrays, *, seed: int, start_example: int,
                global_batch_size: int):
-    """The distributed training set, from `start_step` of its seeded order on."""
+    """The distributed training set, from example `start_example` of its seeded order on."""
     return strategy.distribute_datasets_from_function(
         lambda ctx: inputs.train_dataset(arrays.train_images, arrays.train_labels, seed=seed,
-                                         start_step=start_step, global_batch_size=global_batch_size,
+                                         start_example=start_example, global_batch_size=global_batch_size,
                                          input_context=ctx))
 
 

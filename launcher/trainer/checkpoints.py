@@ -18,33 +18,44 @@ def _tf_variable(v):
 
 
 class Checkpointer:
-    def __init__(self, checkpoint: tf.train.Checkpoint, model_dir: str | None, is_chief: bool,
-                 worker_index: int, keep: int):
-        self._checkpoint = checkpoint
+    def __init__(self, items: dict, model_dir: str | None, is_chief: bool, worker_index: int, keep: int,
+                 *, added: dict | None = None, before_save=None):
+        """`items`: what every checkpoint holds; `added`: what this version adds, which a checkpoint
+        written by an older one lacks (restored only where present); `before_save(step)`: brings
+        them up to date before each save."""
+        self._checkpoint = tf.train.Checkpoint(**items, **(added or {}))
+        self._older = tf.train.Checkpoint(**items) if added else None
+        self._added = tuple(added or ())
+        self._before_save = before_save
         self._model_dir = model_dir
         self._is_chief = is_chief
         self._worker_index = worker_index
         self._manager = None
         if model_dir is not None and is_chief:
-            self._manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=keep)
+            self._manager = tf.train.CheckpointManager(self._checkpoint, model_dir, max_to_keep=keep)
         self.last_saved_step: int | None = None
 
     @property
     def enabled(self) -> bool:
         return self._model_dir is not None
 
-    def restore_latest(self) -> str | None:
-        """On the chief: restore the newest checkpoint, if any. Returns its path."""
+    def restore_latest(self) -> tuple[str | None, bool]:
+        """On the chief: restore the newest checkpoint, if any. Returns its path (None: there is
+        none) and whether it held the added items too."""
         if self._manager is None or self._manager.latest_checkpoint is None:
-            return None
+            return None, False
         path = self._manager.latest_checkpoint
-        self._checkpoint.restore(path).assert_existing_objects_matched()
-        return path
+        held = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
+        complete = all(name in held for name in self._added)
+        (self._checkpoint if complete or self._older is None else self._older).restore(path).assert_existing_objects_matched()
+        return path, complete
 
     def save(self, step: int) -> None:
         """Every worker calls this at the same step; only the chief's copy is kept."""
         if not self.enabled or self.last_saved_step == step:
             return
+        if self._before_save is not None:
+            self._before_save(step)
         if self._manager is not None:
             self._manager.save(checkpoint_number=step)
         else:

@@ -12,6 +12,7 @@ import os
 
 from launcher.errors import UsageError
 from launcher.protocol import TRAINER_TASK_TYPES, TRAINING_TASK_TYPES
+from launcher.trainer.planned_size import planned_workers
 
 
 
@@ -22,6 +23,7 @@ class ClusterInfo:
     task_index: int
     num_workers: int  # training tasks (chief + workers)
     worker_index: int  # position among the training tasks; the chief is 0
+    planned_workers: int | None = None  # training tasks the run was planned with (MGPU_WORLD_SIZE_MAX)
 
     @property
     def is_chief(self) -> bool:
@@ -46,7 +48,13 @@ class ClusterInfo:
 
 def resolve(worker_hosts: tuple[str, ...] | None, task_index: int | None,
             environ=os.environ) -> ClusterInfo:
-    """Read TF_CONFIG, or build it from --worker-hosts (then also export it for TensorFlow)."""
+    """Read TF_CONFIG, or build it from --worker-hosts (then also export it for TensorFlow), and
+    the planned number of workers."""
+    return dataclasses.replace(_resolve_cluster(worker_hosts, task_index, environ),
+                               planned_workers=planned_workers(environ))
+
+
+def _resolve_cluster(worker_hosts: tuple[str, ...] | None, task_index: int | None, environ) -> ClusterInfo:
     raw = environ.get("TF_CONFIG", "").strip()
     if raw and worker_hosts is not None:
         raise UsageError("TF_CONFIG is set: do not also pass --worker-hosts/--task-index")

@@ -1,10 +1,10 @@
 """tf.data pipelines: each worker reads its own shard of a seeded, step-addressable order.
 
 The global example order is a fixed function of (seed, epoch): epoch e is a stateless
-permutation of the training set. Position p of that endless stream goes to input
-pipeline p % num_pipelines. So a run resumed at step s starts exactly where the
-uninterrupted run would be, and W workers with batch B see the same examples per step
-as one worker with batch W*B.
+permutation of the training set. Position p of that endless stream (counted from where the
+run resumes) goes to input pipeline p % num_pipelines. So a run resumed at example e
+starts exactly where the uninterrupted run would be, with any number of workers, and W
+workers with batch B see the same examples per step as one worker with batch W*B.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ def _to_batch(images: tf.Tensor, labels: tf.Tensor):
     return gather
 
 
-def train_dataset(images, labels, *, seed: int, start_step: int, global_batch_size: int,
+def train_dataset(images, labels, *, seed: int, start_example: int, global_batch_size: int,
                   input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     n = images.shape[0]
-    consumed = start_step * global_batch_size
-    first_epoch, offset = divmod(consumed, n)
+    first_epoch, offset = divmod(start_example, n)
     images = tf.constant(images)
     labels = tf.constant(labels)
 

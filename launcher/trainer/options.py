@@ -277,8 +277,12 @@ def global_batch_size(opts: TrainOptions, replicas: int) -> int:
         return (opts.batch_size_per_replica or DEFAULT_BATCH_SIZE_PER_REPLICA) * replicas
     size = opts.global_batch_size
     if size % replicas:
-        below = size // replicas * replicas
-        nearest = below if below and size - below <= below + replicas - size else below + replicas
         raise UsageError(f"--global-batch-size {size} does not divide among {replicas} replicas; "
-                         f"use {nearest}")
+                         f"use {nearest_multiple(size, replicas)}")
     return size
+
+
+def nearest_multiple(size: int, replicas: int) -> int:
+    """The multiple of `replicas` nearest `size` (the smaller of two as near), never 0."""
+    below = size // replicas * replicas
+    return below if below and size - below <= below + replicas - size else below + replicas

@@ -22,9 +22,11 @@ from launcher.trainer.controller import Controller, Outcome
 from launcher.trainer.fingerprints import gather_fingerprints, local_fingerprints
 from launcher.trainer.schedule import Schedule
 from launcher.trainer.datasets import Arrays
-from launcher.trainer.options import PROG, TrainOptions, global_batch_size
+from launcher.trainer.options import PROG, TrainOptions
+from launcher.trainer.planned_size import choose_global_batch
 from launcher.trainer.preemption import Preempted, PreemptionWatcher
 from launcher.trainer.reporting import Reporter, log
+from launcher.trainer.stream_position import StreamPosition
 
 
 def run(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float) -> int:
@@ -94,16 +96,20 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     strategy_lib.barrier(strategy)  # every worker has joined the cluster
     log(protocol.READY_LINE)
     replicas = strategy.num_replicas_in_sync
-    batch = global_batch_size(opts, replicas)
+    batch_choice = choose_global_batch(opts, replicas, info.num_workers, info.planned_workers)
+    batch = batch_choice.size
     if info.is_chief:
+        if batch_choice.note:
+            log(batch_choice.note)
         log(f"{type(strategy).__name__}: {info.num_workers} worker(s), {replicas} replica(s), "
             f"global batch {batch}, model {opts.model}, dataset {opts.dataset}, "
             f"precision {keras.mixed_precision.global_policy().name}, xla {opts.xla}")
 
     state = builders.train_state(opts, strategy)
-    checkpointer = _restore(opts, info, strategy, state)
+    position = StreamPosition(strategy, info.num_workers, batch)
+    checkpointer = _restore(opts, info, strategy, state, position)
     start_step = int(state.step.numpy())
-    train_data = builders.train_data(strategy, arrays, seed=opts.seed, start_step=start_step,
+    train_data = builders.train_data(strategy, arrays, seed=opts.seed, start_example=position.begin(start_step),
                                      global_batch_size=batch)
     train_loop = builders.train_loop(opts, strategy, state, batch, len(gpus))
     if info.is_chief:
@@ -130,15 +136,19 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     return _finish(opts, info, strategy, state.model, outcome, reporter, started)
 
 
-def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.TrainState) -> Checkpointer:
+def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.TrainState,
+             position: StreamPosition) -> Checkpointer:
     """Restore the latest checkpoint on the chief and hand its state to every worker."""
-    checkpoint = tf.train.Checkpoint(model=state.model, optimizer=state.optimizer, step=state.step)
-    checkpointer = Checkpointer(checkpoint, opts.model_dir, info.is_chief, info.worker_index,
-                                opts.keep_checkpoints)
-    restored = checkpointer.restore_latest()
-    broadcast_from_first_replica(strategy, state.variables)
+    checkpointer = Checkpointer(dict(model=state.model, optimizer=state.optimizer, step=state.step),
+                                opts.model_dir, info.is_chief, info.worker_index, opts.keep_checkpoints,
+                                added=position.checkpoint_items(), before_save=position.advance_to)
+    restored, with_position = checkpointer.restore_latest()
+    if restored and not with_position:
+        position.restored_without_position(int(state.step.numpy()))
+    broadcast_from_first_replica(strategy, [*state.variables, *position.variables])
     if restored and info.is_chief:
-        log(f"resumed from {restored} at step {int(state.step.numpy())}")
+        log(f"resumed from {restored} at step {int(state.step.numpy())}, "
+            f"{position.describe_resume(info.num_workers)}")
     return checkpointer
 
 
