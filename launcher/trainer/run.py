@@ -109,7 +109,7 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
     position = StreamPosition(strategy, info.num_workers, batch)
     checkpointer = _restore(opts, info, strategy, state, position)
     start_step = int(state.step.numpy())
-    train_data = builders.train_data(strategy, arrays, seed=opts.seed, start_example=position.begin(start_step),
+    train_data = builders.train_data(strategy, arrays, seed=opts.seed, start_example=position.start_example,
                                      global_batch_size=batch)
     train_loop = builders.train_loop(opts, strategy, state, batch, len(gpus))
     if info.is_chief:
@@ -133,7 +133,10 @@ def train(opts: TrainOptions, info: ClusterInfo, arrays: Arrays, started: float)
         log(f"{info.name}: preempted; checkpoint saved at step {preempted.step}")
         leave(info, protocol.EXIT_PREEMPTED)
     watcher.close()
-    return _finish(opts, info, strategy, state.model, outcome, reporter, started)
+    # The stream's position is checked with the weights: workers that read it from different places
+    # would end with the same weights and have trained on other examples than the ones they say.
+    return _finish(opts, info, strategy, state.model, [*state.model.weights, *position.variables], outcome,
+                   reporter, started)
 
 
 def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.TrainState,
@@ -146,16 +149,18 @@ def _restore(opts: TrainOptions, info: ClusterInfo, strategy, state: builders.Tr
     if restored and not with_position:
         position.restored_without_position(int(state.step.numpy()))
     broadcast_from_first_replica(strategy, [*state.variables, *position.variables])
+    position.begin(int(state.step.numpy()))
     if restored and info.is_chief:
         log(f"resumed from {restored} at step {int(state.step.numpy())}, "
             f"{position.describe_resume(info.num_workers)}")
     return checkpointer
 
 
-def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Outcome,
+def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, agreed: list, outcome: Outcome,
             reporter: Reporter, started: float) -> int:
-    """Check that every replica ended with the same weights; the chief writes the results."""
-    fingerprints = gather_fingerprints(strategy, local_fingerprints(strategy, model.weights))
+    """Check that every replica ended with the same `agreed` variables (the weights); the chief
+    writes the results."""
+    fingerprints = gather_fingerprints(strategy, local_fingerprints(strategy, agreed))
     if info.is_chief:
         if opts.model_dir is not None:
             outdirs.write_json(os.path.join(opts.model_dir, "metrics.json"), {
@@ -175,7 +180,7 @@ def _finish(opts: TrainOptions, info: ClusterInfo, strategy, model, outcome: Out
     reporter.close()
     strategy_lib.final_barrier(strategy)  # nobody exits while another still needs the cluster
     if len(set(fingerprints)) > 1:
-        print(f"{PROG}: error: replicas ended with different weights: fingerprints "
+        print(f"{PROG}: error: replicas ended with different weights or training-stream positions: fingerprints "
               f"{', '.join(fingerprints)}", file=sys.stderr)
         leave(info, EXIT_FAILED)
     leave(info, EXIT_OK)

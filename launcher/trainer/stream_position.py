@@ -46,9 +46,13 @@ class StreamPosition:
         self.examples.assign(step * self._batch)
         self.written_by.assign(UNKNOWN_WORKERS)
 
-    def begin(self, step: int) -> int:
-        """On every worker once the restored values are shared: the example this start reads first."""
+    def begin(self, step: int) -> None:
+        """On every worker once the restored values are shared: this start begins at `step`."""
         self._start = (step, int(self.examples.numpy()))
+
+    @property
+    def start_example(self) -> int:
+        """The first example of the stream this start reads."""
         return self._start[1]
 
     def advance_to(self, step: int) -> None:
@@ -59,7 +63,7 @@ class StreamPosition:
 
     def describe_resume(self, workers_now: int) -> str:
         """What the resume line adds: the stream's position and, at another size, who wrote it."""
-        text = f"example {int(self.examples.numpy())} of the training stream"
+        text = f"example {self.start_example} of the training stream"
         written_by = int(self.written_by.numpy())
         if written_by == UNKNOWN_WORKERS:
             return text + " (step x global batch: the checkpoint does not keep it)"

@@ -103,6 +103,13 @@ def test_options_load_no_cli_and_nothing_of_the_launcher_beyond_the_shared_modul
     assert outside == set()
 
 
+def test_a_planned_size_that_is_not_a_worker_count_exits_2_in_one_line_before_tensorflow(poisoned_tensorflow):
+    result = run_module([], {"PYTHONPATH": poisoned_tensorflow, "MGPU_WORLD_SIZE_MAX": "3\x1b[2J"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("mgpu train: error: MGPU_WORLD_SIZE_MAX must be a number of workers from 1 to 1048576, "
+                             "not '3\\x1b[2J'\n")
+
+
 def test_malformed_tf_config_is_a_usage_error(poisoned_tensorflow):
     result = run_module([], {"PYTHONPATH": poisoned_tensorflow, "TF_CONFIG": "{not json"})
     assert result.returncode == 2
