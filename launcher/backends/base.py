@@ -18,6 +18,7 @@ import signal
 from operator import methodcaller
 from typing import BinaryIO, Callable, NamedTuple, Sequence
 
+from launcher.host.py_spy import Answer
 from launcher.plan.planner import TaskPlan
 
 # Seconds a stopped task's processes get between SIGTERM and SIGKILL (`--grace-period`): on this
@@ -74,6 +75,12 @@ class TaskProcess(abc.ABC):
         handler restores the default action first and leaves the signal unblocked: a second
         SIGABRT would end the process in the middle of its dump."""
         self.signal_tree(signal.SIGABRT)
+
+    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> Answer | None:
+        """py-spy's dump of each of the task's processes, read where the task runs, the task going on
+        (host/py_spy.py); py-spy may be beside the task's interpreter (its argv[0]). None when this
+        backend cannot run it there."""
+        return None
 
     def cpu_seconds(self) -> float | None:
         """CPU time the task's live processes have used (user and system); None when this backend

@@ -11,7 +11,7 @@ import time
 import psutil
 
 from launcher import protocol
-from launcher.host import proctree
+from launcher.host import proctree, py_spy
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from launcher.host.memory_cgroup import memory_cgroup
@@ -73,6 +73,12 @@ class LocalTaskProcess(TaskProcess):
             procs = [self._root, *proctree.descendants(self._root)]
             proctree.disable_core_dumps(procs)  # SIGABRT's default action dumps core; a stack request leaves none
             proctree.send(procs, signal.SIGABRT)
+
+    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
+        if self._popen.returncode is not None or self._root is None or not proctree.is_alive(self._root):
+            return py_spy.Answer(None, problem="the task has ended")
+        pids = [p.pid for p in (self._root, *proctree.descendants(self._root))]
+        return py_spy.run_here(pids, native, task.argv[0] if task.argv else None, timeout, task.workdir)
 
     def listens_on(self, port: int) -> bool:
         return self.joined(port, None)

@@ -22,6 +22,7 @@ from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.supervise.runrecord import RunRecord
 from launcher.supervise.rundir import RunDir
 from launcher.supervise.signals import Signals
+from launcher.supervise.spy_stacks import TaskStacks
 from launcher.supervise.summary import TaskView
 
 POLL_INTERVAL = 0.05
@@ -102,6 +103,7 @@ class Attempt:
         self.tasks: list[AttemptTask] = []
         self.codes_at_stop: dict[str, int | None] = {}  # how each task had ended when the attempt stopped
         self.stacks_asked_at: float | None = None  # when a stall's evidence asked the tasks for their stacks
+        self.spied: dict[str, "TaskStacks"] = {}  # each task's stacks as py-spy read them (evidence.py)
         self._begun = None
         self._signals_seen = 0
         self._output_seen: dict[str, float] = {}

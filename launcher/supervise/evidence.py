@@ -1,23 +1,83 @@
 """What an attempt collects about why it stopped, as actions given to it (after orbit's Controller,
 which takes its train actions as a list): each is one class with a `collect(attempt)`; adding a
 collector is adding one here and naming it in `while_alive` or `after_stop`. A collector that fails
-is said once and keeps neither the others nor the stop from happening (Attempt.collect)."""
+is said once and keeps neither the others nor the stop from happening (Attempt.collect).
+
+On a stall, py-spy reads every task's stacks first, the tasks going on (SpyStacks); SIGABRT, which
+makes faulthandler print them and ends the task, goes only to the tasks py-spy could not read
+(AskForStacks); once they are stopped, the stall's folder is written (KeepStacks, stall_bundle.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
-from launcher.supervise import policy, stacks
-from launcher.supervise.attempt import Attempt, EvidenceAction, wait_until
+from launcher.host import py_spy
+from launcher.supervise import policy, spy_stacks, stacks, stall_bundle
+from launcher.supervise.attempt import Attempt, AttemptTask, EvidenceAction, wait_until
 from launcher.supervise.status import STALLED, START_TIMEOUT
 
 # After SIGABRT, how long tasks may take to write their stacks and end: ample, since a stalled job's
 # tasks may share a loaded machine, and waiting ends as soon as they have.
 STACKS_TIMEOUT = 30.0
+# How long py-spy may take for one task, all its processes (each has py_spy.DUMP_TIMEOUT), over SSH too.
+SPY_TIMEOUT = 60.0
+MAX_SPIES_AT_ONCE = 32
 
 
 def stacks_file_name(attempt: int) -> str:
     return f"stacks-{attempt}.txt"
+
+
+def bundle_name(attempt: int) -> str:
+    return stall_bundle.folder_name(attempt)
+
+
+def whereabouts(attempt: Attempt) -> dict[str, stacks.Whereabouts | None]:
+    """Where each task py-spy read was."""
+    return {name: spied.whereabouts() for name, spied in attempt.spied.items() if spied.collected}
+
+
+def spy(tasks: list[AttemptTask], native: bool, timeout: float = SPY_TIMEOUT) -> dict[str, spy_stacks.TaskStacks]:
+    """py-spy's stacks of `tasks`, read on their hosts at once; a task whose reading fails has its
+    problem said, never keeping the others from theirs."""
+    def one(task: AttemptTask) -> spy_stacks.TaskStacks:
+        try:
+            answer = task.proc.spy_stacks(native, task.plan, timeout)
+        except Exception as e:  # noqa: BLE001 - one host's failure is that task's problem alone
+            answer = py_spy.Answer(None, problem=f"{type(e).__name__}: {e}")
+        return spy_stacks.read(task.plan.name, task.plan.host, answer)
+
+    if not tasks:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(min(len(tasks), MAX_SPIES_AT_ONCE), thread_name_prefix="spy") as pool:
+        return {task.plan.name: read for task, read in zip(tasks, pool.map(one, tasks))}
+
+
+def live(attempt: Attempt, task: str | None, native: bool) -> tuple[str, list[str], list[str]]:
+    """`mgpu stacks`' answer (stacks_request.py): the stacks of the running task `task` (None: of
+    every one), their text, the tasks read and the problems, one line each."""
+    tasks = [t for t in attempt.running() if task is None or t.plan.name == task]
+    if not tasks:
+        return "", [], [f"{task or 'no task'} is not running (attempt {attempt.number + 1})"]
+    found = spy(tasks, native)
+    read = [name for name, spied in found.items() if spied.collected]
+    problems = [spied.problem for spied in found.values() if spied.problem]
+    return spy_stacks.report(list(found.values())), read, problems
+
+
+class SpyStacks(EvidenceAction):
+    """py-spy's stacks of every running task, native frames too, the tasks going on: where it reads
+    them, no SIGABRT is needed."""
+    what = "read the tasks' stacks with py-spy"
+
+    def collect(self, attempt: Attempt) -> None:
+        if py_spy.configured() == "":  # MGPU_PY_SPY set empty: SIGABRT alone
+            return
+        attempt.spied = spy(attempt.running(), native=True)
+        for spied in attempt.spied.values():
+            if spied.problem and not spied.collected:
+                attempt.output.notice(f"{spied.problem.splitlines()[0]}; asking {spied.task} with SIGABRT")
 
 
 class NoteJoins(EvidenceAction):
@@ -37,14 +97,16 @@ class NoteJoins(EvidenceAction):
 
 
 class AskForStacks(EvidenceAction):
-    """SIGABRT to every task still running: faulthandler (PYTHONFAULTHANDLER, set for every task)
-    writes each Python thread's stack into its log, then the process ends. Waits, bounded, for them
-    to end, so that the stacks are in the logs. The console is spared them: the report sums them up."""
+    """SIGABRT to every task still running whose stacks py-spy did not read: faulthandler
+    (PYTHONFAULTHANDLER, set for every task) writes each Python thread's stack into its log, then the
+    process ends. Waits, bounded, for them to end, so that the stacks are in the logs. The console is
+    spared them: the report sums them up."""
     what = "ask the tasks for their stacks"
 
     def collect(self, attempt: Attempt) -> None:
         attempt.stacks_asked_at = time.time()  # a task that ended before it ended on its own (the report says so)
-        running = attempt.running()
+        read = {name for name, spied in attempt.spied.items() if spied.collected}
+        running = [task for task in attempt.running() if task.plan.name not in read]
         for task in running:
             task.output.mute_console()
             task.proc.dump_stacks()
@@ -53,21 +115,26 @@ class AskForStacks(EvidenceAction):
 
 
 class KeepStacks(EvidenceAction):
-    """The stacks each task printed, in the run dir: stacks-<attempt>.txt."""
+    """The stacks py-spy read, and those each other task printed, in the stall's folder
+    (stall-<attempt>/, with its README), and as stacks-<attempt>.txt in the run dir."""
     what = "keep the tasks' stacks"
 
     def collect(self, attempt: Attempt) -> None:
         text = []
         for task in attempt.tasks:
+            spied = attempt.spied.get(task.plan.name)
+            if spied is not None and spied.collected:
+                text.append(spied.text())
+                continue
             dump = stacks.dump_lines([line.text for line in task.output.tail])
             text.append(f"===== {task.plan.name} on {task.plan.host} =====\n")
+            if spied is not None and spied.problem:
+                text.append(spied.problem + "\n")
             text.extend(line + "\n" for line in dump or ["(no Python stack)"])
-        name = stacks_file_name(attempt.number)
         try:
-            with open(attempt.run_dir.create(name), "w", encoding="utf-8", errors="replace") as f:
-                f.writelines(text)
+            stall_bundle.write(attempt.run_dir, attempt.number, "".join(text), stacks_file_name(attempt.number))
         except OSError as exc:  # a full disk: the logs may still have them
-            attempt.output.notice(f"cannot write {name} in {attempt.run_dir.path}: {exc.strerror or exc}")
+            attempt.output.notice(f"cannot write the stall's stacks in {attempt.run_dir.path}: {exc.strerror or exc}")
 
 
 def while_alive(stop: policy.Stop) -> list[EvidenceAction]:
@@ -75,7 +142,7 @@ def while_alive(stop: policy.Stop) -> list[EvidenceAction]:
     if stop.status == START_TIMEOUT:
         return [NoteJoins(stop.missing)]
     if stop.status == STALLED:
-        return [AskForStacks()]
+        return [SpyStacks(), AskForStacks()]
     return []
 
 

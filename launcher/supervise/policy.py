@@ -331,7 +331,7 @@ class Policy:
                 seen = f"no output, no CPU use; CPU use not measured for {', '.join(unmeasured)}"
             return self._stop([Notice(
                 f"no progress from any training task for {idle_for:.0f} s ({seen}); "
-                f"stopping all tasks with SIGABRT, which makes Python print their stacks")],
+                f"collecting every task's stacks (py-spy; SIGABRT where it cannot attach), then stopping all tasks")],
                 Stop(status.STALLED, idle_for=idle_for))
         sample: tuple[str, ...] = ()
         if now >= self._next_cpu_sample:

@@ -44,21 +44,24 @@ class Frame:
     file: str
     line: int
     function: str
+    native: bool = False  # a C or C++ frame (py-spy --native): its file is the library's
 
     def __str__(self) -> str:
-        return f"{short_path(self.file)}:{self.line} in {self.function}"
+        return f"{short_path(self.file)}{f':{self.line}' if self.line else ''} in {self.function}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Thread:
     current: bool  # the thread that handled the signal
     frames: tuple[Frame, ...]  # innermost first, as faulthandler prints them
+    main: bool = False  # known to be the main thread (py-spy names it)
 
     @property
     def is_main(self) -> bool:
-        """The program's main thread: its outermost frame is a script's or `python -m`'s."""
-        return bool(self.frames) and (self.frames[-1].function == "<module>"
-                                      or self.frames[-1].function == "_run_module_as_main")
+        """The program's main thread: known so, or its outermost frame is a script's or `python -m`'s."""
+        python = [f for f in self.frames if not f.native]
+        return self.main or bool(python) and (python[-1].function == "<module>"
+                                              or python[-1].function == "_run_module_as_main")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,14 +134,21 @@ def main_thread(threads: Sequence[Thread]) -> Thread | None:
 
 def whereabouts(lines: Sequence[str]) -> Whereabouts | None:
     """Where the task was, from its output's last dump with a main thread; None without a dump."""
-    candidates = [main_thread(threads) for threads in dumps(lines)]
+    return whereabouts_of(dumps(lines))
+
+
+def whereabouts_of(found: Sequence[Sequence[Thread]]) -> Whereabouts | None:
+    """Where the task was, from the last of its processes' dumps with a main thread. Native frames
+    (py-spy's) count only where they are the framework's own libraries: a libc or libpython frame
+    waits on behalf of the Python frame that called it."""
+    candidates = [main_thread(threads) for threads in found]
     candidates = [t for t in candidates if t is not None]
     mains = [t for t in candidates if t.is_main and t.frames] or [t for t in candidates if t.frames]
     if not mains:
         return None
     thread = mains[-1]
     for frame in thread.frames:  # innermost first: the standard library waits on behalf of its caller
-        if _STDLIB.search(frame.file):
+        if _STDLIB.search(frame.file) or frame.native and not _FRAMEWORK.search(frame.file):
             continue
         match = _FRAMEWORK.search(frame.file) or _PACKAGE.search(frame.file)
         return Whereabouts(match["name"] if match else None, thread.frames)

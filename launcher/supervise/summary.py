@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import pathlib
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from launcher.error_file import TaskError
 from launcher.supervise import causes, diagnosis, fixes, stacks
@@ -169,13 +169,16 @@ SHOWN_FRAMES = 4
 
 
 def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path, stall_timeout: float | None = None,
-                  stopped_at: float | None = None) -> str:
+                  stopped_at: float | None = None, spied: Mapping[str, stacks.Whereabouts | None] = {},
+                  bundle: pathlib.Path | None = None) -> str:
     """`head` with the likely cause (the tasks in their own code while the others wait in the
-    framework), then where each task was, and where the stacks are. A task that had ended before
-    `stopped_at` (when the stall was declared) is said to have ended, not to lack a stack."""
+    framework), then where each task was, and where the stacks are. Where each task was is read
+    from py-spy's stacks (`spied`, by task) or else from the faulthandler dump in its output. A
+    task that had ended before `stopped_at` (when the stall was declared) is said to have ended,
+    not to lack a stack."""
     ended = [task for task in tasks if task.returncode is not None and task.ended_at is not None
              and stopped_at is not None and task.ended_at <= stopped_at]
-    places = [(task, stacks.whereabouts(task.lines)) for task in tasks if task not in ended]
+    places = [(task, spied.get(task.name) or stacks.whereabouts(task.lines)) for task in tasks if task not in ended]
     known = [(task, where) for task, where in places if where is not None]
     own = [task.name for task, where in known if where.in_own_code]
     if own and len(own) < len(known):
@@ -193,6 +196,8 @@ def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Pat
         lines.extend("  " + console_safe(str(frame)) for frame in _telling_frames(where.frames))
     for task in ended:
         lines.append(f"{task.name} on {task.host}: {describe_exit(task.returncode)} before the stall")
+    if bundle is not None:
+        lines.append(f"evidence: {bundle}/ (its README says what is there)")
     lines.append(f"stacks: {stacks_path}")
     if stall_timeout:
         lines.append(f"hint: a program that computes for longer than {stall_timeout:g} s without printing is not "
@@ -204,7 +209,7 @@ def _telling_frames(frames: Sequence[stacks.Frame]) -> list[stacks.Frame]:
     """The innermost frame, then the program's own frames (innermost first)."""
     if not frames:
         return []
-    own = [f for f in frames[1:] if not stacks.is_library(f.file)]
+    own = [f for f in frames[1:] if not f.native and not stacks.is_library(f.file)]
     return [frames[0], *own[:SHOWN_FRAMES - 1]]
 
 

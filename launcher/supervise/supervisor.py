@@ -22,7 +22,7 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, pace, policy, runrecord
+from launcher.supervise import causes, evidence, pace, policy, runrecord, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -101,6 +101,7 @@ class _Supervisor:
         self.record = runrecord.RunRecord(run_dir, options.run_id, self.plans, options.recorded(),
                                           options.show_secrets, report=self.output.notice)
         self.terminal = Terminal(run_dir, self.output, self.signals, options.run_id)
+        self.stacks_requests = stacks_request.Requests(run_dir, self.output.notice)  # of `mgpu stacks`
         self.attempt: Attempt | None = None  # the last one begun
         self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(options.rules(), grace_period=options.grace_period)
@@ -236,6 +237,7 @@ class _Supervisor:
             if isinstance(watch, policy.Stop):
                 return watch
             self.terminal.check_hang_up()
+            self.stacks_requests.look(lambda task, native: evidence.live(attempt, task, native))
             if time.monotonic() >= next_progress:
                 for task in tasks:
                     self.record.task_progress(task.plan, *task.output.progress.snapshot())
@@ -325,7 +327,8 @@ class _Supervisor:
             head = f"stall: no training task made progress for {stop.idle_for:.0f} s{after}"
             training = [attempt.view(t) for t in tasks if not t.sidecar]
             return stall_summary(head, training, self.run_dir / evidence.stacks_file_name(number),
-                                 self.options.stall_timeout, attempt.stacks_asked_at)
+                                 self.options.stall_timeout, attempt.stacks_asked_at, evidence.whereabouts(attempt),
+                                 self.run_dir / evidence.bundle_name(number))
         if stop.status == START_TIMEOUT:
             names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"

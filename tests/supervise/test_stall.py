@@ -9,6 +9,7 @@ import time
 
 import cpu_limits
 from launcher.errors import TaskFailed
+from launcher.host.py_spy import ENV_PY_SPY
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
 from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, recorded_ready, released_once,
                                 supervise_plans)
@@ -17,7 +18,8 @@ FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}  # the planner sets it for every task
 CORE_LIMIT_TASK = pathlib.Path(__file__).parents[1] / "programs" / "core_limit_task.py"
 
 
-def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_id, tmp_path):
+def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_id, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_PY_SPY, "")  # no py-spy: the stacks come from SIGABRT and faulthandler
     plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env=FAULTHANDLER)
     result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0, grace_period=1.0)
     assert isinstance(result.error, TaskFailed)
@@ -133,12 +135,13 @@ def test_the_stall_timeout_comes_from_the_command_line_then_the_spec_then_the_de
     assert recorded("--log-dir", str(tmp_path)) == 1800.0
 
 
-def test_asking_a_stalled_task_for_its_stacks_leaves_no_core_file(run_id, tmp_path):
+def test_asking_a_stalled_task_for_its_stacks_leaves_no_core_file(run_id, tmp_path, monkeypatch):
     """With core dumps on (`ulimit -c unlimited`), the SIGABRT that asks for stacks would leave a core
     file of every process of the task in its folder: mgpu lowers their core limit to 0 first. A
     child shell of the task reads its own limit as the signal arrives (what the kernel applies,
     wherever its core_pattern sends cores); its `sleep` and the Python task itself would dump cores
     (tests/programs/core_limit_task.py)."""
+    monkeypatch.setenv(ENV_PY_SPY, "")  # SIGABRT, the way left where py-spy cannot read the task
     work = tmp_path / "work"
     work.mkdir()
     plans = [p.__class__(**{**p.__dict__, "argv": (sys.executable, str(CORE_LIMIT_TASK)), "workdir": str(work)})

@@ -18,7 +18,8 @@ from typing import Iterable
 
 import paramiko
 
-from launcher.errors import ConnectError
+from launcher.errors import ConnectError, MgpuError
+from launcher.host import py_spy
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
@@ -113,6 +114,21 @@ class SshTaskProcess(TaskProcess):
         if self._conn.active or self._status() != EXIT_CONNECTION_LOST or self._chan.exit_status >= 0:
             return None
         return self._conn.lost_reason or "SSH connection lost"
+
+    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
+        """The members of the task's process group, dumped on its host over the task's connection."""
+        if self.poll() is not None:
+            return py_spy.Answer(None, problem="the task has ended")
+        nonce = py_spy.new_nonce()
+        python = task.argv[0] if task.argv else ""
+        if task.workdir and not python.startswith("/"):  # relative to the task's folder, as it ran
+            python = f"{task.workdir.rstrip('/')}/{python}"
+        command = py_spy.script(None, self.pid, native, [python], nonce, py_spy.configured())
+        try:
+            _, out, _ = self._conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
+        except MgpuError as e:
+            return py_spy.Answer(None, problem=str(e))
+        return py_spy.parse_answer(out, nonce)
 
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""

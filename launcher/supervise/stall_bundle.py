@@ -1,0 +1,48 @@
+"""A stalled attempt's folder in the run dir, stall-<attempt>/: every task's stacks and a README of
+what is there and how to read it. The stacks are also stacks-<attempt>.txt in the run dir (a
+second name of the same file, where the file system allows it)."""
+
+from __future__ import annotations
+
+import os
+
+from launcher.supervise.rundir import RunDir
+
+STACKS = "stacks.txt"
+README = "README"
+
+README_TEXT = """\
+What mgpu collected when attempt {attempt} of run {run_id} stalled (no training task made progress
+for the stall timeout), before it stopped the tasks.
+
+stacks.txt  Every task's stacks, one section per task ("===== worker:1 on host ... =====").
+            Sections "(read by py-spy ...)" come from the live processes: every thread of
+            every process of the task, innermost frame first, C and C++ frames marked [native].
+            Other sections are Python's faulthandler dump, written when the task was sent
+            SIGABRT because py-spy could not read it (the line before it says why).
+
+How to read it: in a synchronous job, the tasks that wait in a collective (frames of
+tensorflow, torch, jax, gloo or nccl) wait for the one that is elsewhere: a task in its own
+code, reading data or writing a checkpoint, is the likely cause. The stall report names it.
+Each task's whole output is its log in the run's folder (<type>-<index>.log).
+"""
+
+
+def folder_name(attempt: int) -> str:
+    return f"stall-{attempt}"
+
+
+def write(run_dir: RunDir, attempt: int, stacks_text: str, stacks_name: str) -> None:
+    """The folder, its README and stacks.txt; `stacks_name` in the run dir names the stacks too."""
+    folder = folder_name(attempt)
+    os.mkdir(folder, 0o700, dir_fd=run_dir.fd)
+    for name, text in ((README, README_TEXT.format(attempt=attempt, run_id=run_dir.path.name)),
+                       (STACKS, stacks_text)):
+        with open(run_dir.create(f"{folder}/{name}"), "w", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+    try:
+        os.link(f"{folder}/{STACKS}", stacks_name, src_dir_fd=run_dir.fd, dst_dir_fd=run_dir.fd,
+                follow_symlinks=False)
+    except OSError:  # a file system without hard links: a copy
+        with open(run_dir.create(stacks_name), "w", encoding="utf-8", errors="replace") as f:
+            f.write(stacks_text)
