@@ -8,6 +8,7 @@ import sys
 import time
 
 import cpu_limits
+import needs
 from launcher.errors import TaskFailed
 from launcher.host.py_spy import ENV_PY_SPY
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT
@@ -154,4 +155,28 @@ def test_asking_a_stalled_task_for_its_stacks_leaves_no_core_file(run_id, tmp_pa
     limits = (work / "limits-0.txt").read_text().split()
     assert limits[4] == "0", limits  # Max core file size <soft> <hard> bytes
     assert not [p.name for p in work.iterdir() if p.name.startswith("core")]
+    assert_run_gone(run_id)
+
+
+def test_a_stall_reads_every_stack_with_py_spy_before_the_stop_and_keeps_them_in_its_folder(run_id, tmp_path):
+    """py-spy reads the stalled tasks' stacks while they run: no SIGABRT, no faulthandler dump; the
+    report says where each task was from them, and where the stall's folder is."""
+    needs.installed_version("py-spy")
+    plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0, grace_period=1.0)
+    lines = str(result.error).splitlines()
+    assert lines[0].startswith("stall: no training task made progress for "), lines
+    assert "worker:1 on 127.0.0.1: in its own code, not in a collective" in lines
+    assert any("fake_worker.py:" in line and " in main" in line for line in lines), lines
+    assert lines[-3] == f"evidence: {result.run_dir / 'stall-0'}/ (its README says what is there)"
+    assert lines[-2] == f"stacks: {result.run_dir / 'stacks-0.txt'}"
+    kept = (result.run_dir / "stall-0" / "stacks.txt").read_text()
+    assert kept.count("(read by py-spy, the task running)") == 2 and "[native]" in kept
+    assert (result.run_dir / "stacks-0.txt").read_text() == kept
+    assert "stacks.txt" in (result.run_dir / "stall-0" / "README").read_text()
+    assert "collecting every task's stacks (py-spy; SIGABRT where it cannot attach)" in result.console
+    for name in ("worker:0", "worker:1"):
+        assert "Fatal Python error" not in result.log(name)
+    # Stopped by the stop's SIGTERM, not asked for stacks with SIGABRT.
+    assert {t["signal"] for t in result.run["attempts"][0]["tasks"].values()} == {"SIGTERM"}
     assert_run_gone(run_id)
