@@ -267,7 +267,7 @@ def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
     host far below the others."""
     import json
 
-    from launcher.preflight.check import render_table, table_json
+    from launcher.preflight.check import py_spy_notes, render_table, table_json
     from launcher.preflight.speed import by_slow_host, describe, slow_hosts, warning_lines
 
     slow = slow_hosts(speeds)
@@ -285,6 +285,8 @@ def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
         click.echo(json.dumps({"hosts": rows, "unreachable": list(unreachable), "slow_hosts": list(named)}, indent=2))
     else:
         click.echo(render_table(reports))
+    for note in py_spy_notes(reports):
+        click.echo(f"mgpu: {note}", err=True)
     for speed in speeds:
         for problem in speed.problems:
             click.echo(f"mgpu: the speed probe on {speed.host}: {problem}", err=True)

@@ -157,7 +157,7 @@ def check_answer(data: object) -> dict:
     for key in ("python", "tensorflow", "tf_keras"):
         if key in fields:
             result[key] = fields.name(key)
-    for key in ("tensorflow_error", "tf_keras_error"):
+    for key in ("tensorflow_error", "tf_keras_error", "py_spy"):
         if key in fields:
             result[key] = fields.text(key)
     result["missing_modules"] = fields.texts("missing_modules")

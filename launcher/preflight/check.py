@@ -50,6 +50,7 @@ class HostReport:
     tf_keras: str = "-"  # checked only when tasks run with --legacy-keras
     ports: str = "-"
     gpus: str = "-"
+    py_spy: str | None = None  # where py-spy is (`mgpu stacks`); "": not there; None: not asked
     speed: str = "-"  # the speed probe's figures, with the slow ones named (mgpu check)
     problems: list[str] = dataclasses.field(default_factory=list)
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
@@ -165,7 +166,16 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
         report.problems.append("port " + ",".join(str(p) for p in busy) + " in use")
     gpus = result.get("gpus")
     report.gpus = "-" if gpus is None else str(gpus)
+    report.py_spy = result.get("py_spy")
     return report
+
+
+def py_spy_notes(reports: Sequence[HostReport]) -> list[str]:
+    """A line for each host where `mgpu stacks` finds no py-spy: it still runs, and a stall's stacks
+    come from SIGABRT there."""
+    return [f"note: no py-spy on {r.host}: `mgpu stacks` cannot read its tasks, and a stall asks them for "
+            f"their stacks with SIGABRT (pip install py-spy, with the tasks' Python or on PATH)"
+            for r in reports if r.py_spy == ""]
 
 
 def _compare_tensorflow(reports: Sequence[HostReport], local_version: str | None) -> None:
@@ -316,7 +326,8 @@ def render_table(reports: Sequence[HostReport]) -> str:
 def table_json(reports: Sequence[HostReport]) -> list[dict]:
     """The table's rows as JSON objects (`mgpu check --json`): the columns, and problems for RESULT."""
     return [{"host": r.host, "tasks": list(r.tasks), "ssh": r.ssh, "python": r.python, "tensorflow": r.tensorflow,
-             "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "ok": r.ok, "problems": list(r.problems)}
+             "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "py_spy": r.py_spy, "ok": r.ok,
+             "problems": list(r.problems)}
             for r in reports]
 
 

@@ -1,6 +1,8 @@
 """The probe's host check: what a host offers the tasks (their Python, modules, TensorFlow, free
 ports, GPUs). Part of the probe's program (shipped as source: see __init__.py)."""
 
+import os
+import shutil
 import sys
 
 from launcher.host.gpus import gpu_count
@@ -50,7 +52,14 @@ def host_check(ports, modules, legacy_keras=False, import_tensorflow=True):
         else:
             out["tf_keras_error"] = NOT_INSTALLED
     out["gpus"] = gpu_count(timeout=20.0)
+    out["py_spy"] = py_spy_path()
     return out
+
+
+def py_spy_path():
+    """Where `mgpu stacks` finds py-spy on this host: on PATH, or beside the tasks' Python; "" if nowhere."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else "")
 
 
 def host_check_of(args):
