@@ -32,6 +32,7 @@ from typing import BinaryIO, Sequence
 
 from launcher import protocol
 from launcher.config.hostlist import expand_entry
+from launcher.host import py_spy
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import slurm_step_document
@@ -289,6 +290,26 @@ class SlurmTaskProcess(TaskProcess):
 
     def signal_tree(self, signum: int) -> None:
         self._step.signal(signum)
+
+    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
+        """py-spy on the task's node, in a step beside the tasks' (`--overlap`), for the processes
+        `scontrol listpids` gives the task's rank."""
+        step_id = self._step.step_id
+        if step_id is None or self.poll() is not None:
+            return py_spy.Answer(None, problem="the task is not running")
+        nonce = py_spy.new_nonce()
+        command = py_spy.script(py_spy.listing_of_slurm_task(step_id, self._rank), native,
+                                [task.argv[0]] if task.argv else [], nonce, py_spy.configured())
+        argv = ["srun", "--overlap", "--quiet", "--input=none", "--gres=none", f"--nodelist={task.host}",
+                "--nodes=1", "--ntasks=1", *([f"--chdir={task.workdir}"] if task.workdir else []), "sh", "-c", command]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return py_spy.Answer(None, problem=f"srun for py-spy did not end within {timeout:g} s")
+        except OSError as exc:
+            return py_spy.Answer(None, problem=f"cannot run srun: {exc.strerror or exc}")
+        return py_spy.parse_answer(done.stdout, nonce)
 
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)

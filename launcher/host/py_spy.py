@@ -56,16 +56,29 @@ def configured() -> str | None:
     return os.environ.get(ENV_PY_SPY)
 
 
-def script(pids: Sequence[int] | None, pgid: int | None, native: bool, pythons: Sequence[str], nonce: str,
-           spy: str | None = None) -> str:
-    """The /bin/sh script that dumps `pids` (or the members of process group `pgid`); `pythons`: the
+def listing_of_pids(pids: Sequence[int]) -> str:
+    """The shell words that list these processes."""
+    return "echo " + " ".join(str(int(p)) for p in pids[:MAX_PROCESSES])
+
+
+def listing_of_group(pgid: int) -> str:
+    """The shell words that list the members of a process group (a task over SSH)."""
+    return f"pgrep -g {int(pgid)} 2>/dev/null | head -n {MAX_PROCESSES}"
+
+
+def listing_of_slurm_task(step_id: str, rank: int) -> str:
+    """The shell words that list the processes of task `rank` of a Slurm step, on its node."""
+    if not re.fullmatch(r"\d+\.\d+", step_id):
+        raise ValueError(f"bad step id {step_id!r}")
+    return (f"scontrol listpids {step_id} 2>/dev/null | awk 'NR > 1 && $5 == {int(rank)} {{ print $1 }}' "
+            f"| head -n {MAX_PROCESSES}")
+
+
+def script(listing: str, native: bool, pythons: Sequence[str], nonce: str, spy: str | None = None) -> str:
+    """The /bin/sh script that dumps the processes `listing` lists (listing_of_*); `pythons`: the
     task's interpreter and others, beside which py-spy may be installed (a relative path is the
     task's own, from the folder the script runs in); `spy`: MGPU_PY_SPY's value, if set."""
     mark = f"\x1emgpu-spy-{nonce}"
-    if pids is not None:
-        listing = "echo " + " ".join(str(int(p)) for p in pids[:MAX_PROCESSES])
-    else:
-        listing = f"pgrep -g {int(pgid)} 2>/dev/null | head -n {MAX_PROCESSES}"
     beside = [os.path.join(os.path.dirname(python), "py-spy") for python in pythons if "/" in python]
     tries = "".join(f'[ -n "$spy" ] || {{ [ -x {shlex.quote(path)} ] && spy={shlex.quote(path)}; }}; '
                     for path in dict.fromkeys(beside))
@@ -160,7 +173,7 @@ def run_here(pids: Sequence[int], native: bool, python: str | None, timeout: flo
     nonce = new_nonce()
     pythons = [python] if python else []
     try:
-        done = subprocess.run(["/bin/sh", "-c", script(pids, None, native, [*pythons, sys.executable], nonce,
+        done = subprocess.run(["/bin/sh", "-c", script(listing_of_pids(pids), native, [*pythons, sys.executable], nonce,
                                                        configured())], cwd=workdir if workdir else None,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               timeout=timeout, check=False)

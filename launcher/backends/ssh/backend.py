@@ -123,7 +123,7 @@ class SshTaskProcess(TaskProcess):
         python = task.argv[0] if task.argv else ""
         if task.workdir and not python.startswith("/"):  # relative to the task's folder, as it ran
             python = f"{task.workdir.rstrip('/')}/{python}"
-        command = py_spy.script(None, self.pid, native, [python], nonce, py_spy.configured())
+        command = py_spy.script(py_spy.listing_of_group(self.pid), native, [python], nonce, py_spy.configured())
         try:
             _, out, _ = self._conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
         except MgpuError as e:

@@ -524,8 +524,9 @@ def test_asking_a_stalled_step_for_its_stacks_leaves_no_core_file(slurm, tmp_pat
     Each task's child shell reads its own limit as the signal arrives (tests/programs/core_limit_task.py)."""
     rid = run_id("cores")
     program = pathlib.Path(__file__).parents[2] / "programs" / "core_limit_task.py"
-    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--",
-                                                      sys.executable, str(program)))
+    # MGPU_PY_SPY empty: no py-spy, so the stacks are asked for with SIGABRT, as where it cannot attach.
+    done = in_allocation(slurm, tmp_path, ["env", "MGPU_PY_SPY=", *launch_argv(tmp_path, rid, "--stall-timeout", "2",
+                                                                              "--", sys.executable, str(program))])
     assert done.returncode == 1, done.stdout + done.stderr
     assert "mgpu: error: stall: no training task made progress for " in done.stderr, done.stderr
     left = sorted(p.name for p in tmp_path.iterdir())
@@ -565,3 +566,37 @@ def test_the_gpus_slurm_binds_to_each_task_are_the_ones_it_gets(slurm, tmp_path)
     assert sorted(env["CUDA_VISIBLE_DEVICES"] for env in envs) == ["1", "2"]
     # A task with GPUs keeps JAX's own collectives.
     assert [env.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION") for env in envs] == [None, None]
+
+
+STACKS_IN_A_STEP = """
+set -u
+{launch} >launch.out 2>&1 &
+launch=$!
+for _ in $(seq 600); do
+    [ "$(cat runs/{rid}/worker-0.log runs/{rid}/worker-1.log 2>/dev/null | grep -c waiting)" = 2 ] && break
+    sleep 0.1
+done
+{stacks} >stacks.out 2>stacks.err
+echo "stacks-exit=$?"
+touch go
+wait $launch
+echo "launch-exit=$?"
+"""
+
+
+def test_stacks_of_a_slurm_steps_tasks_are_read_on_their_node_and_the_run_then_succeeds(slurm, tmp_path):
+    """`mgpu stacks` from the allocation's shell: py-spy runs in a step beside the tasks' (--overlap) and
+    reads each task's processes by its rank; the run then ends as it would have."""
+    rid = run_id("stacks")
+    program = pathlib.Path(__file__).parents[2] / "programs" / "waits_for_go.py"
+    launch = shlex.join(launch_argv(tmp_path, rid, "--", sys.executable, str(program), str(tmp_path / "go")))
+    stacks = shlex.join([*MGPU, "stacks", rid, "--log-dir", str(tmp_path / "runs")])
+    done = in_allocation(slurm, tmp_path, ["bash", "-c", STACKS_IN_A_STEP.format(launch=launch, rid=rid, stacks=stacks)])
+    out = (tmp_path / "stacks.out").read_text()
+    assert "stacks-exit=0" in done.stdout, done.stdout + (tmp_path / "stacks.err").read_text()
+    for index in range(2):
+        section = out.split(f"===== worker:{index} on {NODE} =====\n")[1].split("=====")[0]
+        assert f"waits_for_go ({program}:" in section, out
+    assert "launch-exit=0" in done.stdout, (tmp_path / "launch.out").read_text()
+    assert run_record(tmp_path, rid)["status"] == "succeeded"
+    assert_nothing_left(slurm, rid)
