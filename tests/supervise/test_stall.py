@@ -180,3 +180,19 @@ def test_a_stall_reads_every_stack_with_py_spy_before_the_stop_and_keeps_them_in
     # Stopped by the stop's SIGTERM, not asked for stacks with SIGABRT.
     assert {t["signal"] for t in result.run["attempts"][0]["tasks"].values()} == {"SIGTERM"}
     assert_run_gone(run_id)
+
+
+def test_a_py_spy_that_fails_leaves_the_stacks_to_sigabrt_and_the_stop_goes_on(run_id, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_PY_SPY, "/bin/false")  # a py-spy that reads nothing
+    plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env=FAULTHANDLER)
+    result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0, grace_period=1.0)
+    lines = str(result.error).splitlines()
+    assert "worker:1 on 127.0.0.1: in its own code, not in a collective" in lines
+    for name in ("worker:0", "worker:1"):
+        assert f"[mgpu] {name} on 127.0.0.1: py-spy could not read pid " in result.console
+        assert f"asking {name} with SIGABRT" in result.console
+        assert "Fatal Python error: Aborted" in result.log(name)
+    kept = (result.run_dir / "stall-0" / "stacks.txt").read_text()
+    assert "py-spy could not read pid" in kept and 'fake_worker.py", line' in kept
+    assert {t["signal"] for t in result.run["attempts"][0]["tasks"].values()} == {"SIGABRT"}
+    assert_run_gone(run_id)
