@@ -55,7 +55,7 @@ class TaskStacks:
             lines.append(f"Process {process.pid}")
             for name, thread in process.threads:
                 lines.append(f'Thread "{name}"' + (" (main)" if thread.is_main else ""))
-                lines.extend(f"    {frame.function} ({frame.file}{f':{frame.line}' if frame.line else ''})"
+                lines.extend(f"    {frame.file}{f':{frame.line}' if frame.line else ''} in {frame.function}"
                              + (" [native]" if frame.native else "") for frame in thread.frames)
         return "\n".join(lines) + "\n"
 

@@ -41,13 +41,13 @@ def test_stacks_of_a_live_run_show_each_tasks_functions_and_the_run_then_succeed
     assert done.returncode == 0, done.stderr
     for index in range(2):
         section = done.stdout.split(f"===== worker:{index} on 127.0.0.1 =====\n")[1].split("=====")[0]
-        assert f"waits_for_go ({WAITS_FOR_GO}:" in section and "<module>" in section, done.stdout
+        assert f"{WAITS_FOR_GO}:" in section and " in waits_for_go\n" in section and " in <module>" in section, done.stdout
     kept = done.stderr.strip().splitlines()[-1].removeprefix("mgpu: kept in ")
-    assert open(kept).read().count("waits_for_go (") == 2
+    assert open(kept).read().count(" in waits_for_go\n") == 2
     one = runs.mgpu("stacks", run_id, "--task", "worker:1", "--native")
     assert one.returncode == 0, one.stderr
     assert "worker:0" not in one.stdout and "worker:1 on 127.0.0.1" in one.stdout
-    assert "[native]" in one.stdout and "waits_for_go (" in one.stdout
+    assert "[native]" in one.stdout and " in waits_for_go\n" in one.stdout
     wrong = runs.mgpu("stacks", run_id, "--task", "worker:7")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no task 'worker:7'" in wrong.stderr
     go.touch()

@@ -596,7 +596,7 @@ def test_stacks_of_a_slurm_steps_tasks_are_read_on_their_node_and_the_run_then_s
     assert "stacks-exit=0" in done.stdout, done.stdout + (tmp_path / "stacks.err").read_text()
     for index in range(2):
         section = out.split(f"===== worker:{index} on {NODE} =====\n")[1].split("=====")[0]
-        assert f"waits_for_go ({program}:" in section, out
+        assert f"{program}:" in section and " in waits_for_go\n" in section, out
     assert "launch-exit=0" in done.stdout, (tmp_path / "launch.out").read_text()
     assert run_record(tmp_path, rid)["status"] == "succeeded"
     assert_nothing_left(slurm, rid)

@@ -32,7 +32,7 @@ def test_stacks_of_remote_tasks_are_read_on_their_hosts_and_the_run_then_succeed
         assert asked.returncode == 0, err
         for index, host in enumerate(("sshd-a", "sshd-b")):
             section = out.split(f"===== worker:{index} on {host} =====\n")[1].split("=====")[0]
-            assert f"waits_for_go ({WAITS_FOR_GO}:" in section, out
+            assert f"{WAITS_FOR_GO}:" in section and " in waits_for_go\n" in section, out
         go.touch()
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
