@@ -54,6 +54,13 @@ def _programs_environment(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _state_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test's launches keep their quarantine of hosts (XDG_STATE_HOME) in a folder of the
+    test's own: a host one test's run left out is not avoided by the next test's run, nor the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state", numbered=True)))
+
+
+@pytest.fixture(autouse=True)
 def _signals_left_as_found():
     """Fails the test that leaves this process's signal handlers or mask changed, and restores them."""
     handlers = {signum: signal.getsignal(signum) for signum in _WATCHED_SIGNALS}
