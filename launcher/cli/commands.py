@@ -7,11 +7,13 @@ import sys
 import click
 
 from launcher.cli import params
+from launcher.cli.hosts import health_check_option, quarantine_option
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, host_naming, hosts_request, launch_options_from,
     no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
 )
+from launcher.intake.quarantine import avoiding_quarantined
 from launcher.intake.load import (
     SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
 )
@@ -101,6 +103,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")
 @spare_hosts_option
+@quarantine_option
+@health_check_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
@@ -142,6 +146,9 @@ def launch_command(**opts) -> int | None:
     if opts["leave_out_slow"] and (opts["no_check"] or opts["slurm"]):
         raise UsageError("--leave-out-slow needs the speed probe of the pre-launch checks: not with "
                          + ("--no-check" if opts["no_check"] else "--slurm"))
+    if opts["health_check"] and opts["slurm"]:
+        raise UsageError("--health-check runs on SSH hosts and this machine: not with --slurm (Slurm checks "
+                         "its nodes itself: see HealthCheckProgram in slurm.conf)")
     if opts["detach"] and opts["slurm"]:
         raise UsageError("--detach does not go with --slurm: the allocation ends with the shell that holds it; "
                          "submit the launch with sbatch instead (it runs without a terminal)")
@@ -150,6 +157,7 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    spec = avoiding_quarantined(spec, opts["quarantine"], slurm=slurm is not None)
     if spec.command is None and any(task.role == "ps" for task in spec.tasks):
         raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
                          "give your ParameterServerStrategy program after --")
@@ -218,6 +226,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 
 @cli.command("check", help=CHECK_HELP)
 @spare_hosts_option
+@quarantine_option
 @cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
@@ -235,6 +244,7 @@ def check_command(**opts) -> None:
     check_text(opts, command)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts_request(opts)), command),
                                                task_settings(opts)), opts)
+    spec = avoiding_quarantined(spec, opts["quarantine"])
     plans = make_plans(spec, run_id="check", naming=host_naming(opts))
     spare_plans = spare_check_plans(spec, "check", host_naming(opts))
     ssh_backend = None

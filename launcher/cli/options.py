@@ -232,4 +232,6 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
         allow_public=opts["allow_public"],
         leave_out_slow=opts["leave_out_slow"],
         detach=opts["detach"],
+        quarantine=opts.get("quarantine", 0.0),
+        health_check=opts.get("health_check") or spec.health_check,
     )

@@ -9,6 +9,7 @@ import math
 
 import click
 
+from launcher.config.quarantine import parse_duration
 from launcher.config.spec import MAX_SECONDS
 from launcher.config.addresses import (
     parse_endpoint, parse_env_assignment, parse_env_name, parse_host_list, parse_port, parse_run_id,
@@ -124,3 +125,4 @@ ENV_ASSIGNMENT = ParsedParam("NAME=VALUE", parse_env_assignment)
 ENV_NAME_OR_PREFIX = ParsedParam("NAME or PREFIX*", _env_name_or_prefix)
 TASK_SELECTORS = ParsedParam("type[:index],...", _task_selectors)
 RUN_ID = ParsedParam("run-id", parse_run_id)
+DURATION = ParsedParam("duration", parse_duration)

@@ -81,6 +81,8 @@ class ClusterSpec:
     setup_timeout: float | None = None
     # Hosts that take the tasks of a host left out during a run (`--spare-hosts`, spec `spares:`), in order.
     spares: tuple[str, ...] = ()
+    # A command every host runs before it runs tasks (`--health-check`): non-zero leaves the host out.
+    health_check: str | None = None
 
 
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash

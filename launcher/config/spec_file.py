@@ -20,7 +20,7 @@ from launcher.errors import SpecError
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
-    "sync", "setup", "setup_timeout", "spares",
+    "sync", "setup", "setup_timeout", "spares", "health_check",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -136,6 +136,7 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         setup=read.optional(top, "setup", read.string),
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),
         spares=_spares(read, top.get("spares", [])),
+        health_check=read.optional(top, "health_check", read.string),
     )
 
 

@@ -76,6 +76,14 @@ class HostActions:
         """The command that relaunches the run without `hosts`; None when it cannot be written."""
         return None
 
+    def unhealthy(self, plans: Sequence[TaskPlan], left_out: Sequence[str]) -> dict[str, str]:
+        """The hosts of `plans` but `left_out` that fail the health check now, each with why."""
+        return {}
+
+    def remember_left_out(self, why: dict[str, str], notice: Callable[[str], None]) -> None:
+        """Hosts left out for a fault of their own ('cause: detail' each), for later runs to avoid;
+        `notice` takes what is said of it."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Seen:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, pace, policy, runrecord, stacks_request
+from launcher.supervise import causes, evidence, health, pace, policy, runrecord, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -173,6 +173,10 @@ class _Supervisor:
                 self.output.notice(f"attempt {attempt + 1} failed: {judged.kind}"
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
             after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
+            if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
+                after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
+                                                   self.hosts.view(self.plans))
+                others = others + found
             self.costs.progressed(progress)
             if (isinstance(after, policy.Restart) or after.left_out) and (cause or others):
                 self.costs.costs.append(Cost(cause or others[0], time.time(), lost))
@@ -303,6 +307,7 @@ class _Supervisor:
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
                for host in (*hosts, *placement.gone)}
         self.left_out.extend(host for host in why if host not in self.left_out)
+        self.hosts.remember_left_out(why, self.output.notice)
         if placement.plans is None:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
                                  self.hosts.relaunch(tuple(self.left_out)))

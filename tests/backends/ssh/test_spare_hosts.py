@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from launching import finish, start_mgpu, wait_for
-from launching import REPO
+from launching import REPO, run_mgpu
+from launcher.host.quarantine_file import QuarantineFile
 from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, start_sshd, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
@@ -119,6 +120,14 @@ def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_
     closing = out.splitlines()[-1]
     assert closing.startswith("[mgpu] done: 2 tasks succeeded in ") and "; 1 restart (h2 lost at " in closing, closing
     assert "h3 took worker:1)" in closing, closing
+    # h2 is remembered: the next launch on it gives its task to the spare before the start.
+    (held,) = QuarantineFile().entries()
+    assert (held.host, held.cause, held.run_id) == ("h2", "host-lost", record["run_id"]), held
+    assert f"quarantined h2 for 1d ({QuarantineFile().path}; " in out, out[-4000:]
+    again = run_mgpu("launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--ssh-config",
+                     str(three_hosts[2]), "--dry-run", "--json")
+    assert [task["host"] for task in json.loads(again.stdout)["tasks"]] == ["h1", "h3"], again.stderr
+    assert again.stderr.startswith("mgpu: warning: h2 is quarantined (host-lost in run "), again.stderr
 
 
 def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_command(three_hosts, tmp_path):
@@ -130,6 +139,7 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
     assert report[1].startswith("  mgpu launch --workers h1:2222 --max-restarts 2 "), report
     assert "--run-id" not in report[1]
     assert [a["cause"] for a in record["attempts"]] == ["host-lost"]
+    assert [held.host for held in QuarantineFile().entries()] == ["h2"]
 
 
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
@@ -236,3 +246,55 @@ def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tm
         "network", "worker:1", "h2", "h1 cannot reach h2"), first
     assert "mgpu: error: h2 left out (network: h1 cannot reach h2) and no spare host to take worker:1" in done.stderr
     assert not run_processes(run_id)
+
+
+def launch_with_health_check(three_hosts, tmp_path, check: str, program: str) -> tuple[int, str, dict]:
+    """Launch a short program on h1 and h2 with h3 as a spare and this health check; (exit code,
+    output, run.json)."""
+    lab, known, config = three_hosts
+    run_id = unique_run_id("health")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--max-restarts", "1",
+                      "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "6",
+                      "--grace-period", "1", "--workdir", str(tmp_path), "--run-id", run_id,
+                      "--health-check", check, "--", PYTHON, "-c", program, cwd=tmp_path, env=env)
+    try:
+        code, out = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return code, out, json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+
+
+def failing_on_h2(lab: Netns, marker) -> str:
+    """A health check that fails on h2 (told by the address its SSH session reached) once `marker` exists."""
+    return (f'case "$SSH_CONNECTION" in *" {lab.hosts["h2"]} "*) test -e {marker} && '
+            f'{{ echo checking; echo "GPU 1: NCCL all-reduce 0.3 GB/s" >&2; exit 3; }};; esac; true')
+
+
+def test_a_host_that_fails_its_health_check_before_the_start_gives_its_tasks_to_a_spare(three_hosts, tmp_path):
+    (tmp_path / "sick").touch()
+    code, out, record = launch_with_health_check(three_hosts, tmp_path, failing_on_h2(three_hosts[0], tmp_path / "sick"),
+                                                 "pass")
+    assert code == 0, out[-4000:]
+    assert "mgpu: left out h2: its health check failed (the health check exited with code 3: GPU 1: NCCL " \
+           "all-reduce 0.3 GB/s); spare host h3 takes its tasks" in out, out[-4000:]
+    (attempt,) = record["attempts"]
+    assert {name: task["host"] for name, task in attempt["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert [(held.host, held.cause) for held in QuarantineFile().entries()] == [("h2", "health-check")]
+
+
+def test_after_a_failed_attempt_a_host_that_fails_its_health_check_is_left_out(three_hosts, tmp_path):
+    """The first attempt fails and makes h2 sick: the health check before the restart leaves it out."""
+    sick = tmp_path / "sick"
+    program = (f"import os, pathlib, sys\nif os.environ['MGPU_ATTEMPT'] == '0':\n"
+               f"    pathlib.Path({str(sick)!r}).touch()\n    sys.exit(1)\n")
+    code, out, record = launch_with_health_check(three_hosts, tmp_path, failing_on_h2(three_hosts[0], sick), program)
+    assert code == 0, out[-4000:]
+    first, second = record["attempts"]
+    assert first["cause"] == "program-error", first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert "h2 left out for the rest of the run (health-check: the health check exited with code 3: GPU 1: NCCL " \
+           "all-reduce 0.3 GB/s); h3 took worker:1" in out, out[-4000:]
+    assert "restarting all tasks without h2 (restart 1 of 1)" in out
+    assert [(held.host, held.cause) for held in QuarantineFile().entries()] == [("h2", "health-check")]
