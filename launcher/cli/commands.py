@@ -210,7 +210,8 @@ the same checks on remote hosts first, and with --legacy-keras on this machine
 too, reading TensorFlow's and tf_keras's versions without importing them (the
 tasks import them at once); the reachability test runs for every launch, local
 tasks included, and the speed probe for a launch on more than one host
-(--no-check skips them all).
+(--no-check skips them all). A host of this user's quarantine (`mgpu hosts`)
+is warned about, and a spare host checked in its place where one is given.
 
 \b
 Examples:
