@@ -10,7 +10,7 @@ from launcher.cli import params
 from launcher.cli.hosts import health_check_option, quarantine_option
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    check_text, cluster_options, host_naming, hosts_request, launch_options_from,
+    check_text, cluster_options, exit_codes_of, host_naming, hosts_request, launch_options_from,
     no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
 )
 from launcher.intake.quarantine import avoiding_quarantined
@@ -102,6 +102,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")
+@click.option("--exit-codes", type=params.EXIT_CODES, metavar="CODE=ACTION,...",
+              help="What a task's exit code means: restart (counted in --max-restarts), restart-free (not "
+                   "counted), fail (stop now, no restart) or leave-out-host (its host's tasks go to a spare), "
+                   "e.g. 3=fail,75=restart-free; over the spec's exit_codes. [default: 42=restart-free]")
 @spare_hosts_option
 @quarantine_option
 @health_check_option
@@ -174,6 +178,8 @@ def launch_command(**opts) -> int | None:
             out.write(piece)
         if spec.spares and not opts["as_json"]:
             out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
+        if not opts["as_json"]:
+            out.write(f"exit codes: {exit_codes_of(opts, spec).said()}\n")
         out.flush()
         return
 

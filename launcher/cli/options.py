@@ -18,6 +18,7 @@ from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.backends.ssh.options import SshOptions
+from launcher.exit_codes import DEFAULTS as DEFAULT_EXIT_CODES, ExitCodes
 from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 
@@ -210,6 +211,11 @@ def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     return with_spares(spec, spares if spares is not None else spec.spares)
 
 
+def exit_codes_of(opts: dict, spec: ClusterSpec) -> ExitCodes:
+    """The defaults, the spec's `exit_codes:` over them, and --exit-codes over both, code by code."""
+    return DEFAULT_EXIT_CODES.over(spec.exit_codes).over(opts.get("exit_codes") or ())
+
+
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
     stall_timeout = next((value for value in (opts.get("stall_timeout"), spec.stall_timeout) if value is not None),
                          DEFAULT_STALL_TIMEOUT)
@@ -226,6 +232,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             show=opts["show"],
             show_tf_logs=opts["show_tf_logs"],
             show_secrets=opts["show_secrets"],
+            exit_codes=exit_codes_of(opts, spec),
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

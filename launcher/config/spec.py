@@ -7,6 +7,7 @@ from typing import Iterable, Mapping, Sequence
 
 
 from launcher.errors import SpecError
+from launcher.exit_codes import ExitRule
 from launcher.protocol import TASK_TYPES
 from launcher.config.addresses import Endpoint, format_address
 from launcher.config.hostlist import check_task_total
@@ -83,6 +84,8 @@ class ClusterSpec:
     spares: tuple[str, ...] = ()
     # A command every host runs before it runs tasks (`--health-check`): non-zero leaves the host out.
     health_check: str | None = None
+    # The spec file's `exit_codes:` rules (launcher/exit_codes.py), which --exit-codes overrides code by code.
+    exit_codes: tuple[ExitRule, ...] = ()
 
 
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash

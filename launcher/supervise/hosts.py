@@ -129,3 +129,11 @@ def left_out_head(why: dict[str, str], moved: Sequence[str], relaunch: str | Non
     it = "it" if len(why) == 1 else "them"
     return (f"{hosts} and no spare host to take {', '.join(moved)}"
             + (f"; relaunch without {it}:\n  {relaunch}" if relaunch else ""))
+
+
+def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
+    """Each host left out, in order, with the next spare, in the spares' order: (host, spare) pairs.
+    None when the spares run out first: the run cannot go on without a place for every task."""
+    if len(spares) < len(hosts):
+        return None
+    return tuple(zip(hosts, spares))

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 from launcher.error_file import TaskError
 from launcher.supervise import causes, diagnosis, fixes, stacks
 from launcher.supervise.console_text import console_safe
+from launcher.supervise.exit_rules import said_rule
 from launcher.supervise.status import describe_exit  # noqa: F401 - told here too, with the summaries
 
 
@@ -232,7 +233,7 @@ def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> st
     elif cause.kind == causes.NETWORK:
         story = f"{cause.host} unreachable at {when}: {cause.detail}"
     elif cause.kind == causes.PREEMPTED:
-        story = f"{cause.task} preempted at {when}"
+        story = f"{cause.task} preempted at {when}" + (f" (rule {said_rule(cause.rule)})" if cause.rule else "")
     elif cause.kind == causes.KILLED:
         how = "out of memory" if "OOM killer" in cause.detail else "SIGKILL"
         story = f"{cause.task} on {cause.host} killed at {when} ({how})"

@@ -22,7 +22,7 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, health, pace, policy, runrecord, stacks_request
+from launcher.supervise import causes, evidence, exit_rules, health, pace, policy, runrecord, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -161,7 +161,7 @@ class _Supervisor:
                 return SUCCEEDED, None, 0
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
-            cause = charge(stop, self.attempt, self.hosts, self.plans)
+            cause = exit_rules.restate(charge(stop, self.attempt, self.hosts, self.plans), self.options.exit_codes)
             # Hosts lost together are judged together: every other host that lost its connection or
             # left its tasks without an exit status.
             others = [] if stop.status == INTERRUPTED else judge_others(
