@@ -176,10 +176,10 @@ def launch_command(**opts) -> int | None:
         out = sys.stdout
         for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
             out.write(piece)
-        if spec.spares and not opts["as_json"]:
-            out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
         if not opts["as_json"]:
             out.write(f"exit codes: {exit_codes_of(opts, spec).said()}\n")
+        if spec.spares and not opts["as_json"]:
+            out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
         out.flush()
         return
 
