@@ -106,6 +106,12 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help="What a task's exit code means: restart (counted in --max-restarts), restart-free (not "
                    "counted), fail (stop now, no restart) or leave-out-host (its host's tasks go to a spare), "
                    "e.g. 3=fail,75=restart-free; over the spec's exit_codes. [default: 42=restart-free]")
+@click.option("--notify", metavar="COMMAND",
+              help="A shell command run on this machine at each event of the run (started, attempt failed, host "
+                   "left out, stalled, ended), with the event as JSON on its standard input and in MGPU_EVENT.")
+@click.option("--notify-url", type=params.NOTIFY_URL, metavar="URL",
+              help="POST each event's JSON to URL (it has a Slack-compatible 'text' field): a Slack, Mattermost "
+                   "or other incoming webhook.")
 @spare_hosts_option
 @quarantine_option
 @health_check_option

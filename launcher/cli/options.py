@@ -233,6 +233,8 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             show_tf_logs=opts["show_tf_logs"],
             show_secrets=opts["show_secrets"],
             exit_codes=exit_codes_of(opts, spec),
+            notify=opts.get("notify"),
+            notify_url=opts.get("notify_url"),
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

@@ -128,3 +128,12 @@ TASK_SELECTORS = ParsedParam("type[:index],...", _task_selectors)
 RUN_ID = ParsedParam("run-id", parse_run_id)
 DURATION = ParsedParam("duration", parse_duration)
 EXIT_CODES = ParsedParam("CODE=ACTION,...", parse_exit_codes)
+
+
+def _notify_url(text: str) -> str:
+    from launcher.supervise.notify import check_url  # only a launch that posts notices loads it
+
+    return check_url(text)
+
+
+NOTIFY_URL = ParsedParam("URL", _notify_url)

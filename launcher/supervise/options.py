@@ -42,6 +42,10 @@ class SuperviseOptions:
     show_secrets: bool = False  # run.json shows the values of the plans' secret_env
     # What each exit code of a task means (launcher/exit_codes.py): the defaults, the spec's, --exit-codes.
     exit_codes: ExitCodes = dataclasses.field(default=DEFAULT_EXIT_CODES, metadata=RECORDED)
+    # Where word of the run's events goes (notify.py): a shell command, a URL. Not recorded: a URL or a
+    # command line often holds a token.
+    notify: str | None = None
+    notify_url: str | None = None
 
     def rules(self) -> policy.Rules:
         """The policy's rules, from these settings."""

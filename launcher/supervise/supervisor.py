@@ -27,6 +27,7 @@ from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, Ta
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
 from launcher.supervise.hosts import HostActions, Placement, Seen, judge_others, left_out_head
+from launcher.supervise.notify import Notifier
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.output import RunOutput
 from launcher.supervise.reaper import Reaper
@@ -105,6 +106,7 @@ class _Supervisor:
         self.attempt: Attempt | None = None  # the last one begun
         self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(options.rules(), grace_period=options.grace_period)
+        self.notifier = Notifier(options.run_id, options.notify, options.notify_url, report=self.output.notice)
 
     # -- the whole run ---------------------------------------------------------
 
@@ -120,6 +122,7 @@ class _Supervisor:
                 if self.detach is not None:
                     self.terminal.move_console()
                     self.detach()
+                self.notifier.run_started(len(self.plans), list(dict.fromkeys(p.host for p in self.plans)), bool(self.detach))
                 final = self._attempts()
                 self._warn_if_none_met()
                 tasks = self.attempt.tasks
@@ -140,8 +143,11 @@ class _Supervisor:
             raise
         finally:
             try:
-                self.record.run_costs(self.costs.totals(time.monotonic() - started))
+                self.record.run_costs(totals := self.costs.totals(time.monotonic() - started))
                 self.record.finish(*final)
+                if said := self.notifier.finish(*final, totals):  # the notices failed or dropped, if any
+                    self.output.notice(said)
+                    self.record.run_warning(said)
             finally:
                 try:
                     if reaper is not None:  # every task is gone and the record final: nothing left to guard
@@ -172,6 +178,7 @@ class _Supervisor:
             for judged in ([cause] if cause is not None else []) + others:
                 self.output.notice(f"attempt {attempt + 1} failed: {judged.kind}"
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
+                self.notifier.attempt_failed(attempt + 1, judged)
             after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
             if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
                 after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
@@ -308,14 +315,17 @@ class _Supervisor:
                for host in (*hosts, *placement.gone)}
         self.left_out.extend(host for host in why if host not in self.left_out)
         self.hosts.remember_left_out(why, self.output.notice)
+        for host in why if placement.plans is None else ():
+            self.notifier.host_left_out(host, why[host], None)
         if placement.plans is None:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
                                  self.hosts.relaunch(tuple(self.left_out)))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
         took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
                 for host, spare in placement.took}
-        for host in took:
+        for host, spare in placement.took:
             self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
+            self.notifier.host_left_out(host, why[host], spare)
         self.plans = list(placement.plans)
         if self.costs.costs:
             cost = self.costs.costs[-1]
