@@ -109,9 +109,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @click.option("--notify", metavar="COMMAND",
               help="A shell command run on this machine at each event of the run (started, attempt failed, host "
                    "left out, stalled, ended), with the event as JSON on its standard input and in MGPU_EVENT.")
-@click.option("--notify-url", type=params.NOTIFY_URL, metavar="URL",
+@click.option("--notify-url", type=params.NOTIFY_URL, metavar="URL", envvar="MGPU_NOTIFY_URL", show_envvar=True,
               help="POST each event's JSON to URL (it has a Slack-compatible 'text' field): a Slack, Mattermost "
-                   "or other incoming webhook.")
+                   "or other incoming webhook. A webhook's URL is its password: give it in MGPU_NOTIFY_URL, "
+                   "where other users' ps does not show it.")
 @spare_hosts_option
 @quarantine_option
 @health_check_option

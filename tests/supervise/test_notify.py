@@ -14,7 +14,7 @@ import pytest
 
 from launcher.supervise import causes
 from launcher.supervise.notify import Notifier, check_url
-from launching import run_mgpu
+from launching import mgpu_env, run_mgpu
 from supervisor_helpers import pid_alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,7 +71,7 @@ def test_a_run_tells_the_command_and_the_url_what_happened_and_never_an_env_valu
     code = "import os, sys; sys.exit(3 if os.environ['MGPU_ATTEMPT'] == '0' else 0)"
     done = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
                     "--max-restarts", "1", "--env", "WANDB_API_KEY=s3cret-value", "--notify", command,
-                    "--notify-url", hook.url, "--", sys.executable, "-c", code)
+                    "--", sys.executable, "-c", code, env=mgpu_env(MGPU_NOTIFY_URL=hook.url))
     assert done.returncode == 0, done.stderr
     told = [json.loads(line) for line in (tmp_path / "events.stdin").read_text().splitlines()]
     assert [json.loads(line) for line in (tmp_path / "events.env").read_text().splitlines()] == told
@@ -141,6 +141,9 @@ def test_a_url_that_fails_is_counted_and_a_programs_words_cannot_mention_anyone(
 
 
 def test_nothing_to_tell_starts_nothing_and_bad_urls_are_refused():
+    done = run_mgpu("launch", "--local", "1", "--notify-url", "file:///etc/passwd", "--dry-run")
+    assert (done.returncode, done.stderr) == (2, "mgpu: error: Invalid value for '--notify-url' (env var: "
+                                                 "'MGPU_NOTIFY_URL'): give an http:// or https:// URL with a host\n")
     quiet = Notifier("r1")
     quiet.run_started(1, ["h1"], detached=False)
     assert quiet.finish("succeeded", None, 0, {}) is None and quiet._thread is None
