@@ -16,7 +16,8 @@ The causes:
 - network: the connection was lost but the host answers a fresh login, or the tasks could not
   reach each other;
 - killed: SIGKILL that mgpu did not send (usually the kernel's out-of-memory killer);
-- preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside;
+- preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside (exit_rules.py restates an
+  exit code under the rule --exit-codes gives it);
 - start-timeout, stalled: the supervisor's own deadlines.
 """
 

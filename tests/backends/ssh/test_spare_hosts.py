@@ -80,7 +80,8 @@ def three_hosts(lab_of_three):
 
 
 def run_losing_h2(three_hosts, tmp_path, *spares: str):
-    """Launch on h1 and h2, lose h2 once the checkpoint is past step 10; (exit code, output, run.json)."""
+    """Launch on h1 and h2, lose h2 once the checkpoint is past step 10; (exit code, output, run.json).
+    Each event's notice (--notify) is a line of tmp_path / "events"."""
     lab, known, config = three_hosts
     run_id = unique_run_id("spare")
     folder = tmp_path / "shared"
@@ -90,7 +91,8 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
                       "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
                       "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
-                      "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "40",
+                      "--run-id", run_id, "--notify", f"printf '%s\\n' \"$MGPU_EVENT\" >> {tmp_path / 'events'}",
+                      "--", PYTHON, "-c", PROGRAM, str(folder), "40",
                       cwd=tmp_path, env=env)
     try:
         checkpoint = folder / "step"
@@ -104,6 +106,10 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     assert not run_processes(run_id)
     return code, out, record, tmp_path / "mgpu-runs" / run_id
+
+
+def notices(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
 
 
 def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_path):
@@ -128,6 +134,7 @@ def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_
                      str(three_hosts[2]), "--dry-run", "--json")
     assert [task["host"] for task in json.loads(again.stdout)["tasks"]] == ["h1", "h3"], again.stderr
     assert again.stderr.startswith("mgpu: warning: h2 is quarantined (host-lost in run "), again.stderr
+    assert [(e["host"], e["spare"]) for e in notices(tmp_path) if e["event"] == "host-left-out"] == [("h2", "h3")]
 
 
 def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_command(three_hosts, tmp_path):
@@ -140,6 +147,8 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
     assert "--run-id" not in report[1]
     assert [a["cause"] for a in record["attempts"]] == ["host-lost"]
     assert [held.host for held in QuarantineFile().entries()] == ["h2"]
+    assert [(e["host"], e["spare"]) for e in notices(tmp_path) if e["event"] == "host-left-out"] == [("h2", None)]
+    assert notices(tmp_path)[-1]["status"] == "failed"
 
 
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
