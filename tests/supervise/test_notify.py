@@ -98,12 +98,11 @@ def test_supervision_never_waits_on_a_notice_and_what_is_dropped_is_counted(tmp_
     wait_for(started.exists, "command started")
     for attempt in range(1, 6):  # the command is held: three wait, two are dropped
         notifier.attempt_failed(attempt, causes.Cause(causes.PROGRAM_ERROR, "worker:0", "h1", "exited with code 1"))
-    assert notifier.counts.dropped == 2 and notifier.counts.sent == 0
+    notifier.run_ended("succeeded", 0, None, {"goodput": 1.0})  # the queue is still full
+    assert notifier.counts.dropped == 3 and notifier.counts.sent == 0
     go.touch()
-    said = notifier.finish("succeeded", None, 0, {"goodput": 1.0})
-    assert notifier.counts.sent == 4 and notifier.counts.failed == 0
-    assert notifier.counts.dropped == 3  # run-ended found the queue full too: the last three still wait
-    assert said == "notices: 4 sent, 0 failed, 3 dropped (a queue of 3, 30 s each)"
+    counts = notifier.close()
+    assert (counts.sent, counts.failed, counts.dropped) == (4, 0, 3)
 
 
 def test_a_command_over_its_time_is_stopped_with_what_it_started_and_failures_are_said_once(tmp_path):
