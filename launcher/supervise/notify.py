@@ -48,6 +48,7 @@ NOTICE_TIMEOUT = 10.0  # seconds for one notice: a command to end, a POST to be 
 CLOSE_TIMEOUT = 15.0  # seconds at the run's end for the notices still queued
 QUEUE_SIZE = 64  # events waiting; one more is dropped (and counted)
 MAX_TEXT = 300  # characters of any text taken from a program or a host
+MAX_HOSTS = 64  # hosts named in run-started (Linux takes at most 128 KiB in one environment variable)
 MAX_ANSWER = 4096  # bytes read of a URL's answer, or of a command's error output
 KILL_WAIT = 2.0  # seconds for a command killed at its timeout to be gone
 
@@ -114,8 +115,10 @@ class Notifier:
     # -- the events, as the supervisor names them ---------------------------------------------
 
     def run_started(self, tasks: int, hosts: list[str], detached: bool) -> None:
+        """`hosts`: the first MAX_HOSTS of them, so that the event fits in one environment variable."""
         self._event(RUN_STARTED, f"run {self.run_id} started: {tasks} tasks on {len(hosts)} hosts",
-                    tasks=tasks, hosts=[_cut(host) for host in hosts], detached=detached)
+                    tasks=tasks, hosts=[_cut(host) for host in hosts[:MAX_HOSTS]], host_count=len(hosts),
+                    detached=detached)
 
     def attempt_failed(self, attempt: int, cause) -> None:
         """A failed attempt's cause (causes.Cause); a stall is told as its own event."""

@@ -78,6 +78,7 @@ def test_a_run_tells_the_command_and_the_url_what_happened_and_never_an_env_valu
     assert [e["event"] for e in told] == ["run-started", "attempt-failed", "run-ended"]
     started, failed, ended = told
     assert started["run_id"] == run_id and started["tasks"] == 1 and started["hosts"] == ["127.0.0.1"]
+    assert started["host_count"] == 1
     assert (failed["attempt"], failed["cause"], failed["task"], failed["host"], failed["detail"]) == (
         1, "program-error", "worker:0", "127.0.0.1", "exited with code 3")
     assert ended["status"] == "succeeded" and ended["exit_code"] == 0 and 0 < ended["goodput"] < 1
@@ -139,10 +140,17 @@ def test_a_url_that_fails_is_counted_and_a_programs_words_cannot_mention_anyone(
     assert failing.posts[1][1]["text"] == "run r1 failed (exit code 1); goodput 50%: worker:1 on h2 exited with code 13"
 
 
-def test_nothing_to_tell_starts_nothing_and_bad_urls_are_refused():
+def test_nothing_to_tell_starts_nothing_and_bad_urls_are_refused(tmp_path):
     done = run_mgpu("launch", "--local", "1", "--notify-url", "file:///etc/passwd", "--dry-run")
     assert (done.returncode, done.stderr) == (2, "mgpu: error: Invalid value for '--notify-url' (env var: "
                                                  "'MGPU_NOTIFY_URL'): give an http:// or https:// URL with a host\n")
+    many = tmp_path / "many"
+    said: list[str] = []
+    crowded = Notifier("r1", command=f"printf '%s\\n' \"$MGPU_EVENT\" >> {many}", report=said.append)
+    crowded.run_started(4096, [f"node{i:04d}-" + "x" * 240 for i in range(4096)], detached=False)
+    assert crowded.finish("succeeded", None, 0, {}) is None, said
+    started = json.loads(many.read_text().splitlines()[0])
+    assert len(started["hosts"]) == 64 and started["host_count"] == 4096
     quiet = Notifier("r1")
     quiet.run_started(1, ["h1"], detached=False)
     assert quiet.finish("succeeded", None, 0, {}) is None and quiet._thread is None
