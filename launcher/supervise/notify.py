@@ -35,6 +35,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from launcher.supervise import causes
+from launcher.supervise.console_text import console_safe
 
 RUN_STARTED = "run-started"
 ATTEMPT_FAILED = "attempt-failed"
@@ -200,8 +201,8 @@ class Notifier:
                     self.counts.sent += 1
                 first = failures and not self._said_failure
                 self._said_failure = self._said_failure or bool(failures)
-            if first:
-                self._report(f"a notice failed ({event['event']}): {failures[0]}; "
+            if first:  # what a command printed or a server answered, said escaped
+                self._report(f"a notice failed ({event['event']}): {console_safe(failures[0])}; "
                              f"the failures are counted, and said again at the end")
 
     def _run_command(self, body: str) -> str | None:

@@ -110,6 +110,12 @@ def test_a_command_over_its_time_is_stopped_with_what_it_started_and_failures_ar
     pids = tmp_path / "pids"
     said: list[str] = []
     notifier = Notifier("r1", command=f"sleep 60 & echo $! >> {pids}; wait", report=said.append, timeout=0.5)
+    failing = Notifier("r1", command="printf 'bad \\033[2Jnews\\n' >&2; exit 3", report=said.append)
+    failing.run_started(1, ["h1"], detached=False)
+    assert failing.finish("succeeded", None, 0, {}) == "notices: 0 sent, 2 failed, 0 dropped (a queue of 64, 10 s each)"
+    assert said == ["a notice failed (run-started): the command exited with code 3: bad \\x1b[2Jnews; "
+                    "the failures are counted, and said again at the end"]
+    said.clear()
     for attempt in (1, 2):
         notifier.attempt_failed(attempt, causes.Cause(causes.STALLED, "worker:0", "h1", "no progress"))
     ended = notifier.finish("failed", "stall: no training task made progress for 1800 s\nmore", 1, {})
