@@ -131,7 +131,7 @@ class _Supervisor:
                 wall = time.monotonic() - started
                 stories = [restart_story(c.cause, c.at, c.took) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
-                                                stories, self.costs.lost()))
+                                                stories, costs=self.costs.totals()))
         except Interrupted as e:
             final = (INTERRUPTED, str(e), e.exit_code)
             raise
@@ -143,7 +143,7 @@ class _Supervisor:
             raise
         finally:
             try:
-                self.record.run_costs(totals := self.costs.totals(time.monotonic() - started))
+                self.record.run_costs(totals := self.costs.totals())
                 self.record.finish(*final)
                 if said := self.notifier.finish(*final, totals):  # the notices failed or dropped, if any
                     self.output.notice(said)
@@ -159,6 +159,7 @@ class _Supervisor:
     def _attempts(self) -> tuple[str, None, int]:
         attempt = 0
         while True:
+            self.output.best_step = self.costs.best_step
             started = time.time()
             stop = self._attempt(attempt)
             progress = self.attempt.progress()
@@ -186,7 +187,8 @@ class _Supervisor:
                 others = others + found
             self.costs.progressed(progress)
             if (isinstance(after, policy.Restart) or after.left_out) and (cause or others):
-                self.costs.costs.append(Cost(cause or others[0], time.time(), lost))
+                self.costs.costs.append(Cost(cause or others[0], time.time(), lost,
+                                             restarted=isinstance(after, policy.Restart)))
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
                 self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
                                 to_spares=isinstance(after, policy.Restart))

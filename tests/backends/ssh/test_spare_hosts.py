@@ -149,6 +149,7 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
     assert [held.host for held in QuarantineFile().entries()] == ["h2"]
     assert [(e["host"], e["spare"]) for e in notices(tmp_path) if e["event"] == "host-left-out"] == [("h2", None)]
     assert notices(tmp_path)[-1]["status"] == "failed"
+    assert record["costs"]["restarts"] == 0  # it stopped there: no restart was made
 
 
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
