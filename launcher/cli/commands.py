@@ -99,6 +99,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               metavar="SECONDS",
               help="Name the training task the others wait for once it has been clearly busier than them "
                    "over this long (see Slow hosts in the docs); 0: never.")
+@click.option("--tensorboard", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write TensorBoard event files of the run under DIR/mgpu/ while it goes: goodput and the time "
+                   "lost by cause, restarts and their causes, hosts in use, busy shares, steps per second "
+                   "(needs tensorboardX; spec: `tensorboard:`).")
 @click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")

@@ -214,6 +214,16 @@ def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
 def exit_codes_of(opts: dict, spec: ClusterSpec) -> ExitCodes:
     """The defaults, the spec's `exit_codes:` over them, and --exit-codes over both, code by code."""
     return DEFAULT_EXIT_CODES.over(spec.exit_codes).over(opts.get("exit_codes") or ())
+def _tensorboard(folder: str | None) -> pathlib.Path | None:
+    """--tensorboard's folder; refused before anything starts where tensorboardX is not installed
+    (looked up, not imported: only the supervisor of such a run imports it)."""
+    if not folder:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboardX") is None:
+        raise UsageError("--tensorboard needs tensorboardX, which is not installed: pip install tensorboardX")
+    return pathlib.Path(folder)
 
 
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
@@ -235,6 +245,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             exit_codes=exit_codes_of(opts, spec),
             notify=opts.get("notify"),
             notify_url=opts.get("notify_url"),
+            tensorboard=_tensorboard(opts.get("tensorboard") or spec.tensorboard),
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

@@ -74,6 +74,7 @@ class ClusterSpec:
     secret_env: frozenset[str] = frozenset()
     # The spec file's stall_timeout (seconds; 0: no stall watchdog); None: the launcher's default.
     stall_timeout: float | None = None
+    tensorboard: str | None = None  # the spec file's folder for TensorBoard's event files (--tensorboard)
     # A folder of this machine copied to every remote host before the tasks start (`--sync`);
     # the tasks run in the copy (in the folder itself on this machine).
     sync: str | None = None

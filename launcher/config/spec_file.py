@@ -20,7 +20,7 @@ from launcher.exit_codes import ExitRule, parse_mapping
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout", "tensorboard",
     "sync", "setup", "setup_timeout", "spares", "health_check", "exit_codes",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
@@ -133,6 +133,7 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
         legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
         stall_timeout=read.optional(top, "stall_timeout", read.seconds),
+        tensorboard=read.optional(top, "tensorboard", read.string),
         sync=read.optional(top, "sync", read.string),
         setup=read.optional(top, "setup", read.string),
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),

@@ -31,14 +31,15 @@ class RunCosts:
         self.costs: list[Cost] = []  # one per failed attempt that was restarted or left a host out
         self.started = time.time()
         self.attempts: list[lost_time.AttemptTimes] = []
+        self._began = self._ended = self.started  # the attempt under way's start, the last one's end
         self._totals: dict | None = None
 
-    def attempt_ended(self, attempt: Attempt, started: float, stop: policy.Stop, record: RunRecord) -> float:
+    def attempt_ended(self, attempt: Attempt, stop: policy.Stop, record: RunRecord) -> float:
         """The attempt's ready time, progress and lost time by cause (lost_time.py), into its record
         (and the run's costs so far, for `mgpu status`); returns the time it lost."""
         tasks = attempt.tasks
         progress = attempt.progress()
-        ended = time.time()
+        started, ended = self._began, self._ended
         training = [t for t in tasks if not t.sidecar] or tasks
         ready_times = [t.ready_at for t in training]
         ready = max(ready_times) if ready_times and None not in ready_times else None
@@ -59,6 +60,25 @@ class RunCosts:
             **figures)
         return figures["time_lost_s"]
 
+    def begin(self) -> float:
+        """An attempt starts now: returns the time."""
+        self._began = time.time()
+        return self._began
+
+    def end(self) -> float:
+        """The attempt has ended (all its tasks stopped) now: returns the time."""
+        self._ended = time.time()
+        return self._ended
+
+    def live(self, attempt: Attempt, now: float) -> dict:
+        """The run's costs at `now`, the attempt under way counted as if it ended then (its time
+        since its last new step under finish): for the samples."""
+        times = lost_time.AttemptTimes(
+            self._began, now, failed=False, best_before=self.best_step,
+            steps=step_times(attempt, attempt.progress(), self.best_step),
+            restart_before=self._began - self.attempts[-1].ended if self.attempts else 0.0)
+        return self._figures(now, [times])
+
     def progressed(self, progress: int | None) -> None:
         if progress is not None:
             self.best_step = max(progress, self.best_step or 0)
@@ -72,12 +92,12 @@ class RunCosts:
             self._totals = self._figures(time.time())
         return self._totals
 
-    def _figures(self, now: float) -> dict:
+    def _figures(self, now: float, under_way: list[lost_time.AttemptTimes] = ()) -> dict:
         return {
             "restarts": sum(c.restarted for c in self.costs),
             "left_out": [{"host": cause.host, "cause": cause.kind, "at": utc(c.at), "replaced_by": took}
                          for c in self.costs for cause, took in ((c.cause, c.took),) * c.left_out + c.others],
-            **lost_time.run_split(self.attempts, self.started, now),
+            **lost_time.run_split([*self.attempts, *under_way], self.started, now),
         }
 
 

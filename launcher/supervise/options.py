@@ -46,6 +46,8 @@ class SuperviseOptions:
     # command line often holds a token.
     notify: str | None = None
     notify_url: str | None = None
+    # TensorBoard event files of the run go under tensorboard / "mgpu" (tensorboard.py); None: none.
+    tensorboard: pathlib.Path | None = dataclasses.field(default=None, metadata=RECORDED)
 
     def rules(self) -> policy.Rules:
         """The policy's rules, from these settings."""

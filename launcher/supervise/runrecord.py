@@ -197,11 +197,11 @@ class RunRecord:
             if self._dirty and (not self._behind or time.monotonic() - self._written_at >= RETRY_INTERVAL):
                 self._write()
 
-    def attempt_started(self, attempt: int) -> None:
+    def attempt_started(self, attempt: int, at: float | None = None) -> None:
+        """`at`: seconds since the epoch, the time its costs count from (now if None)."""
         with self._lock:
-            self._data["attempts"].append(
-                {"attempt": attempt, "started_at": now(), "ended_at": None, "outcome": RUNNING, "tasks": {}}
-            )
+            self._data["attempts"].append({"attempt": attempt, "started_at": now() if at is None else utc(at),
+                                           "ended_at": None, "outcome": RUNNING, "tasks": {}})
             self._write()
 
     def task_started(self, plan: TaskPlan, pid: int, log: str) -> None:
@@ -275,10 +275,10 @@ class RunRecord:
             self._data.setdefault("warnings", []).append(text)
             self._write()
 
-    def attempt_ended(self, outcome: str) -> None:
+    def attempt_ended(self, outcome: str, at: float | None = None) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]
-            attempt["ended_at"] = now()
+            attempt["ended_at"] = now() if at is None else utc(at)
             attempt["outcome"] = outcome
             self._write()
 

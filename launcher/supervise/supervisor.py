@@ -32,6 +32,7 @@ from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.output import RunOutput
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import RunDir, make_run_dir
+from launcher.supervise.samples import RunSamples
 from launcher.supervise.signals import Signals
 from launcher.supervise.status import FAILED, INTERRUPTED, STALLED, START_TIMEOUT, SUCCEEDED
 from launcher.supervise.summary import closing_line, failure_summary, restart_story, stall_summary, start_timeout_summary
@@ -107,6 +108,8 @@ class _Supervisor:
         self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(options.rules(), grace_period=options.grace_period)
         self.notifier = Notifier(options.run_id, options.notify, options.notify_url, report=self.output.notice)
+        self.samples = RunSamples(run_dir, options.tensorboard, self.costs.started, self.output.notice)
+        self._busy: dict[str, float] = {}  # the training tasks' latest busy shares, for the samples
 
     # -- the whole run ---------------------------------------------------------
 
@@ -144,6 +147,8 @@ class _Supervisor:
         finally:
             try:
                 self.record.run_costs(totals := self.costs.totals())
+                self._sample(totals)
+                self.samples.close()
                 self.record.finish(*final)
                 if said := self.notifier.finish(*final, totals):  # the notices failed or dropped, if any
                     self.output.notice(said)
@@ -160,10 +165,9 @@ class _Supervisor:
         attempt = 0
         while True:
             self.output.best_step = self.costs.best_step
-            started = time.time()
             stop = self._attempt(attempt)
             progress = self.attempt.progress()
-            lost = self.costs.attempt_ended(self.attempt, started, stop, self.record)
+            lost = self.costs.attempt_ended(self.attempt, stop, self.record)
             if stop.status == SUCCEEDED:
                 return SUCCEEDED, None, 0
             if self.signals.received:
@@ -200,6 +204,8 @@ class _Supervisor:
                     summary = f"{summary}\nstopped restarting: {after.reason}"
                 raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
+            if cause is not None:
+                self.samples.restart(attempt + 1, time.time(), cause.to_dict())
             attempt += 1
 
     def _warn_if_none_met(self) -> None:
@@ -215,7 +221,7 @@ class _Supervisor:
 
     def _attempt(self, number: int) -> policy.Stop:
         """Start attempt `number`, watch it until the policy stops it, collect the evidence, stop it."""
-        self.record.attempt_started(number)
+        self.record.attempt_started(number, self.costs.begin())  # the record's times are its costs'
         self.attempt = attempt = Attempt(
             number, self.plans, self.backend, run_id=self.options.run_id, launch_id=self.launch_id, kinds=self.kinds,
             output=self.output, record=self.record, run_dir=self.run_dir, signals=self.signals,
@@ -232,7 +238,7 @@ class _Supervisor:
             attempt.stop(self.options.grace_period)
             attempt.close()
             attempt.collect(evidence.after_stop(stop))
-            self.record.attempt_ended(stop.status)
+            self.record.attempt_ended(stop.status, self.costs.end())
 
     def _watch(self, attempt: Attempt) -> policy.Stop:
         """The one loop of an attempt: report what happened to the policy, do what it decides."""
@@ -255,6 +261,8 @@ class _Supervisor:
                 for task in tasks:
                     self.record.task_progress(task.plan, *task.output.progress.snapshot())
                 next_progress = time.monotonic() + runrecord.PROGRESS_INTERVAL
+                if self.samples.due(time.time()):
+                    self._sample(self.costs.live(attempt, time.time()))
             if paced.hosts and time.monotonic() >= next_pace:
                 self._pace(paced, attempt)
                 next_pace = time.monotonic() + pace.SAMPLE_INTERVAL
@@ -298,10 +306,18 @@ class _Supervisor:
             self.output.notice(slowest.text())
             self.record.attempt_slowest(slowest.to_dict())
         source, shares = paced.shares(now)
+        self._busy = {name: round(share, 3) for name, share in shares.items() if share is not None}
         for task in attempt.tasks:
             share = shares.get(task.plan.name)
             self.record.task_busy(task.plan, None if share is None else
                                   {"share": round(share, 3), "source": source, "window_s": paced.window})
+
+    def _sample(self, costs: dict) -> None:
+        """The run as it stands, into samples.jsonl (and TensorBoard's event files, with --tensorboard)."""
+        if self.attempt is not None:
+            tasks = self.attempt.tasks
+            self.samples.take(time.time(), self.attempt.number, {t.plan.name: t.output.progress.step for t in tasks},
+                              len({t.plan.host for t in tasks}), self._busy, costs)
 
     # -- hosts left out --------------------------------------------------------------
 
