@@ -199,7 +199,16 @@ class RunSamples:
     def _to_events(self, method: str, args: tuple) -> None:
         with self._lock:
             if self._events is not None:
-                getattr(self._events, method)(*args)
+                try:
+                    getattr(self._events, method)(*args)
+                except Exception as e:  # noqa: BLE001 - the run goes on without its event files
+                    self._report(f"cannot write TensorBoard event files in {self._events.path}: {e}; "
+                                 f"no more are written")
+                    events, self._events = self._events, None
+                    try:
+                        events.close()
+                    except Exception:  # noqa: BLE001
+                        pass
             elif self._waiting is not None and len(self._waiting) < MAX_WAITING:
                 self._waiting.append((method, args))
 

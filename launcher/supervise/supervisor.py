@@ -147,9 +147,9 @@ class _Supervisor:
         finally:
             try:
                 self.record.run_costs(totals := self.costs.totals())
-                self._sample(totals)
-                self.samples.close()
                 self.record.finish(*final)
+                self._sample(totals)  # the last sample: the run's final figures
+                self.samples.close()
                 if said := self.notifier.finish(*final, totals):  # the notices failed or dropped, if any
                     self.output.notice(said)
                     self.record.run_warning(said)
