@@ -1,4 +1,5 @@
-"""`--tensorboard DIR`: a real run's event files, read back with TensorBoard's own reader."""
+"""`--tensorboard DIR`: a real run's event files, read back with TensorBoard's own reader; tensorboardX
+imported only by a launch with the option."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import sys
 
 import pytest
 
+from launching import MGPU
 from needs import installed_version, stand_in
 from supervisor_helpers import make_plans, supervise_plans
 
@@ -72,3 +74,20 @@ def test_the_event_files_carry_goodput_lost_time_restarts_hosts_busy_shares_and_
     assert told.startswith("restart 1: program-error (worker:1 on 127.0.0.1): "), told
     # The run's samples are in its folder too.
     assert (result.run_dir / "samples.jsonl").read_text().count("\n") >= 2
+
+
+def test_a_launch_imports_tensorboardx_only_with_tensorboard(tmp_path):
+    """tensorboardX (which brings numpy, and torch where it is installed) is for --tensorboard alone.
+    The stand-in leaves a file when imported, and has no writer: that run says it cannot write."""
+    loaded = tmp_path / "tensorboardX-loaded"
+    env = dict(os.environ, PYTHONPATH=stand_in(tmp_path, "tensorboardX", loaded))
+    launch = [*MGPU, "launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--",
+              sys.executable, "-c", "print('MGPU_PROGRESS 1/1')"]
+    done = subprocess.run(launch, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not loaded.exists()
+    done = subprocess.run([*MGPU, "launch", "--tensorboard", str(tmp_path / "tb"), *launch[len(MGPU) + 1:]],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert loaded.exists()
+    assert "cannot write TensorBoard event files in " in done.stdout + done.stderr
