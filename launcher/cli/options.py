@@ -214,6 +214,8 @@ def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
 def exit_codes_of(opts: dict, spec: ClusterSpec) -> ExitCodes:
     """The defaults, the spec's `exit_codes:` over them, and --exit-codes over both, code by code."""
     return DEFAULT_EXIT_CODES.over(spec.exit_codes).over(opts.get("exit_codes") or ())
+
+
 def _tensorboard(folder: str | None) -> pathlib.Path | None:
     """--tensorboard's folder; refused before anything starts where tensorboardX is not installed
     (looked up, not imported: only the supervisor of such a run imports it)."""
