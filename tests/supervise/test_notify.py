@@ -68,7 +68,9 @@ def test_a_run_tells_the_command_and_the_url_what_happened_and_never_an_env_valu
     # The last notice takes a while: mgpu waits for it before it exits.
     command = (f"case \"$MGPU_EVENT\" in *run-ended*) sleep 0.5;; esac; "
                f"cat >> {events}.stdin; echo >> {events}.stdin; printf '%s\\n' \"$MGPU_EVENT\" >> {events}.env")
-    code = "import os, sys; sys.exit(3 if os.environ['MGPU_ATTEMPT'] == '0' else 0)"
+    # The second attempt reports steps, so that the run's end has a goodput to tell.
+    code = ("import os, sys, time\nif os.environ['MGPU_ATTEMPT'] == '0': sys.exit(3)\n"
+            "for step in (1, 2, 3): print(f'MGPU_PROGRESS {step}/3', flush=True); time.sleep(0.1)")
     done = run_mgpu("launch", "--local", "1", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
                     "--max-restarts", "1", "--env", "WANDB_API_KEY=s3cret-value", "--notify", command,
                     "--", sys.executable, "-c", code, env=mgpu_env(MGPU_NOTIFY_URL=hook.url))
