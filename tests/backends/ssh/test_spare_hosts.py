@@ -8,96 +8,46 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 
 import pytest
 
-from launching import finish, start_mgpu, wait_for
-from launching import REPO, run_mgpu
+import lab_mgpu
+from launching import REPO, finish, run_mgpu, wait_for
 from launcher.host.quarantine_file import QuarantineFile
-from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, start_sshd, unique_run_id
+from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 
-# Each worker listens on its TF_CONFIG port (how mgpu knows it joined) and reaches its peer at the
-# address TF_CONFIG gives, then steps in lockstep with
-# the other through files in a shared folder (as a collective would: a worker whose peer is gone
-# waits), worker 0 checkpointing the step; a restart resumes from the checkpoint.
-PROGRAM = r"""
-import json, os, pathlib, socket, sys, time
-folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-tf = json.loads(os.environ["TF_CONFIG"])
-index, attempt = tf["task"]["index"], os.environ["MGPU_ATTEMPT"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(tf["cluster"]["worker"][index].rsplit(":", 1)[1])))
-server.listen()
-# Dial the peer where TF_CONFIG says it is (60 s at most), as a collective would: a plan not made
-# again for a spare sends this to the lost host.
-address = tf["cluster"]["worker"][1 - index]
-deadline = time.monotonic() + 60
-while True:
-    try:
-        socket.create_connection((address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])), timeout=2).close()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit(4)
-        time.sleep(0.1)
-checkpoint = folder / "step"
-start = int(checkpoint.read_text()) if checkpoint.exists() else 0
-print(f"start step {start}", flush=True)
-mine, peer = folder / f"a{attempt}-w{index}", folder / f"a{attempt}-w{1 - index}"
-for step in range(start + 1, total + 1):
-    for _ in range(1200):  # the peer's step before this one, 120 s at most
-        if peer.exists() and int(peer.read_text() or 0) >= step - 1 or step == start + 1:
-            break
-        time.sleep(0.1)
-    else:
-        sys.exit(3)
-    time.sleep(0.05)
-    if index == 0:
-        (folder / "step.tmp").write_text(str(step))
-        (folder / "step.tmp").replace(checkpoint)
-    tmp = mine.with_suffix(".tmp")
-    tmp.write_text(str(step))
-    tmp.replace(mine)
-    print(f"MGPU_PROGRESS {step}/{total}", flush=True)
-print("done", flush=True)
-"""
+# The workers step in lockstep, worker 0 checkpointing; in the first attempt they wait after step
+# HOLD_AT, where the test loses h2, and a restart resumes from that step's checkpoint.
+PROGRAM = str(REPO / "tests" / "programs" / "lockstep.py")
+TOTAL, HOLD_AT = "8", 5
 
 
 @pytest.fixture
 def three_hosts(lab_of_three):
-    """The lab, with h2 brought back after the test (its link up, a new sshd with the same host key)."""
-    lab, known, config, servers, directory, ssh_lab = lab_of_three
-    yield lab, known, config
-    ip("-n", lab.namespaces["h2"], "link", "set", "eth0", "up")
-    if servers["h2"].proc.poll() is not None:
-        servers["h2"] = start_sshd(directory, "h2", ssh_lab.authorized_keys, address=lab.hosts["h2"], port=22,
-                                   netns=lab.namespaces["h2"])
+    """The lab, with h2 brought back after the test."""
+    yield lab_of_three.lab, lab_of_three.known, lab_of_three.config
+    lab_of_three.bring_back(["h2"])
 
 
 def run_losing_h2(three_hosts, tmp_path, *spares: str):
-    """Launch on h1 and h2, lose h2 once the checkpoint is past step 10; (exit code, output, run.json).
-    Each event's notice (--notify) is a line of tmp_path / "events"."""
+    """Launch on h1 and h2, lose h2 once the workers wait after step HOLD_AT; (exit code, output, run.json,
+    run folder). Each event's notice (--notify) is a line of tmp_path / "events"."""
     lab, known, config = three_hosts
     run_id = unique_run_id("spare")
     folder = tmp_path / "shared"
     folder.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
-                      "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
-                      "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
-                      "--run-id", run_id, "--notify", f"printf '%s\\n' \"$MGPU_EVENT\" >> {tmp_path / 'events'}",
-                      "--", PYTHON, "-c", PROGRAM, str(folder), "40",
-                      cwd=tmp_path, env=env)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
+                          "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
+                          "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path), "--run-id",
+                          run_id, "--notify", f"printf '%s\\n' \"$MGPU_EVENT\" >> {tmp_path / 'events'}",
+                          "--", PYTHON, PROGRAM, str(folder), TOTAL, str(HOLD_AT), stderr=subprocess.STDOUT, text=True)
     try:
         checkpoint = folder / "step"
-        wait_for(lambda: checkpoint.exists() and int(checkpoint.read_text() or 0) >= 10 or proc.poll() is not None,
-                 120, "step 10")
+        wait_for(lambda: checkpoint.exists() and checkpoint.read_text() == str(HOLD_AT) or proc.poll() is not None,
+                 120, f"step {HOLD_AT}")
         lose(lab, "h2")
         code, out = finish(proc, 180)
     finally:
@@ -120,9 +70,9 @@ def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_
     assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
     assert [(c["host"], c["cause"], c["replaced_by"]) for c in record["costs"]["left_out"]] == [
         ("h2", "host-lost", "h3 took worker:1")]
-    # The second attempt resumed from the checkpoint, past step 0.
+    # The second attempt resumed from the checkpoint of the step the first one reached.
     resumed = [line for line in (run_dir / "worker-1.log").read_text().splitlines() if line.startswith("start step")]
-    assert len(resumed) == 2 and int(resumed[1].split()[-1]) >= 10, resumed
+    assert resumed == ["start step 0", f"start step {HOLD_AT}"], resumed
     closing = out.splitlines()[-1]
     assert closing.startswith("[mgpu] done: 2 tasks succeeded in ") and "; 1 restart (h2 lost at " in closing, closing
     assert "h3 took worker:1)" in closing, closing
@@ -154,20 +104,20 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
 
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     lab, known, config = three_hosts
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    args = ["check", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config), "--known-hosts", str(known),
-            "--connect-timeout", "6", "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
-    done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    args = ["check", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(three_hosts), "--connect-timeout", "6",
+            "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
+    done = lab_mgpu.run(tmp_path, *args, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()} >= {"h1", "h2", "h3"}, done.stdout
-    ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "down")  # a spare that cannot be reached fails the check
+    # A spare that cannot be reached fails the check. Its sshd's port refuses: the check does not
+    # wait out its --connect-timeout, as it would for a host whose link is down.
+    refuse = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    iptables = ["ip", "netns", "exec", lab.namespaces["h3"], "iptables"]
+    subprocess.run([*iptables, "-A", *refuse], check=True)
     try:
-        done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = lab_mgpu.run(tmp_path, *args, timeout=120)
     finally:
-        ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "up")
+        subprocess.run([*iptables, "-D", *refuse], check=True)
     assert done.returncode == 1 and "h3" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
@@ -240,13 +190,10 @@ def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tm
     iptables = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
     subprocess.run([*iptables, "-A", *rule], check=True)
     try:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.pop("SSH_AUTH_SOCK", None)
         run_id = unique_run_id("network")
-        done = subprocess.run(
-            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
-             "--ssh-config", str(config), "--known-hosts", str(known), "--grace-period", "2", "--run-id", run_id,
-             "--", PYTHON, "-c", DIAL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        done = lab_mgpu.run(tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
+                            *lab_mgpu.ssh_files(three_hosts), "--grace-period", "2", "--run-id", run_id, "--", PYTHON,
+                            "-c", DIAL, timeout=120)
     finally:
         subprocess.run([*iptables, "-D", *rule], check=True)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -263,11 +210,10 @@ def launch_with_health_check(three_hosts, tmp_path, check: str, program: str) ->
     output, run.json)."""
     lab, known, config = three_hosts
     run_id = unique_run_id("health")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--max-restarts", "1",
-                      "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "6",
-                      "--grace-period", "1", "--workdir", str(tmp_path), "--run-id", run_id,
-                      "--health-check", check, "--", PYTHON, "-c", program, cwd=tmp_path, env=env)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--max-restarts",
+                          "1", "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "6",
+                          "--grace-period", "1", "--workdir", str(tmp_path), "--run-id", run_id,
+                          "--health-check", check, "--", PYTHON, "-c", program, stderr=subprocess.STDOUT, text=True)
     try:
         code, out = finish(proc, 120)
     finally:
