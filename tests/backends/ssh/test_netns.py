@@ -99,11 +99,11 @@ def test_an_alias_kept_as_written_is_named_as_unresolvable(netns, tmp_path):
 
 @pytest.fixture
 def port_blocked_on_h2(netns):
-    """h2 drops every packet that arrives from the network for its ports 2222 and 2223, as a firewall
+    """h2 drops every packet that arrives from the network for its ports 2222 to 2224, as a firewall
     would."""
     require_tools("iptables")
     lab, *_ = netns
-    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222:2223", "-j", "DROP"]
+    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222:2224", "-j", "DROP"]
     namespace = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
     subprocess.run([*namespace, "-A", *rule], check=True)
     try:
@@ -113,49 +113,46 @@ def port_blocked_on_h2(netns):
 
 
 @pytest.mark.slow
-def test_a_firewalled_port_is_named_before_anything_starts(port_blocked_on_h2, netns, tmp_path):
-    """For the built-in trainer and for a user's program alike. The two launches run side by side, on
-    ports of their own, so that the check's wait for a dropped connection is waited once."""
+def test_a_firewalled_port_is_named_by_the_check_before_anything_starts_and_by_the_trainer_without_it(
+        port_blocked_on_h2, netns, tmp_path):
+    """Three launches side by side, on ports of their own, so that what they wait for (the check's
+    dropped connection, TensorFlow's giving up) is waited once: the check names the port before
+    anything starts, for the built-in trainer and for a user's program alike; without the check the
+    trainer is named by its error."""
     lab = port_blocked_on_h2
     launches = {}
-    for port, program in ((2222, TRAINER_ARGS), (2223, [PYTHON, "-c", STRATEGY_ONLY])):
+    # Without the check TensorFlow gives up on the first collective (about 30 s after the start on a
+    # quiet machine). The start timeout is far longer, so that a slow TensorFlow start on a loaded
+    # machine is never what ends the run.
+    without_check = ("--no-check", "--start-timeout", "300", "--grace-period", "2")
+    for port, program, options in ((2222, TRAINER_ARGS, ()), (2223, [PYTHON, "-c", STRATEGY_ONLY], ()),
+                                   (2224, TRAINER_ARGS, without_check)):
         run_id = unique_run_id("blocked")
         launches[port] = run_id, lab_mgpu.start(
             tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", f"h1:{port},h2:{port}", "--python", PYTHON,
-            "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--", *program, text=True)
+            "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", *options, "--", *program,
+            text=True)
     try:
         for port, (run_id, proc) in launches.items():
-            stdout, stderr = proc.communicate(timeout=120)
+            stdout, stderr = proc.communicate(timeout=400)
             assert proc.returncode == 1, stdout[-3000:] + stderr[-3000:]
-            lines = stderr.splitlines()
-            # TF_CONFIG has h2's address from the ssh config; h2 reaches h1, and itself, fine.
-            broken = [line for line in lines if " cannot connect to " in line]
-            assert broken == [f"worker:0 on h1 cannot connect to worker:1 at {lab.hosts['h2']}:{port}: "
-                              "timed out after 5 s"], stderr
-            assert not (tmp_path / "mgpu-runs" / run_id / "worker-0.log").exists()  # nothing started
+            if port == 2224:  # without the check: the error names the address it could not reach, the hint why
+                report = stderr[stderr.index("mgpu: error: "):]
+                assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
+                assert f"{lab.hosts['h2']}:2224" in report, report
+                assert "\nhint: a task could not reach another" in report, report
+            else:
+                # TF_CONFIG has h2's address from the ssh config; h2 reaches h1, and itself, fine.
+                broken = [line for line in stderr.splitlines() if " cannot connect to " in line]
+                assert broken == [f"worker:0 on h1 cannot connect to worker:1 at {lab.hosts['h2']}:{port}: "
+                                  "timed out after 5 s"], stderr
+                assert not (tmp_path / "mgpu-runs" / run_id / "worker-0.log").exists()  # nothing started
             assert not run_processes(run_id)
     finally:
         for _, proc in launches.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-
-
-@pytest.mark.slow
-def test_without_the_check_a_firewalled_trainer_is_named_by_its_error(port_blocked_on_h2, netns, tmp_path):
-    # TensorFlow gives up on the first collective (about 30 s after the start on a quiet machine):
-    # the error names the address it could not reach, and the hint says why. The start timeout is
-    # far longer, so that a slow TensorFlow start on a loaded machine is never what ends the run.
-    run_id = unique_run_id("blocked")
-    done = lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222", "--python",
-                        PYTHON, "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}",
-                        "--no-check", "--start-timeout", "300", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=400)
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    report = done.stderr[done.stderr.index("mgpu: error: "):]
-    assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
-    assert f"{port_blocked_on_h2.hosts['h2']}:2222" in report, report
-    assert "\nhint: a task could not reach another" in report, report
-    assert not run_processes(run_id)
 
 
 def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
