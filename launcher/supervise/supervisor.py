@@ -185,6 +185,7 @@ class _Supervisor:
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
                 self.notifier.attempt_failed(attempt + 1, judged)
             after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
+            found: list[causes.Cause] = []
             if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
                 after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
                                                    self.hosts.view(self.plans))
@@ -194,7 +195,8 @@ class _Supervisor:
                 self.costs.costs.append(Cost(cause or others[0], time.time(), lost,
                                              restarted=isinstance(after, policy.Restart)))
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
-                self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
+                # A host that failed its health check is left out for that, whatever its task did.
+                self._leave_out(list(after.left_out), stop, found + ([cause] if cause is not None else []) + [c for c in others if c not in found], attempt,
                                 to_spares=isinstance(after, policy.Restart))
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
