@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import os
 import signal
 import time
 from typing import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 from launcher import error_file, protocol
 from launcher.backends.base import Backend, TaskProcess
 from launcher.plan.planner import TaskPlan
-from launcher.supervise import policy
+from launcher.supervise import flight_env, policy
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.supervise.runrecord import RunRecord
 from launcher.supervise.rundir import RunDir
@@ -104,6 +105,7 @@ class Attempt:
         self.codes_at_stop: dict[str, int | None] = {}  # how each task had ended when the attempt stopped
         self.stacks_asked_at: float | None = None  # when a stall's evidence asked the tasks for their stacks
         self.spied: dict[str, "TaskStacks"] = {}  # each task's stacks as py-spy read them (evidence.py)
+        self.flight: dict | None = None  # the flight recorder's dumps and verdict on a stall (flight_recorder.py)
         self._begun = None
         self._signals_seen = 0
         self._output_seen: dict[str, float] = {}
@@ -177,6 +179,9 @@ class Attempt:
             path = (self.run_dir / error_file.file_name(plan.type, plan.index, self.number)).absolute()
             added[protocol.ENV_ERROR_FILE] = str(path)
             added[protocol.ENV_TORCHELASTIC_ERROR_FILE] = str(path)
+        here = self.backend.writes_here(plan)
+        added.update(flight_env.start_env(plan, self.run_dir.path if here else None, self.number,
+                                          os.environ if here else {}))
         return dataclasses.replace(plan, env=collections.ChainMap(added, plan.env))
 
     def roles(self) -> list[policy.TaskRole]:
@@ -300,6 +305,7 @@ class Attempt:
             self.record.task_progress(task.plan, *task.output.progress.snapshot())  # as the task left it
         if self._begun is not None:
             self._begun.end()
+        flight_env.remove_sockets(self.run_dir.unlink, self.number, self.plans)  # those a killed task left
 
     # -- what the attempt showed -----------------------------------------------------------------
 

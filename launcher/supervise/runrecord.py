@@ -252,6 +252,12 @@ class RunRecord:
             self._data["attempts"][-1]["slowest"] = {**slowest, "at": now()}
             self._write()
 
+    def attempt_flight_recorder(self, verdict: dict[str, Any]) -> None:
+        """The flight recorder's verdict on a stalled attempt (flight_recorder.py)."""
+        with self._lock:
+            self._data["attempts"][-1]["flight_recorder"] = verdict
+            self._write()
+
     def attempt_cause(self, cause: dict[str, Any]) -> None:
         """Why the last attempt failed (causes.Cause.to_dict): its cause, task, host and detail."""
         with self._lock:

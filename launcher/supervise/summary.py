@@ -171,7 +171,7 @@ SHOWN_FRAMES = 4
 
 def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path, stall_timeout: float | None = None,
                   stopped_at: float | None = None, spied: Mapping[str, stacks.Whereabouts | None] = {},
-                  bundle: pathlib.Path | None = None) -> str:
+                  bundle: pathlib.Path | None = None, recorder: Sequence[str] = ()) -> str:
     """`head` with the likely cause (the tasks in their own code while the others wait in the
     framework), then where each task was, and where the stacks are. Where each task was is read
     from py-spy's stacks (`spied`, by task) or else from the faulthandler dump in its output. A
@@ -197,6 +197,7 @@ def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Pat
         lines.extend("  " + console_safe(str(frame)) for frame in _telling_frames(where.frames))
     for task in ended:
         lines.append(f"{task.name} on {task.host}: {describe_exit(task.returncode)} before the stall")
+    lines.extend(recorder)  # the flight recorder's verdict (flight_recorder.py), escaped already
     if bundle is not None:
         lines.append(f"evidence: {bundle}/ (its README says what is there)")
     lines.append(f"stacks: {stacks_path}")

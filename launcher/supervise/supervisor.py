@@ -22,7 +22,7 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, exit_rules, health, pace, policy, runrecord, stacks_request
+from launcher.supervise import causes, evidence, exit_rules, flight_recorder, health, pace, policy, runrecord, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -363,7 +363,7 @@ class _Supervisor:
             training = [attempt.view(t) for t in tasks if not t.sidecar]
             return stall_summary(head, training, self.run_dir / evidence.stacks_file_name(number),
                                  self.options.stall_timeout, attempt.stacks_asked_at, evidence.whereabouts(attempt),
-                                 self.run_dir / evidence.bundle_name(number))
+                                 self.run_dir / evidence.bundle_name(number), flight_recorder.report_lines(attempt))
         if stop.status == START_TIMEOUT:
             names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"
