@@ -4,7 +4,9 @@ rank 1 named by the recorder's verdict (which torch's analyzer gives on the dump
 worker server answered) and by py-spy's stacks; nothing is left behind."""
 
 import json
+import pathlib
 import sys
+import tempfile
 
 import needs
 from launching import REPO, run_mgpu
@@ -13,10 +15,16 @@ from supervisor_helpers import assert_run_gone
 PROGRAM = str(REPO / "tests" / "programs" / "torch_blocked_rank.py")
 
 
-def test_a_rank_blocked_in_python_is_named_by_the_flight_recorder_and_py_spy(run_id, tmp_path):
+def test_a_rank_blocked_in_python_is_named_by_the_flight_recorder_and_py_spy(run_id):
     needs.installed_version("torch", "the train extra")
     needs.installed_version("py-spy")
-    runs = tmp_path / "runs"
+    # A log dir of a short path, wherever the tests' temporary folders are: the worker server's
+    # socket is in the run's folder, and a socket's path holds 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="mgpu-fr-", dir="/tmp") as short:
+        check_the_stall(run_id, pathlib.Path(short) / "runs")
+
+
+def check_the_stall(run_id, runs):
     done = run_mgpu("launch", "--local", "2", "--run-id", run_id, "--log-dir", str(runs), "--stall-timeout", "3",
                     "--grace-period", "2", "--", sys.executable, PROGRAM, "3", timeout=180)
     assert done.returncode == 1, done.stdout + done.stderr
