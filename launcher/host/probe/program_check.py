@@ -1,0 +1,103 @@
+"""The probe's look at the task's own program: which interpreter runs it, the modules its script
+imports that this interpreter cannot find, and what this host's own name resolves to. Part of
+the probe's program (shipped as source: see __init__.py); standard library only.
+
+A script's imports are read, not run: its top-level `import` and `from ... import` statements
+(also under a top-level `if` or `with`, not under `try`, where a program handles a module that
+is missing, nor in functions), each first name looked up with importlib's find_spec, which
+imports nothing of it (torch or TensorFlow would take seconds). The script's folder comes first
+on the path, as when Python runs it.
+"""
+
+import ast
+import importlib.util
+import os
+import socket
+import sys
+
+SCRIPT_LIMIT = 2 << 20  # bytes of a script that are read; a larger one is not looked into
+IMPORTS_LIMIT = 200  # names of modules looked up
+ADDRESSES_LIMIT = 16  # addresses of the host's own name reported
+
+
+def _top_level_imports(tree):
+    """The first names of the modules `tree`'s top-level statements import, in order, once each."""
+    names = []
+    pending = list(tree.body)
+    while pending and len(names) < IMPORTS_LIMIT:
+        node = pending.pop(0)
+        if isinstance(node, ast.Import):
+            found = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found = [node.module.split(".")[0]]
+        else:
+            found = []
+            if isinstance(node, ast.If):
+                pending[:0] = node.body + node.orelse
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                pending[:0] = node.body
+        for name in found:
+            if name not in names and name != "__future__":
+                names.append(name)
+    return names[:IMPORTS_LIMIT]
+
+
+def _script_imports(script):
+    """The modules `script` imports at its top level, or None where it cannot be read or parsed
+    (Python itself then says why when the task starts)."""
+    try:
+        with open(script, "rb") as f:
+            source = f.read(SCRIPT_LIMIT + 1)
+        if len(source) > SCRIPT_LIMIT:
+            return None
+        return _top_level_imports(ast.parse(source, script))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _not_found(names):
+    """Those of `names` this interpreter finds no module for."""
+    missing = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+def program_check(script=None, module=None):
+    """The interpreter's own path, and with `script` (a path) or `module` (python -m's), the modules
+    the program needs that it cannot find: imports (what was looked up) and
+    imports_missing (not found)."""
+    out = {"executable": os.path.abspath(sys.executable or "")}  # a venv's own path, not its base's
+    names = None
+    if script:
+        names = _script_imports(script)
+        if names is not None:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    elif module:
+        names = [module.split(".")[0]]
+        sys.path.insert(0, os.getcwd())
+    if names is not None:
+        out["imports"] = names
+        out["imports_missing"] = _not_found(names)
+    return out
+
+
+def own_name_check():
+    """This host's own name and the addresses its resolver gives for it: where Gloo, left to
+    itself, listens (JAX's collectives always are)."""
+    name = socket.gethostname()
+    out = {"own_name": name[:100], "own_addresses": []}
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        out["own_name_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        return out
+    for info in infos:
+        address = info[4][0]
+        if address not in out["own_addresses"] and len(out["own_addresses"]) < ADDRESSES_LIMIT:
+            out["own_addresses"].append(address)
+    return out
