@@ -179,8 +179,9 @@ def program_answer(fields: _Fields) -> dict:
     for key in ("executable", "own_name_error"):
         if key in fields:
             result[key] = fields.text(key)
-    if "own_name" in fields:
-        result["own_name"] = fields.name("own_name")
+    for key in ("own_name", "keras_backend"):
+        if key in fields:
+            result[key] = fields.name(key)
     for key in ("imports", "imports_missing", "own_addresses"):
         if key in fields:
             values = fields.texts(key)

@@ -61,6 +61,7 @@ class HostReport:
     interpreter: str = "-"  # the path of the Python that runs the tasks' own program, where it is one
     imports: tuple[str, ...] = ()  # the modules that program imports at its top level
     own_name: dict | None = None  # the host's own name and what its resolver gives for it
+    keras_backend: str | None = None  # the Keras backend the program's script sets for itself
 
     @property
     def ok(self) -> bool:

@@ -30,8 +30,11 @@ def judge_program(report: "HostReport", needs: "TaskNeeds", result: Mapping) -> 
     if "executable" in result:
         report.interpreter = result["executable"]
     if "own_name" in result:
-        report.own_name = {key: result[key] for key in ("own_name", "own_addresses") if key in result}
+        report.own_name = {key: result[key] for key in ("own_name", "own_addresses", "own_name_error")
+                           if key in result}
     report.imports = tuple(result.get("imports", ()))
+    if "keras_backend" in result:
+        report.keras_backend = result["keras_backend"]
     what = needs.script or needs.module
     for name in result.get("imports_missing", ()):
         report.problems.append(f"no module {name} for {report.interpreter}, the {needs.program} that runs the "
@@ -39,9 +42,9 @@ def judge_program(report: "HostReport", needs: "TaskNeeds", result: Mapping) -> 
                                f"has it in the command")
 
 
-def uses_jax(imports: Sequence[str], env: Mapping[str, str]) -> bool:
+def uses_jax(imports: Sequence[str], keras_backend: str | None) -> bool:
     """Whether a program that imports `imports` runs JAX: itself, or Keras 3 on its JAX backend."""
-    return "jax" in imports or ("keras" in imports and env.get(KERAS_BACKEND_ENV) == "jax")
+    return "jax" in imports or ("keras" in imports and keras_backend == "jax")
 
 
 def _loopback(address: str) -> bool:
@@ -59,10 +62,16 @@ def judge_own_names(reports: Sequence["HostReport"], env: Mapping[str, str], hos
     for report in reports:
         result = report.own_name or {}
         addresses = result.get("own_addresses") or []
-        if not report.imports or not uses_jax(report.imports, env) or not addresses:
+        backend = report.keras_backend or env.get(KERAS_BACKEND_ENV)
+        if not report.imports or not uses_jax(report.imports, backend) or "own_name" not in result:
             continue
-        if all(_loopback(address) for address in addresses):
-            name = result.get("own_name", "?")
+        name = result["own_name"]
+        if not addresses:
+            report.problems.append(
+                f"its own name {name} does not resolve there ({result.get('own_name_error', 'no address')}), "
+                f"and JAX's Gloo collectives listen on its address: map {name} to the address the other hosts "
+                f"reach in its /etc/hosts")
+        elif all(_loopback(address) for address in addresses):
             report.problems.append(
                 f"its own name {name} resolves to {', '.join(addresses)} there, where JAX's Gloo collectives "
                 f"would listen and no other host can reach them (they time out after minutes): map {name} to "
@@ -77,4 +86,5 @@ def interpreters_line(reports: Sequence["HostReport"], program: str) -> str | No
             found.setdefault(f"{report.interpreter} (Python {report.python})", []).append(report.host)
     if not found:
         return None
-    return f"the tasks' {program} is " + "; ".join(f"{where} on {', '.join(hosts)}" for where, hosts in found.items())
+    named = "" if list(found) == [f"{program} (Python {reports[0].python})"] else f"{program}, "
+    return f"the tasks run {named}" + "; ".join(f"{where} on {', '.join(hosts)}" for where, hosts in found.items())

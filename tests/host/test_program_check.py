@@ -56,3 +56,13 @@ def test_a_python_command_lines_script_or_module():
 def test_the_hosts_own_name_and_its_addresses():
     found = own_name_check()
     assert found["own_name"] and found["own_addresses"] or found["own_name_error"]
+
+
+def test_the_keras_backend_a_script_sets_for_itself(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text('import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\n')
+    assert program_check(str(script))["keras_backend"] == "jax"
+    script.write_text('import os\nos.environ.setdefault("KERAS_BACKEND", "torch")\nimport keras\n')
+    assert program_check(str(script))["keras_backend"] == "torch"
+    script.write_text("import keras\n")
+    assert "keras_backend" not in program_check(str(script))

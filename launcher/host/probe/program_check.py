@@ -42,15 +42,30 @@ def _top_level_imports(tree):
     return names[:IMPORTS_LIMIT]
 
 
-def _script_imports(script):
-    """The modules `script` imports at its top level, or None where it cannot be read or parsed
-    (Python itself then says why when the task starts)."""
+def _keras_backend(tree):
+    """The Keras backend a script's top level sets for itself (`os.environ["KERAS_BACKEND"] = "jax"`,
+    or with setdefault), or None."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and getattr(target.slice, "value", None) == "KERAS_BACKEND":
+                    return str(node.value.value)[:20]
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and len(node.value.args) == 2
+                and all(isinstance(arg, ast.Constant) for arg in node.value.args)
+                and node.value.args[0].value == "KERAS_BACKEND"):
+            return str(node.value.args[1].value)[:20]
+    return None
+
+
+def _read_script(script):
+    """`script`'s syntax tree, or None where it cannot be read or parsed (Python itself then says
+    why when the task starts)."""
     try:
         with open(script, "rb") as f:
             source = f.read(SCRIPT_LIMIT + 1)
         if len(source) > SCRIPT_LIMIT:
             return None
-        return _top_level_imports(ast.parse(source, script))
+        return ast.parse(source, script)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
@@ -70,12 +85,16 @@ def _not_found(names):
 def program_check(script=None, module=None):
     """The interpreter's own path, and with `script` (a path) or `module` (python -m's), the modules
     the program needs that it cannot find: imports (what was looked up) and
-    imports_missing (not found)."""
+    imports_missing (not found), and keras_backend where the script sets KERAS_BACKEND itself."""
     out = {"executable": os.path.abspath(sys.executable or "")}  # a venv's own path, not its base's
     names = None
     if script:
-        names = _script_imports(script)
-        if names is not None:
+        tree = _read_script(script)
+        if tree is not None:
+            names = _top_level_imports(tree)
+            backend = _keras_backend(tree)
+            if backend is not None:
+                out["keras_backend"] = backend
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     elif module:
         names = [module.split(".")[0]]

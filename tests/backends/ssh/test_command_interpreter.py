@@ -60,5 +60,5 @@ def test_each_host_checks_the_python3_its_tasks_find_with_the_scripts_imports(ru
     console = io.StringIO()
     run_checks([a, b], runner, console)
     version = "%d.%d.%d" % sys.version_info[:3]
-    assert (f"mgpu: the tasks' python3 is {os.path.abspath(sys.executable)} (Python {version}) on sshd-a, sshd-b\n"
+    assert (f"mgpu: the tasks run python3, {os.path.abspath(sys.executable)} (Python {version}) on sshd-a, sshd-b\n"
             in console.getvalue())
