@@ -29,7 +29,7 @@ from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import check_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
-from launcher.preflight.probes import host_check_command, needs_of
+from launcher.preflight.probes import host_check_command, needs_of, search_env_input
 from launcher.preflight.program import interpreters_line, judge_own_names, judge_program
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
@@ -118,6 +118,9 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     needs = needs_of(first)
     ports = [p.port for p in host_plans if p.port is not None]
     handover = handover and not first.local and conversation is not None  # the conversation keeps stdin open
+    if needs.search_env:  # the task's PATH and the like, on stdin, first
+        conversation = conversation or Conversation(lambda line: None)
+        conversation.say(search_env_input(needs))
     command = host_check_command(needs, ports, first.workdir, reach, speed, import_tensorflow, handover)
     try:
         output = shell.run(first, command, PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),

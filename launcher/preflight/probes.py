@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from launcher.backends.ssh.handover import handover_script
 from launcher.host.probe import probe_source
 from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
-from launcher.shell import safe_workdir, sh
+from launcher.shell import one_line, safe_workdir, sh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,7 @@ class TaskNeeds:
 # the check runs with them as the task will.
 SEARCH_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",
               "VIRTUAL_ENV")
+SEARCH_ENV_END = "mgpu-search-env-end"
 # Python's own options that take the next argument as their value.
 _PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 
@@ -94,8 +95,10 @@ def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | No
     """
     port_list = ",".join(str(int(p)) for p in ports)
     lines = ["mgpu_dir=$PWD"] if handover else []
-    # The task's shell finds its program, and its Python its modules, with the task's own variables.
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in needs.search_env]
+    if needs.search_env:  # the values come on stdin (search_env_input), never on a command line
+        lines += ["mgpu_nl='\n'",
+                  f'while IFS= read -r mgpu_line; do [ "$mgpu_line" = {SEARCH_ENV_END} ] && break; '
+                  'eval "export $mgpu_line"; done']
     if workdir:
         lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
@@ -113,6 +116,13 @@ def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | No
     # The reachability test listens on stdin (host/probe/reach_test.py: ALL_DIALED).
     lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
     return sh("\n".join(lines))
+
+
+def search_env_input(needs: TaskNeeds) -> bytes:
+    """What the check's shell reads first on its stdin: the task's own variables that find its
+    program and modules (host_check_command), so that the check finds them as the task will."""
+    lines = [f"{name}={one_line(value)}" for name, value in needs.search_env if name in SEARCH_ENV]
+    return ("\n".join(lines + [SEARCH_ENV_END]) + "\n").encode("utf-8", "surrogateescape")
 
 
 def _program_flags(needs: TaskNeeds) -> list[str]:

@@ -13,7 +13,8 @@ import pytest
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 from launcher.plan.planner import TaskPlan
-from launcher.preflight.check import check_hosts_and_reach, run_checks
+from launcher.preflight.check import check_hosts_and_reach, close_handovers, run_checks
+from launcher.preflight.probes import host_check_command, needs_of
 from launcher.errors import CheckFailed
 
 from launching import free_port
@@ -46,7 +47,11 @@ def test_each_host_checks_the_python3_its_tasks_find_with_the_scripts_imports(ru
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     (tmp_path / "train.py").write_text("import psutil\nprint(psutil.cpu_count())\n")
     a, b = task("sshd-a", 0, tmp_path, str(with_it)), task("sshd-b", 1, tmp_path, str(venv / "bin"))
-    reports, _, _ = check_hosts_and_reach([a, b], [a, b], runner)
+    # The variables reach the check's shell on its stdin, as the task's do: no value on a command line.
+    command = host_check_command(needs_of(b), [b.port], b.workdir)
+    assert "with-psutil" not in command and str(venv) not in command
+    reports, _, _ = check_hosts_and_reach([a, b], [a, b], runner, handover=True)  # as a launch checks
+    close_handovers(reports)
     assert [report.interpreter for report in reports] == [os.path.abspath(sys.executable), str(venv / "bin" / "python3")]
     assert reports[0].ok, reports[0].problems
     assert reports[1].problems == [
