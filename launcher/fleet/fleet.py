@@ -28,7 +28,7 @@ from launcher.plan.planner import TaskPlan, in_step_order
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
 from launcher.supervise.hosts import FleetView, HostActions, Placement
-from launcher.supervise.policy import place_on_spares
+from launcher.supervise.hosts import place_on_spares
 from launcher.supervise.rundir import RunDir
 
 

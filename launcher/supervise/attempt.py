@@ -102,6 +102,7 @@ class Attempt:
         # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
         self.coordinator_port = self.plans[0].coordinator_port
         self.tasks: list[AttemptTask] = []
+        self.replaced: list[AttemptTask] = []  # tasks that ended and were restarted in place
         self.codes_at_stop: dict[str, int | None] = {}  # how each task had ended when the attempt stopped
         self.stacks_asked_at: float | None = None  # when a stall's evidence asked the tasks for their stacks
         self.spied: dict[str, "TaskStacks"] = {}  # each task's stacks as py-spy read them (evidence.py)
@@ -167,6 +168,22 @@ class Attempt:
         if error is not None:
             raise error
         return not interrupted
+
+    def restart_task(self, name: str) -> None:
+        """Start the ended task `name` again, in place, in this attempt (policy.RestartTask): its
+        output goes on in the same log; its earlier process is closed with the attempt."""
+        index, old = next((i, t) for i, t in enumerate(self.tasks) if t.plan.name == name)
+        output = self.output.open_task(old.plan, self.number)
+        try:
+            proc = self._begun.start(self._with_start_env(old.plan))
+        except BaseException:
+            output.close()
+            raise
+        output.attach(proc.stdout, proc.stderr)
+        self.record.task_restarted_in_place(old.plan, proc.pid)
+        self.replaced.append(old)
+        self.tasks[index] = AttemptTask(old.plan, proc, output, old.sidecar, self.number, ready_at=old.ready_at)
+        self._output_seen[name] = output.last_activity
 
     def _with_start_env(self, plan: TaskPlan) -> TaskPlan:
         """The plan with the launch's id (protocol.ENV_LAUNCH_ID) added, and for a task on this machine
@@ -299,6 +316,9 @@ class Attempt:
         still_open = [t.plan.name for t in self.tasks if not t.output.drained(max(0.0, deadline - time.monotonic()))]
         if still_open:
             self.output.notice(f"output of {', '.join(still_open)} still open after stop; not waiting for it")
+        for task in self.replaced:
+            task.proc.close()
+            task.output.close()
         for task in self.tasks:
             task.proc.close()
             task.output.close()

@@ -49,8 +49,10 @@ import dataclasses
 import signal
 from typing import Iterable, Sequence, Union
 
+from launcher import protocol
 from launcher.supervise import causes, exit_rules, status
-from launcher.supervise.hosts import FleetView, place_on_spares
+from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - the fleet's, beside the policy's
+from launcher.supervise.in_place import InPlaceRestarts, RestartTask
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -76,6 +78,7 @@ class Rules:
     stall_timeout: float  # 0: no stall watchdog
     max_restarts: int = 0
     max_preemption_restarts: int = 0
+    worker_restarts: int = 0  # parameter-server workers restarted in place (in_place.py)
 
 
 # -- events ------------------------------------------------------------------------------------
@@ -172,7 +175,7 @@ class GiveUp:
     left_out: tuple[str, ...] = ()  # hosts left out with no spare to take their tasks: the run stops naming them
 
 
-Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
+Decision = Union[Notice, Ready, FailureIgnored, RestartTask, Watch, Stop]
 
 
 # -- the policy --------------------------------------------------------------------------------
@@ -193,6 +196,7 @@ class Policy:
         self.preemptions = 0
         self._previous: tuple[causes.Cause, int | None] | None = None  # the last failed attempt's
         self._roles: dict[str, TaskRole] = {}
+        self.in_place = InPlaceRestarts(rules.worker_restarts)
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -241,7 +245,11 @@ class Policy:
                     decisions.append(FailureIgnored(event.name))
                 elif failed is None or event.returncode < 0 <= failed.returncode:
                     failed = event
-        if failed is not None:
+        if failed is not None and (again := self.in_place.restart(failed.name, failed.returncode,
+                                                                  self._roles[failed.name].serves)):
+            del self._returncodes[failed.name]  # running again: the attempt goes on
+            decisions += [Notice(again[0]), again[1]]
+        elif failed is not None:
             return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
                               Stop(status.FAILED, failed=failed.name, returncode=failed.returncode))
 

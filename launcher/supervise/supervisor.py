@@ -134,7 +134,7 @@ class _Supervisor:
                 wall = time.monotonic() - started
                 stories = [restart_story(c.cause, c.at, c.took) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
-                                                stories, costs=self.costs.totals()))
+                                                stories, costs=self.costs.totals(), in_place=self.policy.in_place.used))
         except Interrupted as e:
             final = (INTERRUPTED, str(e), e.exit_code)
             raise
@@ -289,6 +289,8 @@ class _Supervisor:
                 self.record.task_ready(by_name[decision.name].plan)
             elif isinstance(decision, policy.FailureIgnored):
                 self.record.task_failure_ignored(by_name[decision.name].plan)
+            elif isinstance(decision, policy.RestartTask):
+                attempt.restart_task(decision.name)
         last = decisions[-1]
         assert isinstance(last, (policy.Watch, policy.Stop))
         return last
