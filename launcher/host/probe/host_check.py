@@ -74,6 +74,7 @@ def host_check_of(args):
     program = dict(flag.split("=", 1) for flag in flags if flag.startswith(("script=", "module=")))
     if "program" in flags or program:
         out.update(program_check(program.get("script"), program.get("module")))
-    if "own-name" in flags:
+    # Only JAX (itself, or under Keras) needs the name: a slow resolver costs other programs nothing.
+    if "own-name" in flags and {"jax", "keras"} & set(out.get("imports", ())):
         out.update(own_name_check())
     return out

@@ -54,6 +54,7 @@ def test_each_host_checks_the_python3_its_tasks_find_with_the_scripts_imports(ru
     close_handovers(reports)
     assert [report.interpreter for report in reports] == [os.path.abspath(sys.executable), str(venv / "bin" / "python3")]
     assert reports[0].ok, reports[0].problems
+    assert reports[0].own_name is None  # only a JAX program's host is asked what its name resolves to
     assert reports[1].problems == [
         f"no module psutil for {venv}/bin/python3, the python3 that runs the tasks (train.py imports it): "
         "install it there, or name the interpreter that has it in the command"]
