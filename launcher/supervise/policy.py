@@ -53,6 +53,8 @@ from launcher import protocol
 from launcher.supervise import causes, exit_rules, status
 from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - the fleet's, beside the policy's
 from launcher.supervise.in_place import InPlaceRestarts, RestartTask
+from launcher.supervise.events import (  # noqa: F401 - what the policy is fed, named with it
+    CpuSeen, Event, JoinSeen, OutputSeen, ReadyLineSeen, SignalReceived, TaskEnded)
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -81,44 +83,7 @@ class Rules:
     worker_restarts: int = 0  # parameter-server workers restarted in place (in_place.py)
 
 
-# -- events ------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class TaskEnded:
-    name: str
-    returncode: int  # negative: ended by that signal
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadyLineSeen:
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class JoinSeen:
-    """A probe found the task joined (listening on its port, or connected to the coordinator)."""
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputSeen:
-    name: str
-    at: float  # when its last bytes were read
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuSeen:
-    name: str
-    cpu_seconds: float  # used by its processes in all
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalReceived:
-    signum: int
-
-
-Event = Union[TaskEnded, ReadyLineSeen, JoinSeen, OutputSeen, CpuSeen, SignalReceived]
-
+# -- events (events.py) -----------------------------------------------------------------------
 
 # -- decisions ---------------------------------------------------------------------------------
 
