@@ -12,18 +12,19 @@ import socket
 
 import pytest
 
+import lab_mgpu
 import needs
 from launching import REPO
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_netns import mgpu
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(120)]
 
 
 def _launch_jax(netns, tmp_path, run_id):
-    return mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--workdir", str(tmp_path),
-                "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--start-timeout", "60", "--",
-                PYTHON, str(REPO / "tests" / "programs" / "jax_psum.py"), "0", timeout=100)
+    return lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222",
+                        "--workdir", str(tmp_path), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+                        "--start-timeout", "60", "--", PYTHON, str(REPO / "tests" / "programs" / "jax_psum.py"), "0",
+                        timeout=100)
 
 
 @pytest.fixture
