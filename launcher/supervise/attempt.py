@@ -73,6 +73,7 @@ class AttemptTask:
     ended_at: float | None = None  # when its end was seen, seconds since the epoch
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
     ready_at: float | None = None  # when it was recorded ready, seconds since the epoch
+    stopped_at: float | None = None  # when it was seen stopped (SIGSTOP); None: running at the last look
 
     @property
     def started_by_joining(self) -> bool:
@@ -238,7 +239,18 @@ class Attempt:
             cpu = by_name[name].proc.cpu_seconds()
             if cpu is not None:
                 events.append(policy.CpuSeen(name, cpu))
+            self._see_stopped(by_name[name])
         return events
+
+    def _see_stopped(self, task: AttemptTask) -> None:
+        """Note a task seen stopped, and say so once: a stall is then charged to it (causes.py)."""
+        stopped = task.proc.stopped()
+        if stopped and task.stopped_at is None:
+            task.stopped_at = time.time()
+            self.output.notice(f"{task.plan.name} on {task.plan.host} is stopped (SIGSTOP, or a debugger): "
+                               f"the other tasks wait for it until it is continued")
+        elif stopped is False:
+            task.stopped_at = None
 
     def reap(self) -> list[AttemptTask]:
         """Collect exit codes; the tasks found ended by this call."""

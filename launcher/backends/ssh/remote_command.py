@@ -291,7 +291,8 @@ def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
 def signal_command(pgids: Iterable[int], signum: int) -> str:
     """Signal remote tasks' whole process groups; quiet for groups already gone. Before SIGABRT
     (the request for stacks, whose default action dumps core) the groups' core file limits are
-    lowered to 0 with util-linux's prlimit, where the host has it and pgrep."""
+    lowered to 0 with util-linux's prlimit, where the host has it and pgrep, and after it the groups
+    are continued."""
     pgids = [int(pgid) for pgid in pgids]
     name = signal.Signals(signum).name.removeprefix("SIG")
     groups = " ".join(f"-{pgid}" for pgid in pgids)
@@ -299,4 +300,6 @@ def signal_command(pgids: Iterable[int], signum: int) -> str:
     if signum == signal.SIGABRT:
         listed = ",".join(str(pgid) for pgid in pgids)
         no_cores = f'for p in $(pgrep -g {listed} 2>/dev/null); do prlimit --pid "$p" --core=0: 2>/dev/null; done; '
-    return sh(f"{no_cores}kill -{name} {groups} 2>/dev/null; exit 0")
+    # A stopped group (SIGSTOP) takes the SIGABRT once continued: its stacks are where it stopped.
+    cont = f"; kill -CONT {groups} 2>/dev/null" if signum == signal.SIGABRT else ""
+    return sh(f"{no_cores}kill -{name} {groups} 2>/dev/null{cont}; exit 0")
