@@ -211,7 +211,7 @@ def _cell(value, unit: str = " s") -> str:
 
 def _soak(data: dict) -> list[str]:
     faults = data["faults"]
-    lines = [f"## Soak under mixed faults (`benchmarks/soak.py`, {data['date']})", "", data["machine"], "",
+    lines = ["", f"## Soak under mixed faults (`benchmarks/soak.py`, {data['date']})", "", data["machine"], "",
              f"One run of PyTorch DDP (gloo, a checkpoint every 20 steps, {data['steps']} steps) over SSH on "
              f"{data['workers']} hosts with {data['spares']} spares, each a network namespace of this machine with its "
              f"own sshd; faults from seed {data['seed']}, `--stall-timeout {data['stall_timeout_s']:g}`, cut links "
@@ -226,7 +226,7 @@ def _soak(data: dict) -> list[str]:
                      f"{_cell(fault.get('detected_s'))} | {_cell(fault.get('first_step_s'))} |")
     lines += ["", f"Charged right: {data['charged_right']} of {len(faults)}; exit code {data['exit_code']} "
               f"({data['status']}) after {data['wall_s']:g} s; {data['restarts']} restarts, "
-              f"{_cell(data.get('time_lost_s'))} lost, goodput {data['goodput']}; equal weights on every rank: "
+              f"{_cell(None if data.get('time_lost_s') is None else round(data['time_lost_s']))} lost, goodput {data['goodput']}; equal weights on every rank: "
               f"{'yes' if data['equal_weights'] else 'no'}; processes of the run left: {data['processes_left']}.", ""]
     if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "soak.png").exists():
         lines += ["![Detection and time to the first new step per fault](soak.png)", ""]

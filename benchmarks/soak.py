@@ -41,7 +41,6 @@ import os
 import pathlib
 import platform
 import random
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -314,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         plot(result)
     print(json.dumps({k: v for k, v in result.items() if k != "faults"}))
     for fault in result["faults"]:
-        print(shlex.join([fault["kind"], str(fault["task"]), str(fault["host"]), str(fault["charged"]),
-                          f"right={fault['right']}", f"detected={fault['detected_s']}", f"step={fault['first_step_s']}"]))
+        charged = fault["charged"] or {}
+        print(f"{fault['kind']} of {fault['task']} on {fault['host']}: charged {charged.get('cause')} "
+              f"({charged.get('task')} on {charged.get('host')}), right: {fault['right']}, "
+              f"detected in {fault['detected_s']} s, first new step after {fault['first_step_s']} s")
     subprocess.run(["rm", "-rf", str(directory)], check=False)
     return 0 if result["charged_right"] == len(result["faults"]) and result["equal_weights"] else 1
 
