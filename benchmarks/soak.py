@@ -295,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="for each wait of the schedule")
     parser.add_argument("--name", default="soak")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--replot", action="store_true", help="only draw the plot of results/NAME.json again")
     args = parser.parse_args(argv)
+    if args.replot:
+        plot(json.loads((RESULTS / f"{args.name}.json").read_text()))
+        return 0
     if os.geteuid() != 0:
         print("soak: needs root (network namespaces)", file=sys.stderr)
         return 2
