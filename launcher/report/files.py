@@ -18,7 +18,7 @@ import stat
 
 from launcher.errors import UsageError
 from launcher.report import page, story, trace
-from launcher.supervise import run_files
+from launcher.supervise import run_files, samples
 from launcher.supervise.console_text import console_safe
 from launcher.supervise.runs import Run
 
@@ -27,6 +27,7 @@ TRACE_NAME = "trace.json"
 TRACE_SUFFIX = ".trace.json"
 CHECKS_NAME = "checks.json"  # the host checks' table: `mgpu check --json`'s output, or its "hosts" rows
 MAX_CHECKS_BYTES = 1 << 20
+MAX_SAMPLES_BYTES = 8 << 20  # of samples.jsonl, its end: what a launch writes is far less (samples.py)
 
 
 def _checks(folder: int) -> list | None:
@@ -50,6 +51,24 @@ def _checks(folder: int) -> list | None:
     if isinstance(rows, dict):  # as `mgpu check --json` prints it
         rows = rows.get("hosts")
     return rows if isinstance(rows, list) else None
+
+
+def _samples(folder: int) -> list[dict]:
+    """The run's samples (samples.jsonl): those of its last MAX_SAMPLES_BYTES; none without it."""
+    try:
+        fd = run_files.open_file(folder, samples.NAME)
+    except (FileNotFoundError, run_files.Unreadable):
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, MAX_SAMPLES_BYTES, max(0, size - MAX_SAMPLES_BYTES))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    if size > MAX_SAMPLES_BYTES:
+        data = data[data.find(b"\n") + 1:]  # the line cut by the start of what is read
+    return samples.read(data.decode("utf-8", "replace"))
 
 
 def _write_in(folder: int, name: str, text: str) -> None:
@@ -94,7 +113,7 @@ def write_report(run: Run, output: pathlib.Path | None) -> tuple[pathlib.Path, p
     except (FileNotFoundError, run_files.Unreadable) as e:
         raise UsageError(f"run {shown}: its folder cannot be read: {console_safe(str(e) or 'gone')}") from None
     try:
-        told = story.story(run.record, _checks(folder))
+        told = story.story(run.record, _checks(folder), _samples(folder))
         stalls = _stall_folders(folder, told)
         if output is None:
             links = {task: name for task, name in told.logs}

@@ -103,6 +103,10 @@ def _costs(story: Story) -> str:
 
 
 def _busy(story: Story) -> str:
+    if story.busy_over_time:
+        return ('<h2 id="busy">Busy share</h2><p class="muted">How much of the time each task computed rather than '
+                'waited, over the run (from its samples; the row\'s mean beside its name): in a synchronous job the '
+                'task the others wait for is the darkest row.</p>' + svg.busy_over_time(story))
     if not any(bar.busy is not None for bar in story.bars):
         return '<h2 id="busy">Busy share</h2><p class="muted">no busy shares recorded</p>'
     return ('<h2 id="busy">Busy share</h2><p class="muted">How much of its last window each task computed rather '

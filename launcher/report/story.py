@@ -15,7 +15,9 @@ import datetime
 import math
 import re
 import shlex
-from typing import Any
+from typing import Any, Sequence
+
+from launcher.report.busy import Cell, rows as busy_rows
 
 MAX_TEXT = 2000  # characters of any one text shown (a failure's detail, a command)
 MAX_TASKS = 1000
@@ -117,6 +119,7 @@ class Story:
     logs: tuple[tuple[str, str], ...]  # (task, log file name)
     left: tuple[str, ...]  # what was not drawn ("1200 tasks: the first 1000 drawn")
     stalls: tuple[Stall, ...] = ()  # the stalled attempts, whose folder the page links
+    busy_over_time: tuple[tuple[str, tuple[Cell, ...]], ...] = ()  # each task's, from samples.jsonl
 
 
 def text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -278,9 +281,9 @@ def _checks(record: dict) -> Table | None:
     return _table_of(rows) if rows else None
 
 
-def story(record: dict, checks: list | None = None) -> Story:
-    """What the report shows of `record` (run.json, read and shape-checked by run_files) and the
-    host checks' rows, where the run's folder holds them."""
+def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ()) -> Story:
+    """What the report shows of `record` (run.json, read and shape-checked by run_files), the
+    host checks' rows, where the run's folder holds them, and the run's samples (samples.jsonl)."""
     start = epoch(record.get("started_at"))
     plans = _plans(record)
     attempts = [a for a in _list(record.get("attempts")) if isinstance(a, dict)]
@@ -358,4 +361,5 @@ def story(record: dict, checks: list | None = None) -> Story:
         costs=Table(("figure", "value"), tuple(scalars.items())), breakdowns=breakdowns,
         attempts=_table_of(rows, ("attempt", "outcome", "last step", "new steps")),
         checks=_checks({"checks": checks}) if checks is not None else _checks(record),
-        logs=tuple(logs.items()), left=tuple(left), stalls=tuple(stalls))
+        logs=tuple(logs.items()), left=tuple(left), stalls=tuple(stalls),
+        busy_over_time=busy_rows(samples, start, names))

@@ -162,6 +162,39 @@ def busy(story: Story) -> str:
     return "\n".join(out)
 
 
+def busy_over_time(story: Story) -> str:
+    """Each task's busy share over the run, from its samples: a row per task, cells as deep as the
+    share. In a synchronous job the task the others wait for is the darkest row, all along."""
+    scale = _Scale(story.wall)
+    rows = {name: i for i, (name, _) in enumerate(story.busy_over_time)}
+    height = TOP + ROW * len(rows) + AXIS
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="busy-over-time" width="{WIDTH}" height="{height}" '
+           f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="busy share of each task over time">']
+    for number, start in story.attempt_starts:
+        if number == 0 or start <= 0:
+            continue
+        x = scale.x(start)
+        out.append(f'<line x1="{x}" y1="{TOP - 18}" x2="{x}" y2="{TOP + ROW * len(rows)}" class="restart"/>')
+        out.append(f'<text x="{x + 3}" y="{TOP - 8}" class="restart-label">restart {esc(number)}</text>')
+    for name, cells in story.busy_over_time:
+        y = TOP + rows[name] * ROW
+        mean = (sum((c.end - c.start) * c.share for c in cells) / total
+                if (total := sum(c.end - c.start for c in cells)) > 0 else None)
+        label = f"{name} {round(100 * mean)}%" if mean is not None else name
+        out.append(f'<g class="share-row" data-task="{esc(name)}"><text x="{LABEL - 8}" y="{y + ROW / 2 + 4}" '
+                   f'class="task" text-anchor="end">{esc(label)}</text>')
+        for cell in cells:
+            x0 = scale.x(cell.start)
+            x1 = max(scale.x(cell.end), x0 + 1)
+            out.append(f'<rect x="{x0}" y="{y + 2}" width="{round(x1 - x0, 2)}" height="{ROW - 4}" '
+                       f'fill="{_heat(cell.share)}"><title>{esc(name)} +{esc(seconds(cell.start))} to '
+                       f'+{esc(seconds(cell.end))}: busy {round(100 * cell.share)}%</title></rect>')
+        out.append("</g>")
+    out.extend(scale.axis(TOP + ROW * len(rows) + 2))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 def split(parts: Sequence[tuple[str, float, str]], total: float) -> str:
     """One bar of `total` seconds cut into (name, seconds, colour) parts, left to right."""
     width = WIDTH - LABEL - 16

@@ -99,3 +99,15 @@ def test_a_stalled_attempt_s_folder_is_linked_with_the_flight_recorder_s_verdict
     assert "flight recorder: worker:1 did not join gloo:all_reduce&lt;b&gt; #9" in text
     assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "r.html")).exit_code == 0
     assert f'<a href="{(folder / "stall-1").as_uri()}/">stall-1/</a>' in (tmp_path / "r.html").read_text()
+
+
+def test_the_busy_shares_over_time_come_from_the_end_of_the_run_s_samples(tmp_path, mgpu):
+    folder = write_run(tmp_path)
+    start = 1767323045.0  # the run's start, 2026-01-02T03:04:05Z
+    lines = [json.dumps({"at": start + t, "busy": {"worker:0": 0.75}}) for t in (1, 3, 5, 7)]
+    with open(folder / "samples.jsonl", "w") as f:  # a file far larger than a launch writes: its end is read
+        f.write(("x" * 1000 + "\n") * (files.MAX_SAMPLES_BYTES // 1000) + "\n".join(lines) + "\n")
+    assert mgpu("report", "last", "--log-dir", str(tmp_path)).exit_code == 0
+    text = (folder / "report.html").read_text()
+    busy = text[text.index('<h2 id="busy">'):text.index('<h2 id="costs">')]
+    assert busy.count("<rect ") == 4 and ">worker:0 75%</text>" in busy

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launcher.report import page, story, trace
+from launcher.report import busy, page, story, svg, trace
 
 T0 = "2026-01-02T03:04:05.000+00:00"
 
@@ -178,3 +178,40 @@ def test_a_huge_run_is_drawn_in_part_and_says_so():
     assert f"{story.MAX_TASKS + 200} tasks: the first {story.MAX_TASKS} drawn" in Page(text).words
     assert len(told.restarts[0].detail) == story.MAX_TEXT
     assert len(text) < 2_000_000
+
+
+def samples_of(busy_by_second):
+    """samples.jsonl's lines as the supervisor writes them, one every 2 s from the run's start."""
+    start = story.epoch(T0)
+    return [{"at": start + t, "attempt": 0 if t < 10 else 1, "hosts": 2, "steps": {}, "steps_per_s": None,
+             "busy": busy, "costs": {}} for t, busy in busy_by_second]
+
+
+def test_each_task_s_busy_share_over_time_is_drawn_from_the_samples_the_slow_task_darkest():
+    lines = samples_of([(t, {"worker:0": 0.3, "worker:1": 0.9}) for t in range(0, 20, 2)])
+    lines[3]["busy"] = {"worker:0": "x", "worker:1": 2, "<b>": 0.5}  # anyone's text: skipped
+    lines.append("not a sample")
+    told = story.story(record(), None, lines)
+    rows = dict(told.busy_over_time)
+    assert list(rows) == ["worker:0", "worker:1"]
+    assert [(c.start, c.end) for c in rows["worker:1"]][:3] == [(0, 2), (2, 4), (4, 6)]
+    assert len(rows["worker:1"]) == 9 and {c.share for c in rows["worker:1"]} == {0.9}
+    text = page.render(told, {}, None)
+    busy = text[text.index('<h2 id="busy">'):text.index('<h2 id="costs">')]
+    assert busy.count('class="share-row"') == 2 and 'class="share"' not in busy  # rows over time, not per attempt
+    assert ">worker:1 90%</text>" in busy and ">worker:0 30%</text>" in busy
+    assert busy.count("<rect ") == 18 and f'fill="{svg._heat(0.9)}"' in busy  # the slow task's cells: the deepest
+
+
+def test_many_samples_are_merged_into_a_bounded_row_and_a_run_without_samples_keeps_the_per_attempt_strip():
+    lines = samples_of([(t / 10, {"worker:0": 0.2 if t < 100 else 0.8}) for t in range(200)])
+    told = story.story(record(), None, lines)
+    (name, cells), (_, none) = told.busy_over_time
+    assert name == "worker:0" and len(cells) == 200  # one cell a sample while they fit
+    assert none == () and cells[0].share == pytest.approx(0.2) and cells[-1].share == pytest.approx(0.8)
+    many = samples_of([(t, {"worker:0": 0.5}) for t in range(5000)])
+    (_, cells), _ = story.story(record(), None, many).busy_over_time
+    assert len(cells) <= busy.MAX_COLUMNS
+    assert sum(c.end - c.start for c in cells) == pytest.approx(5000 - 1 + 2)
+    _, text = render(record())
+    assert 'class="share"' in text and 'class="share-row"' not in text
