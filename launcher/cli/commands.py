@@ -299,7 +299,8 @@ def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
     host far below the others."""
     import json
 
-    from launcher.preflight.check import py_spy_notes, render_table, table_json
+    from launcher.preflight.check import py_spy_notes, render_table
+    from launcher.preflight.check_json import document
     from launcher.preflight.speed import by_slow_host, describe, slow_hosts, warning_lines
 
     slow = slow_hosts(speeds)
@@ -309,12 +310,7 @@ def _show_check(reports, speeds, unreachable, as_json: bool) -> None:
         if report.host in by_name:
             report.speed = describe(by_name[report.host]) + (" SLOW" if report.host in named else "")
     if as_json:
-        rows = table_json(reports)
-        for row in rows:
-            speed = by_name.get(row["host"])
-            row["speed"] = None if speed is None else {
-                **speed.as_json(), "slow": [figure.as_json() for figure in named.get(row["host"], [])]}
-        click.echo(json.dumps({"hosts": rows, "unreachable": list(unreachable), "slow_hosts": list(named)}, indent=2))
+        click.echo(json.dumps(document(reports, speeds, unreachable), indent=2))
     else:
         click.echo(render_table(reports))
     for note in py_spy_notes(reports):

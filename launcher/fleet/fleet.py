@@ -19,6 +19,7 @@ from launcher.backends.slurm import SlurmBackend
 from launcher.config.spec import ClusterSpec, with_host_replaced
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
+from launcher.fleet.checks_file import keep_checks
 from launcher.fleet.health import leave_out_unhealthy
 from launcher.fleet.quarantine import remember
 from launcher.fleet.relaunch import relaunch_command
@@ -81,6 +82,8 @@ class Fleet(HostActions):
         --leave-out-slow, a slow host's tasks given to a spare. The plans to start."""
         prepared = self.prepare(self.plans, self.in_use, first=True)
         self.plans = list(prepared.plans)
+        if prepared.checks is not None:
+            keep_checks(self, prepared.checks, say)
         if prepared.unhealthy:
             leave_out_unhealthy(self, dict(prepared.unhealthy), say)
         if self.options.check_hosts:

@@ -28,6 +28,7 @@ from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
 from launcher.preflight.check import (check_hosts_and_reach, close_handovers, handovers_of, local_tensorflow_version,
                                       run_checks)
+from launcher.preflight import check_json
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.on_host import by_host
 from launcher.preflight.reach import reachable_interfaces
@@ -67,6 +68,7 @@ class Prepared:
     speeds: tuple[HostSpeed, ...] = ()  # the speed probe's figures (the first start, on more than one host)
     handed_over: tuple[str, ...] = ()  # hosts whose check sessions go on to start their first task (a handover)
     unhealthy: tuple[tuple[str, str], ...] = ()  # the first start's hosts that failed the health check, and why
+    checks: dict | None = None  # the first start's host checks' table (preflight/check_json.py), where they ran
 
     @property
     def ok(self) -> bool:
@@ -87,6 +89,7 @@ class Preparing:
     speeds: list[HostSpeed] = dataclasses.field(default_factory=list)
     handed_over: tuple[str, ...] = ()
     unhealthy: dict[str, str] = dataclasses.field(default_factory=dict)  # the first start's: its fleet leaves them out
+    checks: dict | None = None
 
     def mine(self) -> list[TaskPlan]:
         """The tasks of the hosts being made ready."""
@@ -117,7 +120,7 @@ def prepare(fleet: Hosts, plans: Sequence[TaskPlan], hosts: Sequence[str], notic
         if state.failed or state.gone:
             break
     return Prepared(tuple(state.plans), tuple(state.failed), tuple(state.gone), tuple(state.speeds), state.handed_over,
-                    tuple(state.unhealthy.items()))
+                    tuple(state.unhealthy.items()), state.checks)
 
 
 # -- the stages, in the order a launch on this machine and SSH hosts runs them --------------------
@@ -202,9 +205,10 @@ def check(state: Preparing) -> None:
     if not state.fleet.options.check_hosts:
         return
     if state.first:
-        reachability, speeds = run_checks(state.remote(), state.fleet.ssh, reach=state.plans,
-                                          speed=spans_hosts(state.plans), handover=True)
+        reports, reachability, speeds = run_checks(state.remote(), state.fleet.ssh, reach=state.plans,
+                                                   speed=spans_hosts(state.plans), handover=True)
         state.speeds = list(speeds)
+        state.checks = check_json.document(reports, speeds, reachability.problems)
         state.plans = with_interfaces(state.plans, reachable_interfaces(reachability), frozenset(os.environ))
         state.handed_over = tuple(dict.fromkeys(plan.host for plan in state.remote()))
         return

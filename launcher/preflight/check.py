@@ -357,11 +357,11 @@ def raise_for_failures(reports: Sequence[HostReport]) -> None:
 
 def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = None,
                reach: Sequence[TaskPlan] = (), speed: bool = False, handover: bool = False
-               ) -> tuple[Reachability, list[HostSpeed]]:
+               ) -> tuple[list[HostReport], Reachability, list[HostSpeed]]:
     """The pre-launch check: print the table and raise if a host fails, else one summary line.
     With `reach`, the reachability test between those plans' tasks runs in the same sessions
-    (check_hosts_and_reach), and with `speed` the speed probe of their hosts after it: what they
-    found is returned, for the caller to judge. With `handover`, those sessions are kept to start
+    (check_hosts_and_reach), and with `speed` the speed probe of their hosts after it: the hosts'
+    reports and what the test and the probe found are returned, for the caller to judge and keep. With `handover`, those sessions are kept to start
     each host's first task, and once every check has passed they are given to `ssh_backend`
     (SshBackend.take_handovers), whose `start` starts those tasks in them."""
     console = console or sys.stderr
@@ -379,4 +379,4 @@ def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = 
     raise_for_failures(reports)
     if handovers := handovers_of(reports):
         ssh_backend.take_handovers(handovers)
-    return reachability, speeds
+    return reports, reachability, speeds

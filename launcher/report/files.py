@@ -20,13 +20,13 @@ from launcher.errors import UsageError
 from launcher.report import page, story, trace
 from launcher.supervise import run_files, samples
 from launcher.supervise.console_text import console_safe
+from launcher.supervise.rundir import CHECKS, MAX_CHECKS_BYTES
 from launcher.supervise.runs import Run
 
 REPORT_NAME = "report.html"
 TRACE_NAME = "trace.json"
 TRACE_SUFFIX = ".trace.json"
-CHECKS_NAME = "checks.json"  # the host checks' table: `mgpu check --json`'s output, or its "hosts" rows
-MAX_CHECKS_BYTES = 1 << 20
+CHECKS_NAME = CHECKS  # the host checks' table a launch keeps: `mgpu check --json`'s output, or its "hosts" rows
 MAX_SAMPLES_BYTES = 8 << 20  # of samples.jsonl, its end: what a launch writes is far less (samples.py)
 
 

@@ -24,6 +24,8 @@ from launcher.supervise import run_lock
 from launcher.supervise.options import SuperviseOptions
 
 CONSOLE_LOG = "console.log"  # a detached run's console, and the rest of a run's whose terminal hung up
+CHECKS = "checks.json"  # the host checks' table of the launch (fleet/checks_file.py), for `mgpu report`
+MAX_CHECKS_BYTES = 1 << 20  # of checks.json: its writer cuts it to this, its reader takes no more
 RUN_DIR_MODE = 0o700
 LOG_DIR_MODE = 0o755  # explicit: under umask 000 a default mkdir would make it writable by everyone
 FILE_MODE = 0o600

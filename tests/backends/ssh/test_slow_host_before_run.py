@@ -72,7 +72,8 @@ WHERE = "import os; print('on', os.readlink('/proc/self/ns/net'))"
 
 
 def launch(lab_of_three, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """`mgpu launch ARGS` on h1 and h2 with h2 held to QUOTA of a core: (what it printed, run.json, the namespace of worker:1)."""
+    """`mgpu launch ARGS` on h1 and h2 with h2 held to QUOTA of a core: (what it printed, run.json, the
+    namespace of worker:1); run.json has the launch's host checks (checks.json) as `checks_kept`."""
     run_id = unique_run_id("slow")
     with hosts_with_cores(lab_of_three, slow=("h2",)):
         done = mgpu_on_lab(lab_of_three, tmp_path, "launch", "--workers", "h1:2222,h2:2222", *args, "--workdir",
@@ -80,7 +81,10 @@ def launch(lab_of_three, tmp_path, *args: str) -> tuple[subprocess.CompletedProc
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     folder = tmp_path / "mgpu-runs" / run_id
     where = next(line for line in (folder / "worker-1.log").read_text().splitlines() if line.startswith("on "))
-    return done, json.loads((folder / "run.json").read_text()), where
+    record = json.loads((folder / "run.json").read_text())
+    record["checks_kept"] = json.loads((folder / "checks.json").read_text())
+    assert oct((folder / "checks.json").stat().st_mode & 0o777) == "0o600"
+    return done, record, where
 
 
 def test_launch_leaves_out_the_slow_host_for_a_spare(lab_of_three, tmp_path):
@@ -92,6 +96,10 @@ def test_launch_leaves_out_the_slow_host_for_a_spare(lab_of_three, tmp_path):
     assert record["status"] == "succeeded"
     assert [(plan["name"], plan["host"]) for plan in record["plans"]] == [("worker:0", "h1"), ("worker:1", "h3")]
     assert where == f"on net:[{lab.net_inode('h3')}]"
+    # The launch kept its host checks' table, the slow host named with its figures, for the report.
+    checks = record["checks_kept"]
+    assert [row["host"] for row in checks["hosts"]] == ["h1", "h2"] and checks["slow_hosts"] == ["h2"]
+    assert checks["hosts"][1]["speed"]["slow"][0]["figure"] == "compute" and checks["hosts"][0]["ok"] is True
 
 
 def test_without_a_spare_the_slow_host_is_only_warned_about(lab_of_three, tmp_path):
