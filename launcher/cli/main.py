@@ -12,6 +12,7 @@ from launcher.cli.streams import discard_stdout, open_standard_streams, stdout_g
 from launcher.errors import EXIT_INTERRUPTED, MgpuError, OutputClosed
 from launcher.supervise.console_text import console_safe
 
+GIVEN_ARGS = "mgpu.given_args"  # the command line's arguments as given, in the root context's meta (run.json's)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -58,9 +59,11 @@ class MgpuGroup(click.Group):
                 raise
             raise OutputClosed("standard output was closed (its reader ended) before mgpu finished writing") from None
 
-    def make_context(self, *args, **kwargs) -> click.Context:
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        given = tuple(args)  # before parsing takes them
         # Kept so that errors raised by a command can still be shown with its --debug.
-        self.root_context = super().make_context(*args, **kwargs)
+        self.root_context = super().make_context(info_name, args, parent, **extra)
+        self.root_context.meta[GIVEN_ARGS] = given
         return self.root_context
 
 

@@ -10,7 +10,8 @@ import click
 
 from launcher.cli import params
 from launcher.host.files import MAX_KNOWN_HOSTS_BYTES as KNOWN_HOSTS_LIMIT
-from launcher.cli.main import debug_flag
+from launcher.cli.command_line import recorded
+from launcher.cli.main import GIVEN_ARGS, debug_flag
 from launcher.intake.load import (
     THIS_MACHINE, HostNaming, HostsRequest, SlurmScope, TaskSettings, check_text_value,
 )
@@ -228,6 +229,11 @@ def _tensorboard(folder: str | None) -> pathlib.Path | None:
     return pathlib.Path(folder)
 
 
+def recorded_command_line(show_secrets: bool) -> tuple[str, ...]:
+    """The command line as given (the root context's), its secrets hidden, for run.json."""
+    return recorded(click.get_current_context().meta.get(GIVEN_ARGS, ()), show_secrets)
+
+
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
     stall_timeout = next((value for value in (opts.get("stall_timeout"), spec.stall_timeout) if value is not None),
                          DEFAULT_STALL_TIMEOUT)
@@ -251,6 +257,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             notify=opts.get("notify"),
             notify_url=opts.get("notify_url"),
             tensorboard=_tensorboard(opts.get("tensorboard") or spec.tensorboard),
+            command_line=recorded_command_line(opts["show_secrets"]),
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],

@@ -50,6 +50,9 @@ def _head(story: Story) -> str:
     ended = f", ended {esc(story.ended_at)}" if story.ended_at else ""
     message = f"<pre id=\"message\">{esc(story.message)}</pre>" if story.message else ""
     commands = "".join(f"<pre class=\"command\">{esc(c)}</pre>" for c in story.commands) or '<p class="muted">-</p>'
+    if story.launched_with:
+        commands = (f'<p class="muted">launched with</p><pre id="launched-with">{esc(story.launched_with)}</pre>'
+                    f'<p class="muted">the tasks ran</p>{commands}')
     return (f'<h1>mgpu run <span class="mono">{esc(story.run_id)}</span> <span class="status {status}" id="status">'
             f'{status}</span></h1><p class="muted">started {esc(story.started_at)}{ended}; '
             f'{esc(seconds(story.wall))} of wall time; {len(story.tasks)} tasks on {len(story.hosts.rows)} hosts; '

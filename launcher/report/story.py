@@ -120,6 +120,7 @@ class Story:
     left: tuple[str, ...]  # what was not drawn ("1200 tasks: the first 1000 drawn")
     stalls: tuple[Stall, ...] = ()  # the stalled attempts, whose folder the page links
     busy_over_time: tuple[tuple[str, tuple[Cell, ...]], ...] = ()  # each task's, from samples.jsonl
+    launched_with: str = ""  # the `mgpu launch` command line, its secrets hidden by the launch
 
 
 def text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -349,8 +350,10 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
             log = isinstance(task, dict) and task.get("log")
             if isinstance(log, str) and _LOG_NAME.fullmatch(log) and text(name, 200) in drawn:
                 logs.setdefault(text(name, 200), log)
+    options = _dict(record.get("options"))
     settings = Table(("setting", "value"), tuple((text(k, 60), _figure(v) or "") for k, v in
-                                                 list(_dict(record.get("options")).items())[:MAX_ROWS]))
+                                                 list(options.items())[:MAX_ROWS] if k != "command_line"))
+    given = [text(arg, MAX_TEXT) for arg in _list(options.get("command_line"))[:MAX_ROWS * 3]]
     return Story(
         run_id=text(record.get("run_id"), 200), status=text(record.get("status"), 100),
         message=text(record.get("message")), started_at=text(record.get("started_at"), MAX_TIME_TEXT),
@@ -362,4 +365,5 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
         attempts=_table_of(rows, ("attempt", "outcome", "last step", "new steps")),
         checks=_checks({"checks": checks}) if checks is not None else _checks(record),
         logs=tuple(logs.items()), left=tuple(left), stalls=tuple(stalls),
-        busy_over_time=busy_rows(samples, start, names))
+        busy_over_time=busy_rows(samples, start, names),
+        launched_with=text(shlex.join(given), MAX_TEXT * 4) if given else "")

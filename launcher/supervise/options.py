@@ -50,6 +50,8 @@ class SuperviseOptions:
     tensorboard: pathlib.Path | None = dataclasses.field(default=None, metadata=RECORDED)
     # Parameter-server workers restarted in place, the chief and ps going on (in_place.py); 0: none.
     worker_restarts: int = dataclasses.field(default=0, metadata=RECORDED)
+    # `mgpu launch`'s arguments as given, its secrets hidden (cli/command_line.py), for run.json and the report.
+    command_line: tuple[str, ...] = dataclasses.field(default=(), metadata=RECORDED)
 
     def rules(self) -> policy.Rules:
         """The policy's rules, from these settings."""

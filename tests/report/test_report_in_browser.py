@@ -1,6 +1,7 @@
 """`mgpu report` of a real run with one restart, opened in headless Chromium: the page as the browser
 builds it shows every task, the failed attempt's cause (its error text, markup and all, as text) and
-the goodput; the trace parses and has an event per task and attempt. The screenshot is kept in the
+the goodput, and the launch's command line without the secrets its --env and --notify carry; the
+trace parses and has an event per task and attempt. The screenshot is kept in the
 test's temporary folder."""
 
 import json
@@ -16,6 +17,8 @@ from launching import run_mgpu
 from needs import missing
 
 pytestmark = pytest.mark.timeout(180)
+
+SECRET = "hunter2-b9d41c"  # what --env and --notify carry: never in run.json or the page
 
 # worker:1 fails at its third step in the first attempt, its error text holding markup.
 PROGRAM = """\
@@ -56,7 +59,8 @@ def test_the_report_of_a_run_with_a_restart_in_chromium(tmp_path):
     program = tmp_path / "steps.py"
     program.write_text(PROGRAM)
     logs = tmp_path / "runs"
-    launched = run_mgpu("launch", "--local", "2", "--log-dir", str(logs), "--max-restarts", "1", "--",
+    launched = run_mgpu("launch", "--local", "2", "--log-dir", str(logs), "--max-restarts", "1",
+                        "--env", f"REPORT_TOKEN={SECRET}", "--notify", f"cat >/dev/null # {SECRET}", "--",
                         "python3", str(program), timeout=120)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     made = run_mgpu("report", "last", "--log-dir", str(logs), timeout=60)
@@ -80,6 +84,12 @@ def test_the_report_of_a_run_with_a_restart_in_chromium(tmp_path):
     goodput = f"{100 * record['costs']['goodput']:.1f}%"
     assert f'<span class="goodput" id="goodput">{goodput}</span>' in dom
 
+    # The launch's command line, as given but for its secrets, which reach neither run.json nor the page.
+    assert record["options"]["command_line"][:6] == ["mgpu", "launch", "--local", "2", "--log-dir", str(logs)]
+    launched_with = re.search(r'<pre id="launched-with">(.*?)</pre>', dom, re.S).group(1)
+    assert "--env 'REPORT_TOKEN=***' --notify '***' -- python3 " in launched_with, launched_with
+    for name in ("run.json", "report.html", "trace.json"):
+        assert SECRET not in (run_dir / name).read_text(), name
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     spans = sorted((e["name"], e["tid"]) for e in events if e["ph"] == "X")
     assert spans == [("attempt 0", 1), ("attempt 0", 2), ("attempt 1", 1), ("attempt 1", 2)]

@@ -215,3 +215,14 @@ def test_many_samples_are_merged_into_a_bounded_row_and_a_run_without_samples_ke
     assert sum(c.end - c.start for c in cells) == pytest.approx(5000 - 1 + 2)
     _, text = render(record())
     assert 'class="share"' in text and 'class="share-row"' not in text
+
+
+def test_the_launch_s_command_line_is_shown_as_recorded_and_not_among_the_settings():
+    data = record(options={"grace_period": 10.0, "command_line": ["mgpu", "launch", "--env", "A=***", "--",
+                                                                  "python3", "<b>t.py</b>"]})
+    told, text = render(data)
+    assert told.launched_with == "mgpu launch --env 'A=***' -- python3 '<b>t.py</b>'"
+    assert "<pre id=\"launched-with\">mgpu launch --env 'A=***' -- python3 '&lt;b&gt;t.py&lt;/b&gt;'</pre>" in \
+        text.replace("&#x27;", "'")
+    assert [name for name, _ in told.settings.rows] == ["grace_period"]
+    assert story.story(record(options={"command_line": "mgpu launch"})).launched_with == ""  # not a list: left out
