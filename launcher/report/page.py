@@ -89,8 +89,12 @@ def _restarts(story: Story) -> str:
 def _costs(story: Story) -> str:
     figures = dict(story.costs.rows)
     shown = f"{100 * story.goodput:.1f}%" if story.goodput is not None else "unknown"
+    meaning = ("the share of the wall time spent on new steps: steps above the best any earlier attempt reached"
+               if story.goodput is not None else "the program reported no steps, so its time cannot be split")
     out = [f'<h2 id="costs">Progress and goodput</h2><p>goodput <span class="goodput" id="goodput">{esc(shown)}</span>'
-           f' <span class="muted">the share of the wall time not lost to failures</span></p>']
+           f' <span class="muted">{esc(meaning)}</span></p>']
+    if story.lost is not None:
+        return "".join(out + _lost(story, figures))
     try:
         wall, lost = float(figures.get("wall_s", "")), float(figures.get("time_lost_s", ""))
     except ValueError:
@@ -103,6 +107,25 @@ def _costs(story: Story) -> str:
         out.append(f"<h3>{esc(name)}</h3>{table(t)}")
     out.append(f"<h3>Each attempt</h3>{table(story.attempts)}")
     return "".join(out)
+
+
+def _lost(story: Story, figures: dict) -> list[str]:
+    """The wall time cut by cause, and the time lost by cause for the run and each attempt."""
+    out = []
+    try:
+        wall = float(figures.get("wall_s", ""))
+    except ValueError:
+        wall = 0.0
+    if wall > 0 and story.time_split:
+        parts = [(name, seconds, svg.COLOURS["ok"] if name == "new steps" else svg.LOST_COLOURS.get(name, "#999"))
+                 for name, seconds in story.time_split]
+        legend = "".join(f'<span><i style="background:{colour}"></i>{esc(name)}</span>' for name, _, colour in parts)
+        out.append(f'<p class="legend">{legend}</p>{svg.split(parts, wall)}')
+    out.append(f'<h3 id="lost">Time lost by cause</h3>{table(story.lost)}')
+    out.append(f"<details><summary>every figure of costs</summary>{table(story.costs)}</details>")
+    out.extend(f"<h3>{esc(name)}</h3>{table(t)}" for name, t in story.breakdowns if name != "lost_s")
+    out.append(f"<h3>Each attempt</h3>{table(story.attempts)}")
+    return out
 
 
 def _busy(story: Story) -> str:

@@ -17,6 +17,7 @@ import re
 import shlex
 from typing import Any, Sequence
 
+from launcher.report import lost as lost_time
 from launcher.report.busy import Cell, rows as busy_rows
 
 MAX_TEXT = 2000  # characters of any one text shown (a failure's detail, a command)
@@ -121,6 +122,8 @@ class Story:
     stalls: tuple[Stall, ...] = ()  # the stalled attempts, whose folder the page links
     busy_over_time: tuple[tuple[str, tuple[Cell, ...]], ...] = ()  # each task's, from samples.jsonl
     launched_with: str = ""  # the `mgpu launch` command line, its secrets hidden by the launch
+    lost: Table | None = None  # the time lost by cause, for the run and each attempt (lost.py)
+    time_split: tuple[tuple[str, float], ...] = ()  # the run's new steps' time and each cause's, in seconds
 
 
 def text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -366,4 +369,7 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
         checks=_checks({"checks": checks}) if checks is not None else _checks(record),
         logs=tuple(logs.items()), left=tuple(left), stalls=tuple(stalls),
         busy_over_time=busy_rows(samples, start, names),
-        launched_with=text(shlex.join(given), MAX_TEXT * 4) if given else "")
+        launched_with=text(shlex.join(given), MAX_TEXT * 4) if given else "",
+        lost=Table(*lost_by_cause) if (lost_by_cause := lost_time.table(costs, [
+            (f"attempt {text(a.get('attempt'), 20) or i}", a) for i, a in enumerate(attempts)])) else None,
+        time_split=lost_time.split(costs))

@@ -20,6 +20,9 @@ BAR = 14
 TOP = 34  # room for the restarts' labels above the rows
 AXIS = 26
 
+# The time lost by cause (lost_time.CATEGORIES), in the wall time's bar.
+LOST_COLOURS = {"start_up": "#90a4ae", "redone": "#ef6c00", "after_last_step": "#c62828", "stalled": "#6a1b9a",
+                "restart": "#f9a825", "finish": "#b0bec5"}
 COLOURS = {"ok": "#2e7d32", "fault": "#c62828", "stopped": "#78909c", "running": "#1565c0"}
 
 

@@ -5,6 +5,7 @@ that a hostile record is bounded. Pure: no process, no browser."""
 import copy
 import html.parser
 import json
+import pathlib
 
 import pytest
 
@@ -226,3 +227,33 @@ def test_the_launch_s_command_line_is_shown_as_recorded_and_not_among_the_settin
         text.replace("&#x27;", "'")
     assert [name for name, _ in told.settings.rows] == ["grace_period"]
     assert story.story(record(options={"command_line": "mgpu launch"})).launched_with == ""  # not a list: left out
+
+
+def test_the_time_lost_is_a_table_by_cause_as_the_docs_name_them_for_the_run_and_each_attempt():
+    from launcher.supervise.lost_time import CATEGORIES
+
+    data = record()
+    data["costs"].update(wall_s=20.0, time_lost_s=7.5, new_steps_s=12.5, goodput=0.625,
+                         lost_s={"start_up": 1.5, "redone": 3.0, "after_last_step": 0.5, "stalled": 0.0,
+                                 "restart": 2.0, "finish": 0.5})
+    data["attempts"][0].update(time_lost_s=2.0, new_steps_s=5.5, restart_before_s=0.0,
+                               lost_s={"start_up": 1.5, "redone": 0.0, "after_last_step": 0.5, "stalled": 0.0,
+                                       "finish": 0.0})
+    data["attempts"][1].update(time_lost_s=3.5, new_steps_s=7.0, restart_before_s=2.0,
+                               lost_s={"start_up": 0.0, "redone": 3.0, "after_last_step": 0.0, "stalled": "x",
+                                       "finish": 0.5})
+    told, text = render(data)
+    rows = {row[0]: row for row in told.lost.rows}
+    assert told.lost.columns == ("cause", "what it counts", "run", "share of the wall time", "attempt 0", "attempt 1")
+    assert list(rows) == [*CATEGORIES, "time lost", "new steps"]
+    assert rows["redone"][2:] == ("3.00 s", "15.0%", "0.00 s", "3.00 s")
+    assert rows["restart"][2:] == ("2.00 s", "10.0%", "0.00 s", "2.00 s")  # an attempt's: the time before it
+    assert rows["stalled"][-1] == "-" and rows["new steps"][2:4] == ("12.50 s", "62.5%")
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "output.md").read_text()
+    for cause in CATEGORIES:  # named as the docs name them
+        assert f"| `{cause}` |" in docs
+    shown = text[text.index('<h2 id="costs">'):text.index('<h2 id="checks">')]
+    words = Page(shown).words
+    assert "goodput 62.5% the share of the wall time spent on new steps" in words
+    assert "redone steps at or below the best step reached before 3.00 s 15.0% 0.00 s 3.00 s" in words
+    assert shown.count("<rect ") == 6  # the wall time cut: new steps and the five causes that took time
