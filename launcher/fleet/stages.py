@@ -208,7 +208,7 @@ def check(state: Preparing) -> None:
         reports, reachability, speeds = run_checks(state.remote(), state.fleet.ssh, reach=state.plans,
                                                    speed=spans_hosts(state.plans), handover=True)
         state.speeds = list(speeds)
-        state.checks = check_json.document(reports, speeds, reachability.problems)
+        state.checks = check_json.document(reports, speeds, reachability.problems) if reports else None
         state.plans = with_interfaces(state.plans, reachable_interfaces(reachability), frozenset(os.environ))
         state.handed_over = tuple(dict.fromkeys(plan.host for plan in state.remote()))
         return

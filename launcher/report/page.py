@@ -177,4 +177,4 @@ def render(story: Story, log_links: dict[str, str], trace_link: str | None = Non
             f'<title>mgpu run {esc(story.run_id)}</title><style>{STYLE}</style></head><body>\n'
             f'{_head(story)}\n{left}{_timeline(story)}\n{_restarts(story)}\n{_busy(story)}\n{_costs(story)}\n'
             f'{_checks(story)}\n{_logs(story, log_links, trace_link)}\n{_stalls(story, stall_links or {})}\n'
-            f'<p class="muted">made by mgpu report at {esc(made)} from run.json</p>\n</body></html>\n')
+            f'<p class="muted">made by mgpu report at {esc(made)} from the run folder</p>\n</body></html>\n')

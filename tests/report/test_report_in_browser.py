@@ -88,6 +88,7 @@ def test_the_report_of_a_run_with_a_restart_in_chromium(tmp_path):
     assert record["options"]["command_line"][:6] == ["mgpu", "launch", "--local", "2", "--log-dir", str(logs)]
     launched_with = re.search(r'<pre id="launched-with">(.*?)</pre>', dom, re.S).group(1)
     assert "--env 'REPORT_TOKEN=***' --notify '***' -- python3 " in launched_with, launched_with
+    assert not (run_dir / "checks.json").exists()  # a run on this machine alone checks no hosts
     for name in ("run.json", "report.html", "trace.json"):
         assert SECRET not in (run_dir / name).read_text(), name
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
