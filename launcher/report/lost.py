@@ -41,7 +41,8 @@ def split(costs: dict) -> tuple[tuple[str, float], ...]:
     return tuple((name, seconds) for name, seconds in parts if seconds is not None)
 
 
-def table(costs: dict, attempts: Sequence[tuple[str, dict]]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None:
+def table(costs: dict, attempts: Sequence[tuple[str, dict]]
+          ) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None:
     """(columns, rows) of the time lost by cause, for the run and each (name, attempt record);
     None where the record splits no time lost."""
     run = costs.get("lost_s") if isinstance(costs.get("lost_s"), dict) else None
