@@ -26,6 +26,11 @@ ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
 # One hash of the files --sync copied (config/sync.py): the same in every task of a run that ran the same files.
 ENV_SYNC_DIGEST = "MGPU_SYNC_DIGEST"
+# The job's size as the run was planned: its members (chief and workers) and their hosts. A run that
+# goes on with fewer hosts (--min-hosts) keeps them, while WORLD_SIZE and the like count the members
+# left: a program keeps its global batch or scales its learning rate by the ratio.
+ENV_WORLD_SIZE_MAX = "MGPU_WORLD_SIZE_MAX"
+ENV_HOSTS_MAX = "MGPU_HOSTS_MAX"
 # A random value of one launch, set at start (not in the plan). A run id may be used again once its
 # launcher is gone (killed, or on another machine), so whatever stops processes by their tags (the
 # sweeps, the reaper, a remote task's hang-up guard) looks for the run id and this value together:

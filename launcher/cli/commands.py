@@ -10,7 +10,7 @@ from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, host_naming, hosts_request, launch_options_from,
-    no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
+    min_hosts_option, no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_min_hosts, with_spare_hosts,
 )
 from launcher.intake.load import (
     SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
@@ -101,6 +101,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")
 @spare_hosts_option
+@min_hosts_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
@@ -150,6 +151,7 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    spec = with_min_hosts(spec, opts)
     if spec.command is None and any(task.role == "ps" for task in spec.tasks):
         raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
                          "give your ParameterServerStrategy program after --")
@@ -166,6 +168,9 @@ def launch_command(**opts) -> int | None:
             out.write(piece)
         if spec.spares and not opts["as_json"]:
             out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
+        if spec.min_hosts and not opts["as_json"]:
+            out.write(f"min hosts: {spec.min_hosts} (with no spare left, the run goes on without a host left out "
+                      f"while {spec.min_hosts} or more remain)\n")
         out.flush()
         return
 

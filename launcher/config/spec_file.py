@@ -13,14 +13,14 @@ from typing import NoReturn
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, expand_entry
 from launcher.config.spec import (
-    CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
+    CHIEF, MAX_GPUS_PER_TASK, MAX_MIN_HOSTS, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
-    "sync", "setup", "setup_timeout", "spares",
+    "sync", "setup", "setup_timeout", "spares", "min_hosts",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -136,6 +136,7 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         setup=read.optional(top, "setup", read.string),
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),
         spares=_spares(read, top.get("spares", [])),
+        min_hosts=read.optional(top, "min_hosts", read.count, 1, MAX_MIN_HOSTS),
     )
 
 

@@ -16,17 +16,18 @@ from typing import Callable, Sequence
 from launcher.backends.base import Backend, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
-from launcher.config.spec import ClusterSpec, with_host_replaced
+from launcher.config.spec import ClusterSpec, with_host_replaced, without_hosts
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
 from launcher.fleet.relaunch import relaunch_command
 from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
+from launcher.plan.network import with_interfaces_of
 from launcher.plan.planner import TaskPlan, in_step_order
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
 from launcher.supervise.hosts import FleetView, HostActions, Placement
-from launcher.supervise.policy import place_on_spares
+from launcher.supervise.resize import place_on_spares
 from launcher.supervise.rundir import RunDir
 
 
@@ -133,6 +134,21 @@ class Fleet(HostActions):
             hosts += prepared.gone
             gone += prepared.gone
         return Placement(None, gone=tuple(gone))
+
+    def shrink(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans made again without `hosts` (spec.without_hosts): the run goes on on the hosts
+        left, which are ready already and keep the interfaces their checks found."""
+        if self.spec is None or self.options.replan is None:
+            return Placement(None)
+        changed = without_hosts(self.spec, hosts)
+        try:
+            plans = self.planned(changed)
+        except MgpuError as e:
+            notice(f"cannot plan the run without {', '.join(hosts)}: {str(e).splitlines()[0]}")
+            return Placement(None)
+        self.spec, self.plans = changed, with_interfaces_of(plans, self.plans)
+        self.left_out.extend(host for host in hosts if host not in self.left_out)
+        return Placement(self.plans)
 
     def planned(self, spec: ClusterSpec) -> list[TaskPlan]:
         """The plans made again from `spec`, as the command line made them."""

@@ -10,6 +10,7 @@ import time
 from launcher.supervise import causes, policy
 from launcher.supervise.attempt import Attempt
 from launcher.supervise.runrecord import RunRecord, utc
+from launcher.supervise.sizes import SizeChange
 from launcher.supervise.status import INTERRUPTED, SUCCEEDED
 
 
@@ -22,6 +23,7 @@ class Cost:
     left_out: bool = False
     took: str | None = None  # "h5 took worker:1": the spare that took the left-out host's tasks
     others: tuple[tuple[causes.Cause, str | None], ...] = ()  # the other hosts left out with it, and who took theirs
+    resized: SizeChange | None = None  # the run went on on fewer hosts (--min-hosts)
 
 
 class RunCosts:

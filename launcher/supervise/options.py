@@ -30,6 +30,8 @@ class SuperviseOptions:
     # Seconds for every task to become ready.
     start_timeout: float = dataclasses.field(default=120.0, metadata=RECORDED)
     max_restarts: int = dataclasses.field(default=0, metadata=RECORDED)
+    # The fewest hosts the run goes on with when a host left out has no spare (0: it stops the run).
+    min_hosts: int = dataclasses.field(default=0, metadata=RECORDED)
     stall_timeout: float = dataclasses.field(default=DEFAULT_STALL_TIMEOUT, metadata=RECORDED)  # 0: no watchdog
     # Seconds of busy shares compared to name the slowest task; 0: never.
     slow_window: float = dataclasses.field(default=DEFAULT_SLOW_WINDOW, metadata=RECORDED)

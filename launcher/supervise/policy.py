@@ -31,7 +31,8 @@ Between attempts, from the attempt's cause (causes.py) and the progress its task
   stalled or start-timeout failure in two attempts in a row. Every other host of the attempt that
   was judged lost too (host-lost or network) is left out in the same step (`Restart.leave_out_too`),
   so that no spare is checked beside a peer that is gone; each takes the next spare
-  (`place_on_spares`), and without a spare for every one of them the run stops (`GiveUp.left_out`).
+  (resize.py), and without a spare for every one of them the run stops (`GiveUp.left_out`), or with
+  `min_hosts`, goes on without those that have none while that many hosts remain (`Restart.dropped`).
   The fleet is seen as data (hosts.FleetView): only a host that runs tasks is left out, and this
   machine never is (the launcher runs on it).
 - Restarts must make progress: an attempt that fails with the same program error as the attempt
@@ -50,6 +51,7 @@ from typing import Iterable, Sequence, Union
 from launcher import protocol
 from launcher.supervise import causes, status
 from launcher.supervise.hosts import FleetView
+from launcher.supervise.resize import place, place_on_spares  # noqa: F401 - place_on_spares, told here too
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -75,6 +77,7 @@ class Rules:
     stall_timeout: float  # 0: no stall watchdog
     max_restarts: int = 0
     max_preemption_restarts: int = 0
+    min_hosts: int = 0  # 0: a host left out without a spare stops the run (resize.py)
 
 
 # -- events ------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Restart:
     notice: str
     leave_out: str | None = None  # a host left out for the rest of the run: its tasks go to a spare
     leave_out_too: tuple[str, ...] = ()  # the other hosts of the attempt judged lost: left out with it
+    dropped: tuple[str, ...] = ()  # of those, the hosts with no spare left: the run goes on without them
 
     @property
     def left_out(self) -> tuple[str, ...]:
@@ -169,6 +173,7 @@ class Restart:
 class GiveUp:
     reason: str = ""  # why the run stops before its restarts are spent (the repeated error, no spare left)
     left_out: tuple[str, ...] = ()  # hosts left out with no spare to take their tasks: the run stops naming them
+    fewer: str = ""  # why the run cannot go on without them: too few hosts would be left (--min-hosts)
 
 
 Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
@@ -365,7 +370,7 @@ class Policy:
             self.preemptions += 1
             without = f" without {', '.join(lost_too)}" if lost_too else ""
             return _placed(Restart(f"restarting all tasks{without} after preemption ({self.preemptions} of at most "
-                                   f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet)
+                                   f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet, self.rules.min_hosts)
         leave_out = None
         if cause is not None and not preempted:
             repeated = previous is not None and cause.same_failure(previous[0])
@@ -381,20 +386,13 @@ class Policy:
             left_out = ((leave_out,) if leave_out else ()) + leave_out_too
             without = f" without {', '.join(left_out)}" if left_out else ""
             return _placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
-                                   leave_out=leave_out, leave_out_too=leave_out_too), fleet)
+                                   leave_out=leave_out, leave_out_too=leave_out_too), fleet, self.rules.min_hosts)
         return GiveUp()
 
 
-def _placed(restart: Restart, fleet: FleetView | None) -> Restart | GiveUp:
-    """The restart, if the fleet has a spare for every host it leaves out; else the run stops naming them."""
-    if fleet is None or place_on_spares(restart.left_out, fleet.spares) is not None:
-        return restart
-    return GiveUp(f"no spare host left to take the tasks of {', '.join(restart.left_out)}", left_out=restart.left_out)
-
-
-def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
-    """Each host left out, in order, with the next spare, in the spares' order: (host, spare) pairs.
-    None when the spares run out first: the run cannot go on without a place for every task."""
-    if len(spares) < len(hosts):
-        return None
-    return tuple(zip(hosts, spares))
+def _placed(restart: Restart, fleet: FleetView | None, min_hosts: int) -> Restart | GiveUp:
+    """The restart, if its hosts left out have a place (resize.place); else the run stops naming them."""
+    placed = place(restart.left_out, fleet, min_hosts)
+    if placed.goes_on:
+        return dataclasses.replace(restart, dropped=placed.dropped) if placed.dropped else restart
+    return GiveUp(placed.reason, left_out=restart.left_out, fewer=placed.fewer)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, pace, policy, runrecord, stacks_request
+from launcher.supervise import causes, evidence, pace, policy, runrecord, sizes, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -90,6 +90,7 @@ class _Supervisor:
         self.costs = RunCosts()
         self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self.plans = list(plans)
+        self.first_hosts = len(sizes.hosts_of(self.plans))  # as the run was planned
         self.backend = backend
         self.options = options
         self.run_dir = run_dir
@@ -126,7 +127,7 @@ class _Supervisor:
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
                 wall = time.monotonic() - started
-                stories = [restart_story(c.cause, c.at, c.took) for c in self.costs.costs]
+                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
                                                 stories, self.costs.lost()))
         except Interrupted as e:
@@ -178,7 +179,7 @@ class _Supervisor:
                 self.costs.costs.append(Cost(cause or others[0], time.time(), lost))
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
                 self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
-                                to_spares=isinstance(after, policy.Restart))
+                                to_spares=isinstance(after, policy.Restart), after=after)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -293,11 +294,13 @@ class _Supervisor:
     # -- hosts left out --------------------------------------------------------------
 
     def _leave_out(self, hosts: list[str], stop: policy.Stop, judged: list[causes.Cause], attempt: int,
-                   to_spares: bool = True) -> None:
-        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or (no spare
-        that passes its checks, or `to_spares` false) stop the run naming them and the command that
-        relaunches without any host found lost."""
-        placement = self.hosts.replace(hosts, self.output.notice) if to_spares else Placement(None)
+                   to_spares: bool = True, after: policy.Restart | policy.GiveUp | None = None) -> None:
+        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or drop those
+        of the hosts the restart drops (`--min-hosts`), or (no spare that passes its checks, or
+        `to_spares` false) stop the run naming them and the command that relaunches without any
+        host found lost."""
+        before, dropped = self.plans, after.dropped if isinstance(after, policy.Restart) else ()
+        placement = sizes.place(self.hosts, hosts, dropped, self.output.notice) if to_spares else Placement(None)
         judged = judged + [causes.Cause(causes.NETWORK, None, host, "the spares' check could not reach it")
                            for host in placement.gone]  # found gone after the attempt: left out too
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
@@ -305,17 +308,21 @@ class _Supervisor:
         self.left_out.extend(host for host in why if host not in self.left_out)
         if placement.plans is None:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
-                                 self.hosts.relaunch(tuple(self.left_out)))
+                                 self.hosts.relaunch(tuple(self.left_out)), getattr(after, "fewer", ""))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
         took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
                 for host, spare in placement.took}
         for host in took:
             self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
         self.plans = list(placement.plans)
+        resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
+                                self.record, self.output.notice)
         if self.costs.costs:
             cost = self.costs.costs[-1]
-            cost.left_out, cost.took = cost.cause.host in took, took.get(cost.cause.host)
-            cost.others = tuple((c, took[c.host]) for c in judged if c.host in took and c.host != cost.cause.host)
+            cost.left_out, cost.took = cost.cause.host in took or cost.cause.host in dropped, took.get(cost.cause.host)
+            cost.others = tuple((c, took.get(c.host)) for c in judged if (c.host in took or c.host in dropped)
+                                and c.host != cost.cause.host)
+            cost.resized = resized
 
     # -- the failure summary -------------------------------------------------------
 
