@@ -1,16 +1,17 @@
 """The run's size as it changes: each time hosts are left out with no spare to take their tasks
 (`--min-hosts`), the run goes on on fewer hosts. What run.json records of it (`size_changes`, and
-`size`, what `mgpu status` shows), the notice that says it, and the words of the closing line.
+`size`, which `mgpu status` shows), the notice that says it, and the words of the closing line.
 The supervisor hands in the plans, the hosts' actions and the record."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from launcher.plan.coordinator import JOB_ROLES
 from launcher.plan.planner import TaskPlan
+from launcher.protocol import ENV_HOSTS_MAX
 from launcher.supervise.hosts import HostActions, Placement
 from launcher.supervise.runrecord import RunRecord, utc
 from launcher.supervise.summary import duration
@@ -20,7 +21,17 @@ if TYPE_CHECKING:
 
 
 def hosts_of(plans: Sequence[TaskPlan]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(plan.host for plan in plans))
+    """The hosts of the job's members (chief and workers), as MGPU_HOSTS_MAX counts them; of every
+    task for a run without members."""
+    members = [plan for plan in plans if plan.type in JOB_ROLES] or plans
+    return tuple(dict.fromkeys(plan.host for plan in members))
+
+
+def planned_hosts(plans: Sequence[TaskPlan]) -> int:
+    """The hosts the run was planned on: what its tasks are told (MGPU_HOSTS_MAX), also when a slow
+    host was left out before the start."""
+    told = plans[0].env.get(ENV_HOSTS_MAX, "") if plans else ""
+    return int(told) if told.isdigit() else len(hosts_of(plans))
 
 
 def renamed(before: Sequence[TaskPlan], after: Sequence[TaskPlan]) -> list[tuple[str, str]]:
@@ -79,20 +90,6 @@ def size_record(change: SizeChange) -> dict:
     """run.json's `size`: the hosts and tasks the run runs on now, since when."""
     return {"hosts": change.hosts_to, "planned_hosts": change.planned, "tasks": change.tasks_to,
             "since": utc(change.at)}
-
-
-def status_line(size: dict) -> str | None:
-    """What `mgpu status RUN` says of a run on fewer hosts than planned, from run.json's `size`
-    (anyone's text: only whole numbers and the time are used); None when it says nothing."""
-    hosts, planned = size.get("hosts"), size.get("planned_hosts")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 10**6 for n in (hosts, planned)):
-        return None
-    since = size.get("since")
-    try:
-        when = datetime.datetime.fromisoformat(str(since)).strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        when = None
-    return f"size: {hosts} of {planned} hosts" + (f" since {when} (UTC)" if when else "")
 
 
 def place(hosts: HostActions, left_out: Sequence[str], dropped: Sequence[str],

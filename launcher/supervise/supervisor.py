@@ -90,7 +90,7 @@ class _Supervisor:
         self.costs = RunCosts()
         self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self.plans = list(plans)
-        self.first_hosts = len(sizes.hosts_of(self.plans))  # as the run was planned
+        self.first_hosts = sizes.planned_hosts(self.plans)
         self.backend = backend
         self.options = options
         self.run_dir = run_dir

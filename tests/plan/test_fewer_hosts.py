@@ -10,7 +10,8 @@ from launcher.config.spec import ClusterSpec, TaskSpec, build_tasks, without_hos
 from launcher.config.addresses import Endpoint
 from launcher.plan.network import interface_env, with_interfaces_of
 from launcher.plan.planner import plan_tasks
-from launcher.supervise.sizes import SizeChange, renamed, status_line
+from launcher.cli.runs import size_line
+from launcher.supervise.sizes import SizeChange, renamed
 
 
 def spec(*hosts: str, chief: str | None = None, evaluator: str | None = None) -> ClusterSpec:
@@ -94,6 +95,6 @@ def test_the_size_change_as_recorded_and_said():
     assert change.notice(2) == ("no spare host for h2: the run goes on on 2 of 3 hosts (--min-hosts 2), "
                                 "2 tasks in place of 3; worker:2 is worker:1 now")
     assert change.story(1_700_000_000.0 + 41 * 60) == "ran on 2 of 3 hosts for 41 min 0 s"
-    assert status_line({"hosts": 2, "planned_hosts": 3, "since": "2023-11-14T22:13:20.000+00:00"}) == \
+    assert size_line({"hosts": 2, "planned_hosts": 3, "since": "2023-11-14T22:13:20.000+00:00"}) == \
         "size: 2 of 3 hosts since 2023-11-14 22:13:20 (UTC)"
-    assert status_line({"hosts": "2\x1b[31m", "planned_hosts": 3}) is None  # anyone's text: numbers only
+    assert size_line({"hosts": "2\x1b[31m", "planned_hosts": 3}) is None  # anyone's text: numbers only
