@@ -27,7 +27,7 @@ from launcher.plan.planner import TaskPlan, in_step_order
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
 from launcher.supervise.hosts import FleetView, HostActions, Placement
-from launcher.supervise.resize import place_on_spares
+from launcher.supervise.resize import place, place_on_spares
 from launcher.supervise.rundir import RunDir
 
 
@@ -88,13 +88,19 @@ class Fleet(HostActions):
 
     def leave_out_slow(self, slow: Sequence[str], notice: Callable[[str], None] = say) -> None:
         """Each slow host's tasks on a spare that passed its checks, as a lost host's; a slow host
-        without a spare left, or that is this machine, keeps its tasks."""
+        without a spare left is left out while --min-hosts hosts remain (the plans made again for the
+        others); else it keeps its tasks, as this machine always does."""
         for host in slow:
             if host in self.this_machine:
                 notice(f"warning: --leave-out-slow: {host} is this machine, which is never left out; it runs its tasks")
                 continue
             placement = self.replace([host], notice)
             if placement.plans is None:
+                min_hosts = self.options.supervise.min_hosts
+                if place([host], self.view(self.plans), min_hosts).goes_on and self.shrink([host], notice).plans:
+                    notice(f"left out slow host {host}: no spare host left to take its tasks; the run goes on on "
+                           f"{len(self.in_use)} of {self.spec.planned_hosts} hosts (--min-hosts {min_hosts})")
+                    continue
                 notice(f"warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of {host}; "
                        f"it runs them")
                 continue

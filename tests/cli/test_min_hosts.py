@@ -6,6 +6,7 @@ import pytest
 from launcher.cli.options import launch_options_from, with_min_hosts
 from launcher.config.spec_file import load_spec_text
 from launcher.errors import SpecError, UsageError
+from launcher.fleet.relaunch import relaunch_command
 
 TWO = ("--workers", "h1:2222,h2:2222,h3:2222")
 
@@ -60,3 +61,9 @@ def test_without_min_hosts_the_spec_is_unchanged():
 OPTS = {"log_dir": "mgpu-runs", "grace_period": 5.0, "start_timeout": 120.0, "stall_timeout": None, "slow_window": 60.0,
         "max_restarts": 1, "timestamps": False, "show": None, "show_tf_logs": False, "show_secrets": False,
         "no_check": False, "allow_public": False, "leave_out_slow": False, "detach": False}
+
+
+def test_the_relaunch_command_leaves_min_hosts_out():
+    argv = ["launch", "--workers", "h1:2222,h2:2222,h3:2222", "--min-hosts", "2", "--max-restarts", "2", "--", "t.py"]
+    assert relaunch_command(argv, ["h1", "h2"]) == "mgpu launch --workers h3:2222 --max-restarts 2 -- t.py"
+    assert relaunch_command(["launch", "--min-hosts=2", "--workers", "h1,h2"], "h2") == "mgpu launch --workers h1"

@@ -6,7 +6,7 @@ its tasks (`Restart.dropped`) and the run goes on on fewer hosts. Spares are tak
 
 from launcher.supervise import causes, runrecord
 from launcher.supervise.causes import Cause, Evidence, classify
-from launcher.supervise.hosts import FleetView
+from launcher.supervise.hosts import FleetView, left_out_head
 from launcher.supervise.policy import GiveUp, Policy, ReadyLineSeen, Restart, Rules, Stop, TaskEnded, TaskRole
 from launcher.supervise.resize import Placed, place
 
@@ -93,3 +93,10 @@ def test_this_machine_is_counted_among_the_hosts_that_remain_and_never_dropped()
     assert place(("h1", "h2"), fleet(), 1) == Placed(True, ("h1", "h2"))
     assert place((), fleet(), 3) == Placed(True)
     assert place(("h2",), None, 3) == Placed(True)  # no fleet seen: spares are not counted here
+
+
+def test_the_line_a_run_stops_with_below_min_hosts_says_why():
+    assert left_out_head({"h2": "host-lost: gone"}, ["worker:1"], "mgpu launch --workers h1:2222",
+                         "the 1 host left would be fewer than --min-hosts 2") == (
+        "h2 left out (host-lost: gone) and no spare host to take worker:1; the 1 host left would be fewer than "
+        "--min-hosts 2; relaunch without it:\n  mgpu launch --workers h1:2222")
