@@ -17,7 +17,8 @@ reads: the same file on this machine, a shared file system across hosts.
 The global batch is `--batch-size` times the job's planned size (MGPU_WORLD_SIZE_MAX). A run that
 goes on with fewer processes (`mgpu launch --min-hosts N` after a host is lost) keeps it: each
 process adds up the gradients of MGPU_WORLD_SIZE_MAX / WORLD_SIZE batches before each optimizer
-step, so the steps, the learning rate and the result are those of the planned size.
+step, so the steps, the learning rate and the result are those of the planned size. Each snapshot
+is reported with a MGPU_CHECKPOINT line, after which mgpu may restart the job to take back a host.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class Trainer:
         torch.save(snapshot, partial)
         os.replace(partial, self.snapshot_path)
         print(f"[RANK{self.global_rank}] Epoch {epoch} | Training snapshot saved at {self.snapshot_path}", flush=True)
+        # mgpu takes back a host it went on without (--min-hosts) right after such a line.
+        print(f"MGPU_CHECKPOINT {epoch + 1}", flush=True)
 
     def train(self, max_epochs: int) -> float | None:
         loss = None

@@ -63,6 +63,24 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     return int(numbers.group(1)), int(numbers.group(2))
 
 
+# A task may say that it has saved a checkpoint: "MGPU_CHECKPOINT <step>" (alone, on stdout). A
+# host that is back since the run went on without it (--min-hosts) is taken back right after one,
+# so that the restart that grows the cluster loses little work.
+CHECKPOINT_PREFIX = "MGPU_CHECKPOINT "
+_CHECKPOINT = re.compile(rf"[0-9]{{1,{PROGRESS_MAX_DIGITS}}}")
+
+
+def checkpoint_line(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{int(step)}"
+
+
+def parse_checkpoint(line: str) -> int | None:
+    """The step of a checkpoint line; None for any other line."""
+    if not line.startswith(CHECKPOINT_PREFIX):
+        return None
+    step = _CHECKPOINT.fullmatch(line[len(CHECKPOINT_PREFIX):].strip(" \t\r\n"))
+    return int(step.group(0)) if step else None
+
 
 # A task may say how its time went since its last such line: "MGPU_TIME_SPLIT <compute_ms> <wait_ms>"
 # (alone, on stdout): milliseconds spent computing, and waiting for the other tasks (in a gradient

@@ -10,7 +10,7 @@ from launcher.cli import params
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, host_naming, hosts_request, launch_options_from,
-    min_hosts_option, no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_min_hosts, with_spare_hosts,
+    min_hosts_option, no_check_option, rejoin_interval_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_min_hosts, with_spare_hosts,
 )
 from launcher.intake.load import (
     SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
@@ -102,6 +102,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
                    "twice in a row without progress is not restarted again).")
 @spare_hosts_option
 @min_hosts_option
+@rejoin_interval_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",

@@ -19,7 +19,7 @@ from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.backends.ssh.options import SshOptions
-from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
+from launcher.supervise.options import DEFAULT_REJOIN_INTERVAL, DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 
 def cluster_options(no_value_with: str | None):
@@ -199,6 +199,13 @@ min_hosts_option = click.option(
          "the hosts left and the whole cluster restarts from its checkpoint (needs --max-restarts; spec: "
          "`min_hosts:`). Every task gets MGPU_WORLD_SIZE_MAX, the job's planned size.")
 
+rejoin_interval_option = click.option(
+    "--rejoin-interval", type=params.Seconds(0), default=DEFAULT_REJOIN_INTERVAL, show_default=True,
+    metavar="SECONDS",
+    help="With --min-hosts: probe a host the run went on without (a login and the host check, in the "
+         "background) at most this often; once it passes it joins at the next restart, or right after the next "
+         "'MGPU_CHECKPOINT <step>' line a task prints. A host taken back that fails again stays out. 0: never.")
+
 # What the pre-launch checks find is also what sets each task's NCCL and Gloo interface: skipping
 # them leaves the frameworks to pick one themselves (Gloo: the address the host's name resolves to).
 no_check_option = click.option(
@@ -246,6 +253,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             slow_window=opts["slow_window"],
             max_restarts=opts["max_restarts"],
             min_hosts=spec.min_hosts or 0,
+            rejoin_interval=opts.get("rejoin_interval", DEFAULT_REJOIN_INTERVAL),
             timestamps=opts["timestamps"],
             show=opts["show"],
             show_tf_logs=opts["show_tf_logs"],

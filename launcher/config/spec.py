@@ -247,3 +247,12 @@ def without_hosts(spec: ClusterSpec, hosts: Sequence[str]) -> ClusterSpec:
         spec, tasks=tuple(kept),
         planned_members=spec.planned_members or len(members),
         planned_hosts=spec.planned_hosts or len({task.host for task in members}))
+
+
+def with_tasks_back(spec: ClusterSpec, tasks: Sequence[TaskSpec]) -> ClusterSpec:
+    """The spec with `tasks` (those of hosts left out before, taken back) after its own: the tasks
+    already running keep their indices, those back are numbered after them. A chief back while
+    another task holds the chief's role (without_hosts) comes back as a worker."""
+    has_chief = any(task.role == CHIEF for task in spec.tasks)
+    back = tuple(dataclasses.replace(task, role=WORKER) if task.role == CHIEF and has_chief else task for task in tasks)
+    return dataclasses.replace(spec, tasks=spec.tasks + back)

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from launcher.backends.base import Backend, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
-from launcher.config.spec import ClusterSpec, with_host_replaced, without_hosts
+from launcher.config.spec import ClusterSpec, TaskSpec, with_host_replaced, with_tasks_back, without_hosts
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
 from launcher.fleet.relaunch import relaunch_command
@@ -24,6 +24,7 @@ from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces_of
 from launcher.plan.planner import TaskPlan, in_step_order
+from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
 from launcher.supervise.hosts import FleetView, HostActions, Placement
@@ -49,6 +50,7 @@ class Fleet(HostActions):
         self.made_ready: set[str] = set()  # hosts that have the --sync folder and ran the --setup
         self.run_dir: RunDir | None = None  # made by the first start's --setup, for its logs
         self.ssh = None  # the run's SSH backend, once a task or a spare is remote
+        self.dropped: dict[str, tuple[TaskSpec, ...]] = {}  # hosts the run went on without, and their tasks
 
     # -- as data -----------------------------------------------------------------------
 
@@ -152,8 +154,48 @@ class Fleet(HostActions):
         except MgpuError as e:
             notice(f"cannot plan the run without {', '.join(hosts)}: {str(e).splitlines()[0]}")
             return Placement(None)
+        self.dropped.update({host: tuple(task for task in self.spec.tasks if task.host == host) for host in hosts})
         self.spec, self.plans = changed, with_interfaces_of(plans, self.plans)
         self.left_out.extend(host for host in hosts if host not in self.left_out)
+        return Placement(self.plans)
+
+    def with_back(self, hosts: Sequence[str]) -> tuple[ClusterSpec, list[TaskPlan]]:
+        """The spec and the plans with the tasks of `hosts` (dropped before) back, after the others."""
+        changed = with_tasks_back(self.spec, [task for host in hosts for task in self.dropped.get(host, ())])
+        return changed, with_interfaces_of(self.planned(changed), self.plans)
+
+    def probe_back(self, host: str) -> bool:
+        """Whether a host the run went on without answers a fresh login and passes the host check
+        again (its program, its Python, its ports): run beside the tasks, it tests no connection
+        between them (their ports are in use); the restart that takes it back does."""
+        try:
+            plans = [plan for plan in self.with_back([host])[1] if plan.host == host]
+        except MgpuError:
+            return False
+        if not plans or not all(self.login_ok(plan) is not False for plan in plans[:1]):
+            return False
+        if not self.options.check_hosts or all(plan.local for plan in plans):
+            return True
+        try:
+            reports, _, _ = check_hosts_and_reach(plans, (), self.ssh, local_tensorflow_version())
+        except (MgpuError, OSError, EOFError):
+            return False
+        return all(report.ok for report in reports)
+
+    def grow(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans with the tasks of `hosts` back (hosts dropped before that passed their probe),
+        made ready by `prepare` as a spare is (the checks and the reachability test with every task)."""
+        try:
+            changed, plans = self.with_back(hosts)
+        except MgpuError as e:
+            notice(f"cannot plan the run with {', '.join(hosts)} back: {str(e).splitlines()[0]}")
+            return Placement(None)
+        prepared = self.prepare(plans, hosts, notice)
+        if not prepared.ok:
+            return Placement(None, gone=prepared.gone)
+        self.spec, self.plans = changed, list(prepared.plans)
+        for host in hosts:
+            self.dropped.pop(host, None)
         return Placement(self.plans)
 
     def planned(self, spec: ClusterSpec) -> list[TaskPlan]:

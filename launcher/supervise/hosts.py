@@ -71,6 +71,14 @@ class HostActions:
         """The plans made again without `hosts`, on the hosts left (--min-hosts); None: cannot."""
         return Placement(None)
 
+    def probe_back(self, host: str) -> bool:
+        """Whether a host the run went on without answers and passes the host check again."""
+        return False
+
+    def grow(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans with the tasks of `hosts` (back after a probe) taken back; None: cannot."""
+        return Placement(None)
+
     def unreachable(self, plans: Sequence[TaskPlan]) -> tuple[str, str] | None:
         """The reachability test run again on the plans' hosts: the first pair of hosts where the
         first cannot connect to a task of the second; None when every pair connects (or it cannot tell)."""

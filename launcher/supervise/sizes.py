@@ -6,6 +6,7 @@ The supervisor hands in the plans, the hosts' actions and the record."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -59,15 +60,16 @@ class SizeChange:
     tasks_to: int
     planned: int  # hosts as the run was planned
     renamed: tuple[tuple[str, str], ...] = ()
+    back: tuple[str, ...] = ()  # hosts taken back (a growth; `dropped` is then empty)
 
     @classmethod
     def of(cls, at: float, dropped: Sequence[str], why: str, before: Sequence[TaskPlan], after: Sequence[TaskPlan],
-           planned: int) -> "SizeChange":
+           planned: int, back: Sequence[str] = ()) -> "SizeChange":
         return cls(at, tuple(dropped), why, len(hosts_of(before)), len(hosts_of(after)), len(before), len(after),
-                   planned, tuple(renamed(before, after)))
+                   planned, tuple(renamed(before, after)), tuple(back))
 
     def to_dict(self) -> dict:
-        return {"at": utc(self.at), "dropped": list(self.dropped), "why": self.why,
+        return {"at": utc(self.at), "dropped": list(self.dropped), "back": list(self.back), "why": self.why,
                 "hosts": {"from": self.hosts_from, "to": self.hosts_to, "planned": self.planned},
                 "tasks": {"from": self.tasks_from, "to": self.tasks_to},
                 "renamed": {was: now for was, now in self.renamed}}
@@ -80,6 +82,11 @@ class SizeChange:
         return (f"no spare host for {left_out}: the run goes on on {self.hosts_to} of {self.planned} hosts "
                 f"(--min-hosts {min_hosts}), {self.tasks_to} tasks in place of {self.tasks_from}"
                 + (f"; {renames}{more}" if renames else ""))
+
+    def back_notice(self) -> str:
+        """What the console says once the plans are made again with hosts back."""
+        return (f"{', '.join(self.back)} back: the run goes on on {self.hosts_to} of {self.planned} hosts, "
+                f"{self.tasks_to} tasks in place of {self.tasks_from}")
 
     def story(self, until: float) -> str:
         """For the closing line: "ran on 2 of 3 hosts for 41 min"."""
@@ -119,10 +126,31 @@ def resized(before: Sequence[TaskPlan], after: Sequence[TaskPlan], dropped: Sequ
     return change
 
 
-def told(cost: "Cost", costs: Sequence["Cost"]) -> str | None:
+def told(cost: "Cost", costs: Sequence["Cost"], growths: Sequence[SizeChange] = ()) -> str | None:
     """For the closing line, a restart that went on on fewer hosts: for how long (until the next
-    size change, or now)."""
+    size change, or now), and when its host was taken back, if it was."""
     if cost.resized is None:
         return None
-    later = [c.resized.at for c in costs if c.resized is not None and c.resized.at > cost.resized.at]
-    return cost.resized.story(min(later, default=time.time()))
+    at = cost.resized.at
+    later = [c.resized.at for c in costs if c.resized is not None and c.resized.at > at]
+    later += [growth.at for growth in growths if growth.at > at]
+    story = cost.resized.story(min(later, default=time.time()))
+    for growth in growths:
+        for host in growth.back:
+            if growth.at > at and host in cost.resized.dropped:
+                story += f"; {host} back at {datetime.datetime.fromtimestamp(growth.at).strftime('%H:%M')}"
+    return story
+
+
+def grow(hosts: HostActions, back: Sequence[str], before: Sequence[TaskPlan], planned: int, record: RunRecord,
+         notice: Callable[[str], None]) -> tuple[Sequence[TaskPlan] | None, SizeChange | None]:
+    """The plans with the tasks of `back` (hosts that passed their probe) taken back and made ready,
+    the change said and recorded; (None, None) when they cannot be (they stay out)."""
+    placement = hosts.grow(back, notice)
+    if placement.plans is None:
+        notice(f"{', '.join(back)} could not be taken back (see above); the run goes on without")
+        return None, None
+    change = SizeChange.of(time.time(), (), "taken back", before, placement.plans, planned, back=back)
+    notice(change.back_notice())
+    record.size_changed(change.to_dict(), size_record(change))
+    return placement.plans, change

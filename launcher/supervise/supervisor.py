@@ -32,8 +32,9 @@ from launcher.supervise.output import RunOutput
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.signals import Signals
-from launcher.supervise.status import FAILED, INTERRUPTED, STALLED, START_TIMEOUT, SUCCEEDED
+from launcher.supervise.status import FAILED, INTERRUPTED, RESIZED, STALLED, START_TIMEOUT, SUCCEEDED
 from launcher.supervise.summary import closing_line, failure_summary, restart_story, stall_summary, start_timeout_summary
+from launcher.supervise.take_back import TakeBack
 from launcher.supervise.terminal import Terminal
 
 LOG_FLUSH_INTERVAL = 0.5
@@ -91,6 +92,7 @@ class _Supervisor:
         self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self.plans = list(plans)
         self.first_hosts = sizes.planned_hosts(self.plans)
+        self.growths: list[sizes.SizeChange] = []  # hosts taken back (--rejoin-interval)
         self.backend = backend
         self.options = options
         self.run_dir = run_dir
@@ -106,6 +108,7 @@ class _Supervisor:
         self.attempt: Attempt | None = None  # the last one begun
         self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(options.rules(), grace_period=options.grace_period)
+        self.take_back = TakeBack(hosts, options.rejoin_interval if options.min_hosts else 0, self.output.notice)
 
     # -- the whole run ---------------------------------------------------------
 
@@ -127,7 +130,7 @@ class _Supervisor:
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
                 wall = time.monotonic() - started
-                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs)) for c in self.costs.costs]
+                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.growths)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
                                                 stories, self.costs.lost()))
         except Interrupted as e:
@@ -162,6 +165,10 @@ class _Supervisor:
                 return SUCCEEDED, None, 0
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
+            if stop.status == RESIZED:  # to take back hosts right after a checkpoint: no failure, no restart used
+                self._take_back()
+                attempt += 1
+                continue
             cause = charge(stop, self.attempt, self.hosts, self.plans)
             # Hosts lost together are judged together: every other host that lost its connection or
             # left its tasks without an exit status.
@@ -188,6 +195,8 @@ class _Supervisor:
                     summary = f"{summary}\nstopped restarting: {after.reason}"
                 raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
+            if self.take_back.rule.back:  # hosts back join at any restart
+                self._take_back()
             attempt += 1
 
     def _warn_if_none_met(self) -> None:
@@ -233,11 +242,17 @@ class _Supervisor:
         paced = pace.Training(compared, window=self.options.slow_window or pace.WINDOW, named=self._named_slowest)
         next_pace = time.monotonic()
         decisions = self.policy.begin_attempt(attempt.roles(), self.clock())
+        self.take_back.begin_attempt()
         while True:
             watch = self._carry_out(decisions, attempt)
             if isinstance(watch, policy.Stop):
                 return watch
             self.terminal.check_hang_up()
+            if self.take_back.rule.interval and self.take_back.look(sum(t.output.checkpoints.count for t in tasks),
+                                                                    self.clock()):
+                self.output.notice(f"taking back {', '.join(self.take_back.rule.back)} after the checkpoint just "
+                                   f"reported; stopping all tasks")
+                return policy.Stop(RESIZED)
             self.stacks_requests.look(lambda task, native: evidence.live(attempt, task, native))
             if time.monotonic() >= next_progress:
                 for task in tasks:
@@ -317,12 +332,26 @@ class _Supervisor:
         self.plans = list(placement.plans)
         resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
                                 self.record, self.output.notice)
+        if dropped:
+            self.take_back.left_out(dropped, self.clock())
         if self.costs.costs:
             cost = self.costs.costs[-1]
             cost.left_out, cost.took = cost.cause.host in took or cost.cause.host in dropped, took.get(cost.cause.host)
             cost.others = tuple((c, took.get(c.host)) for c in judged if (c.host in took or c.host in dropped)
                                 and c.host != cost.cause.host)
             cost.resized = resized
+
+    def _take_back(self) -> None:
+        """The hosts back (rejoin.py) join the cluster: the plans made again with their tasks."""
+        back = list(self.take_back.rule.back)
+        plans, change = sizes.grow(self.hosts, back, self.plans, self.first_hosts, self.record, self.output.notice)
+        if plans is None:
+            self.take_back.left_out(back, self.clock())
+            return
+        self.plans = list(plans)
+        self.take_back.rule.taken_back(back, self.clock())
+        self.growths.append(change)
+        self.left_out = [host for host in self.left_out if host not in back]
 
     # -- the failure summary -------------------------------------------------------
 

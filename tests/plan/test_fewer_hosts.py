@@ -6,7 +6,7 @@ planned size (MGPU_WORLD_SIZE_MAX, MGPU_HOSTS_MAX) in every task."""
 import dataclasses
 import json
 
-from launcher.config.spec import ClusterSpec, TaskSpec, build_tasks, without_hosts
+from launcher.config.spec import ClusterSpec, TaskSpec, build_tasks, with_tasks_back, without_hosts
 from launcher.config.addresses import Endpoint
 from launcher.plan.network import interface_env, with_interfaces_of
 from launcher.plan.planner import plan_tasks
@@ -89,7 +89,7 @@ def test_the_size_change_as_recorded_and_said():
     before = plans_of(spec("h1", "h2", "h3"))
     after = plans_of(without_hosts(spec("h1", "h2", "h3"), ["h2"]))
     change = SizeChange.of(1_700_000_000.0, ["h2"], "h2: host-lost: gone", before, after, 3)
-    assert change.to_dict() == {"at": "2023-11-14T22:13:20.000+00:00", "dropped": ["h2"], "why": "h2: host-lost: gone",
+    assert change.to_dict() == {"at": "2023-11-14T22:13:20.000+00:00", "dropped": ["h2"], "back": [], "why": "h2: host-lost: gone",
                                 "hosts": {"from": 3, "to": 2, "planned": 3}, "tasks": {"from": 3, "to": 2},
                                 "renamed": {"worker:2": "worker:1"}}
     assert change.notice(2) == ("no spare host for h2: the run goes on on 2 of 3 hosts (--min-hosts 2), "
@@ -98,3 +98,13 @@ def test_the_size_change_as_recorded_and_said():
     assert size_line({"hosts": 2, "planned_hosts": 3, "since": "2023-11-14T22:13:20.000+00:00"}) == \
         "size: 2 of 3 hosts since 2023-11-14 22:13:20 (UTC)"
     assert size_line({"hosts": "2\x1b[31m", "planned_hosts": 3}) is None  # anyone's text: numbers only
+
+
+def test_hosts_taken_back_are_numbered_after_the_tasks_running_and_a_chief_back_is_a_worker():
+    first = spec("h1", "h2", chief="h0")
+    shrunk = without_hosts(first, ["h0"])
+    back = with_tasks_back(shrunk, [task for task in first.tasks if task.host == "h0"])
+    assert [(p.name, p.host, p.env["WORLD_SIZE"], p.env["MGPU_WORLD_SIZE_MAX"]) for p in plans_of(back)] == [
+        ("chief:0", "h1", "3", "3"), ("worker:0", "h2", "3", "3"), ("worker:1", "h0", "3", "3")]
+    grown = SizeChange.of(1_700_000_000.0, (), "taken back", plans_of(shrunk), plans_of(back), 3, back=["h0"])
+    assert grown.back_notice() == "h0 back: the run goes on on 3 of 3 hosts, 3 tasks in place of 2"
