@@ -284,5 +284,9 @@ class SlurmFleet(Fleet):
         named, listed = ", ".join(hosts), ",".join(hosts)
         return f"{command}  (in an allocation without {named}: sbatch or salloc --exclude={listed})" if command else None
 
+    def probe_back(self, host: str) -> bool:
+        """Never: mgpu has no login or check of a node (Slurm's own), so a node left out stays out."""
+        return False
+
     def backend(self) -> Backend:
         return SlurmBackend(self.plans, allocation_nodes=self.nodes)
