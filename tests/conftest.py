@@ -54,6 +54,13 @@ def _programs_environment(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _state_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test's launches keep their quarantine of hosts (XDG_STATE_HOME) in a folder of the
+    test's own: a host one test's run left out is not avoided by the next test's run, nor the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state", numbered=True)))
+
+
+@pytest.fixture(autouse=True)
 def _signals_left_as_found():
     """Fails the test that leaves this process's signal handlers or mask changed, and restores them."""
     handlers = {signum: signal.getsignal(signum) for signum in _WATCHED_SIGNALS}
@@ -142,7 +149,8 @@ FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trai
         "tests/host/test_package_metadata.py", "tests/preflight/test_in_parallel.py",
         "tests/trainer/test_outdirs.py", "tests/trainer/test_planned_size.py", "tests/supervise/test_signals.py", "tests/supervise/test_lost_hosts_policy.py",
         "tests/supervise/test_min_hosts_policy.py", "tests/supervise/test_rejoin_policy.py",
-        "tests/fleet/", "tests/report/test_report_page.py", "tests/report/test_report_command.py")
+        "tests/fleet/", "tests/report/test_report_page.py", "tests/report/test_report_command.py",
+        "tests/supervise/test_exit_codes_policy.py")
 NOT_FAST_MARKS = ("slow", "ssh", "netns")
 FRAMEWORKS = "tensorflow|tf[_-]keras|keras|jax|jaxlib|torch|numpy"
 USES_A_FRAMEWORK = rf"(?:import|from)\s+(?:{FRAMEWORKS})\b|\b(?:require|installed_version)\(\s*[\"'](?:{FRAMEWORKS})\b"

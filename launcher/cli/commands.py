@@ -7,11 +7,14 @@ import sys
 import click
 
 from launcher.cli import params
+from launcher.cli.hosts import health_check_option, quarantine_option
 from launcher.cli.main import cli
 from launcher.cli.options import (
-    check_text, cluster_options, host_naming, hosts_request, launch_options_from,
-    min_hosts_option, no_check_option, rejoin_interval_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_min_hosts, with_spare_hosts,
+    check_text, cluster_options, exit_codes_of, host_naming, hosts_request, launch_options_from,
+    min_hosts_option, no_check_option, rejoin_interval_option, spare_hosts_option, ssh_options, ssh_options_from,
+    task_settings, with_min_hosts, with_spare_hosts,
 )
+from launcher.intake.quarantine import avoiding_quarantined
 from launcher.intake.load import (
     SlurmScope, make_plans, new_run_id, read_spec, spare_plans as spare_check_plans, with_command_line, with_task_settings,
 )
@@ -97,12 +100,29 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               metavar="SECONDS",
               help="Name the training task the others wait for once it has been clearly busier than them "
                    "over this long (see Slow hosts in the docs); 0: never.")
+@click.option("--tensorboard", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write TensorBoard event files of the run under DIR/mgpu/ while it goes: goodput and the time "
+                   "lost by cause, restarts and their causes, hosts in use, busy shares, steps per second "
+                   "(needs tensorboardX; spec: `tensorboard:`).")
 @click.option("--max-restarts", type=params.Count(min=0), default=0, show_default=True,
               help="Restart the whole cluster after a failure, up to N times (a program that fails the same way "
                    "twice in a row without progress is not restarted again).")
+@click.option("--exit-codes", type=params.EXIT_CODES, metavar="CODE=ACTION,...",
+              help="What a task's exit code means: restart (counted in --max-restarts), restart-free (not "
+                   "counted), fail (stop now, no restart) or leave-out-host (its host's tasks go to a spare), "
+                   "e.g. 3=fail,75=restart-free; over the spec's exit_codes. [default: 42=restart-free]")
+@click.option("--notify", metavar="COMMAND",
+              help="A shell command run on this machine at each event of the run (started, attempt failed, host "
+                   "left out, stalled, ended), with the event as JSON on its standard input and in MGPU_EVENT.")
+@click.option("--notify-url", type=params.NOTIFY_URL, metavar="URL", envvar="MGPU_NOTIFY_URL", show_envvar=True,
+              help="POST each event's JSON to URL (it has a Slack-compatible 'text' field): a Slack, Mattermost "
+                   "or other incoming webhook. A webhook's URL is its password: give it in MGPU_NOTIFY_URL, "
+                   "where other users' ps does not show it.")
 @spare_hosts_option
 @min_hosts_option
 @rejoin_interval_option
+@quarantine_option
+@health_check_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
@@ -144,6 +164,9 @@ def launch_command(**opts) -> int | None:
     if opts["leave_out_slow"] and (opts["no_check"] or opts["slurm"]):
         raise UsageError("--leave-out-slow needs the speed probe of the pre-launch checks: not with "
                          + ("--no-check" if opts["no_check"] else "--slurm"))
+    if opts["health_check"] and opts["slurm"]:
+        raise UsageError("--health-check runs on SSH hosts and this machine: not with --slurm (Slurm checks "
+                         "its nodes itself: see HealthCheckProgram in slurm.conf)")
     if opts["detach"] and opts["slurm"]:
         raise UsageError("--detach does not go with --slurm: the allocation ends with the shell that holds it; "
                          "submit the launch with sbatch instead (it runs without a terminal)")
@@ -152,6 +175,7 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    spec = avoiding_quarantined(spec, opts["quarantine"], slurm=slurm is not None)
     spec = with_min_hosts(spec, opts)
     if spec.command is None and any(task.role == "ps" for task in spec.tasks):
         raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
@@ -167,6 +191,8 @@ def launch_command(**opts) -> int | None:
         out = sys.stdout
         for piece in render(plans, opts["show_secrets"]):  # streamed: the text grows as tasks^2
             out.write(piece)
+        if not opts["as_json"]:
+            out.write(f"exit codes: {exit_codes_of(opts, spec).said()}\n")
         if spec.spares and not opts["as_json"]:
             out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
         if spec.min_hosts and not opts["as_json"]:
@@ -208,7 +234,8 @@ the same checks on remote hosts first, and with --legacy-keras on this machine
 too, reading TensorFlow's and tf_keras's versions without importing them (the
 tasks import them at once); the reachability test runs for every launch, local
 tasks included, and the speed probe for a launch on more than one host
-(--no-check skips them all).
+(--no-check skips them all). A host of this user's quarantine (`mgpu hosts`)
+is warned about, and a spare host checked in its place where one is given.
 
 \b
 Examples:
@@ -224,6 +251,7 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 
 @cli.command("check", help=CHECK_HELP)
 @spare_hosts_option
+@quarantine_option
 @cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
@@ -241,6 +269,7 @@ def check_command(**opts) -> None:
     check_text(opts, command)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts_request(opts)), command),
                                                task_settings(opts)), opts)
+    spec = avoiding_quarantined(spec, opts["quarantine"])
     plans = make_plans(spec, run_id="check", naming=host_naming(opts))
     spare_plans = spare_check_plans(spec, "check", host_naming(opts))
     ssh_backend = None

@@ -19,6 +19,7 @@ from launcher.config.spec import ClusterSpec, SshSettings
 from launcher.errors import UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.backends.ssh.options import SshOptions
+from launcher.exit_codes import DEFAULTS as DEFAULT_EXIT_CODES, ExitCodes
 from launcher.supervise.options import DEFAULT_REJOIN_INTERVAL, DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 
@@ -240,6 +241,23 @@ def with_min_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
     return dataclasses.replace(spec, min_hosts=min_hosts)
 
 
+def exit_codes_of(opts: dict, spec: ClusterSpec) -> ExitCodes:
+    """The defaults, the spec's `exit_codes:` over them, and --exit-codes over both, code by code."""
+    return DEFAULT_EXIT_CODES.over(spec.exit_codes).over(opts.get("exit_codes") or ())
+
+
+def _tensorboard(folder: str | None) -> pathlib.Path | None:
+    """--tensorboard's folder; refused before anything starts where tensorboardX is not installed
+    (looked up, not imported: only the supervisor of such a run imports it)."""
+    if not folder:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboardX") is None:
+        raise UsageError("--tensorboard needs tensorboardX, which is not installed: pip install tensorboardX")
+    return pathlib.Path(folder)
+
+
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
     stall_timeout = next((value for value in (opts.get("stall_timeout"), spec.stall_timeout) if value is not None),
                          DEFAULT_STALL_TIMEOUT)
@@ -258,10 +276,16 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             show=opts["show"],
             show_tf_logs=opts["show_tf_logs"],
             show_secrets=opts["show_secrets"],
+            exit_codes=exit_codes_of(opts, spec),
+            notify=opts.get("notify"),
+            notify_url=opts.get("notify_url"),
+            tensorboard=_tensorboard(opts.get("tensorboard") or spec.tensorboard),
         ),
         ssh=ssh_options_from(opts),
         check_hosts=not opts["no_check"],
         allow_public=opts["allow_public"],
         leave_out_slow=opts["leave_out_slow"],
         detach=opts["detach"],
+        quarantine=opts.get("quarantine", 0.0),
+        health_check=opts.get("health_check") or spec.health_check,
     )

@@ -9,7 +9,9 @@ import math
 
 import click
 
+from launcher.config.quarantine import parse_duration
 from launcher.config.spec import MAX_SECONDS
+from launcher.exit_codes import parse_text as parse_exit_codes
 from launcher.config.addresses import (
     parse_endpoint, parse_env_assignment, parse_env_name, parse_host_list, parse_port, parse_run_id,
     parse_slots_list, parse_task_selector, parse_worker_list,
@@ -124,3 +126,14 @@ ENV_ASSIGNMENT = ParsedParam("NAME=VALUE", parse_env_assignment)
 ENV_NAME_OR_PREFIX = ParsedParam("NAME or PREFIX*", _env_name_or_prefix)
 TASK_SELECTORS = ParsedParam("type[:index],...", _task_selectors)
 RUN_ID = ParsedParam("run-id", parse_run_id)
+DURATION = ParsedParam("duration", parse_duration)
+EXIT_CODES = ParsedParam("CODE=ACTION,...", parse_exit_codes)
+
+
+def _notify_url(text: str) -> str:
+    from launcher.supervise.notify import check_url  # only a launch that posts notices loads it
+
+    return check_url(text)
+
+
+NOTIFY_URL = ParsedParam("URL", _notify_url)

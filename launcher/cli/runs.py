@@ -12,7 +12,7 @@ import click
 
 from launcher.cli.main import cli
 from launcher.errors import MgpuError, UsageError
-from launcher.supervise import runrecord, runs
+from launcher.supervise import lost_time, runrecord, runs
 from launcher.supervise.console_text import console_safe
 from launcher.supervise.run_files import SafeOutput
 from launcher.supervise.options import DEFAULT_LOG_DIR
@@ -171,6 +171,10 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
                      _time(task.get("ready_at"))[11:] or "-", _progress(task.get("progress")), _busy(task.get("busy")),
                      (task.get("last_line") or "")[:80]])
     click.echo(_table(rows))
+    if isinstance(record.get("costs"), dict) and (record["costs"].get("goodput") is not None or len(run.attempts) > 1):
+        # the closing line's figures (a running run's, to its last attempt's end)
+        so_far = " (to the last attempt's end)" if state == runrecord.RUNNING else ""
+        click.echo(console_safe(f"costs{so_far}: {lost_time.told(record['costs'])}"))
     slowest = (run.attempts[-1] if run.attempts else {}).get("slowest")
     if slowest:
         busy = round(100 * slowest["busy"])

@@ -7,6 +7,7 @@ from typing import Iterable, Mapping, Sequence
 
 
 from launcher.errors import SpecError
+from launcher.exit_codes import ExitRule
 from launcher.protocol import TASK_TYPES
 from launcher.config.addresses import Endpoint, format_address
 from launcher.config.hostlist import check_task_total
@@ -73,6 +74,7 @@ class ClusterSpec:
     secret_env: frozenset[str] = frozenset()
     # The spec file's stall_timeout (seconds; 0: no stall watchdog); None: the launcher's default.
     stall_timeout: float | None = None
+    tensorboard: str | None = None  # the spec file's folder for TensorBoard's event files (--tensorboard)
     # A folder of this machine copied to every remote host before the tasks start (`--sync`);
     # the tasks run in the copy (in the folder itself on this machine).
     sync: str | None = None
@@ -81,6 +83,10 @@ class ClusterSpec:
     setup_timeout: float | None = None
     # Hosts that take the tasks of a host left out during a run (`--spare-hosts`, spec `spares:`), in order.
     spares: tuple[str, ...] = ()
+    # A command every host runs before it runs tasks (`--health-check`): non-zero leaves the host out.
+    health_check: str | None = None
+    # The spec file's `exit_codes:` rules (launcher/exit_codes.py), which --exit-codes overrides code by code.
+    exit_codes: tuple[ExitRule, ...] = ()
     # The fewest hosts the run goes on with once a host is left out with no spare for it
     # (`--min-hosts`, spec `min_hosts:`); None: a host left out without a spare stops the run.
     min_hosts: int | None = None

@@ -16,11 +16,12 @@ from launcher.config.spec import (
     CHIEF, MAX_GPUS_PER_TASK, MAX_MIN_HOSTS, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
+from launcher.exit_codes import ExitRule, parse_mapping
 
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
-    "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout",
-    "sync", "setup", "setup_timeout", "spares", "min_hosts",
+    "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout", "tensorboard",
+    "sync", "setup", "setup_timeout", "spares", "health_check", "exit_codes", "min_hosts",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -132,12 +133,25 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         gpus_per_task=read.optional(top, "gpus_per_task", read.count, 0, MAX_GPUS_PER_TASK),
         legacy_keras=bool(read.optional(top, "legacy_keras", read.flag)),
         stall_timeout=read.optional(top, "stall_timeout", read.seconds),
+        tensorboard=read.optional(top, "tensorboard", read.string),
         sync=read.optional(top, "sync", read.string),
         setup=read.optional(top, "setup", read.string),
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),
         spares=_spares(read, top.get("spares", [])),
+        health_check=read.optional(top, "health_check", read.string),
+        exit_codes=_exit_codes(read, top.get("exit_codes", {})),
         min_hosts=read.optional(top, "min_hosts", read.count, 1, MAX_MIN_HOSTS),
     )
+
+
+def _exit_codes(read: _Reader, value: object) -> tuple[ExitRule, ...]:
+    """`exit_codes:`, a mapping of exit codes to what they mean (launcher/exit_codes.py)."""
+    if not isinstance(value, dict):  # its keys are numbers as YAML reads them: not read.mapping's strings
+        read.fail("exit_codes must be a mapping of exit codes to actions, e.g. {3: fail}")
+    try:
+        return parse_mapping(value)
+    except ValueError as e:
+        read.fail(f"exit_codes: {e}")
 
 
 def _spares(read: _Reader, value: object) -> tuple[str, ...]:

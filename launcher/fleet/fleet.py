@@ -19,6 +19,8 @@ from launcher.backends.slurm import SlurmBackend
 from launcher.config.spec import ClusterSpec, TaskSpec, with_host_replaced, with_tasks_back, without_hosts
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
+from launcher.fleet.health import leave_out_unhealthy
+from launcher.fleet.quarantine import remember
 from launcher.fleet.relaunch import relaunch_command
 from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
@@ -27,8 +29,8 @@ from launcher.plan.planner import TaskPlan, in_step_order
 from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
-from launcher.supervise.hosts import FleetView, HostActions, Placement
-from launcher.supervise.resize import place, place_on_spares
+from launcher.supervise.hosts import FleetView, HostActions, Placement, place_on_spares
+from launcher.supervise.resize import place
 from launcher.supervise.rundir import RunDir
 
 
@@ -82,6 +84,8 @@ class Fleet(HostActions):
         --leave-out-slow, a slow host's tasks given to a spare. The plans to start."""
         prepared = self.prepare(self.plans, self.in_use, first=True)
         self.plans = list(prepared.plans)
+        if prepared.unhealthy:
+            leave_out_unhealthy(self, dict(prepared.unhealthy), say)
         if self.options.check_hosts:
             slow = warn_about_slow_hosts(prepared.speeds)
             if slow and self.options.leave_out_slow:
@@ -204,6 +208,19 @@ class Fleet(HostActions):
 
     def relaunch(self, hosts: Sequence[str]) -> str | None:
         return relaunch_command(self.options.argv, hosts)
+
+    def unhealthy(self, plans: Sequence[TaskPlan], left_out: Sequence[str]) -> dict[str, str]:
+        if not self.options.health_check:
+            return {}
+        from launcher.preflight.health import unhealthy_hosts
+
+        return unhealthy_hosts([plan for plan in plans if plan.host not in left_out], self.options.health_check,
+                               self.ssh, after_attempt=True)
+
+    def remember_left_out(self, why: dict[str, str], notice: Callable[[str], None]) -> None:
+        """Into this user's quarantine (--quarantine: for so long; 0: not at all)."""
+        if self.options.quarantine:
+            remember(why, self.options.supervise.run_id, self.options.quarantine, notice)
 
     # -- backends ----------------------------------------------------------------------
 

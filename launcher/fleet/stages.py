@@ -7,8 +7,9 @@ fails ends the launch with its error; for spares, it leaves the spare out (said 
 the stages after it are not run: the fleet tries the next spare.
 
 The order matters: a command line no remote shell can take is refused before any connection; the
-program and its requirements are copied and set up before the checks, which look for them; the
-checks find each task's interface, and their sessions are kept to start each host's first task.
+program and its requirements are copied and set up before the health check and the checks, which
+look for them; the checks find each task's interface, and their sessions are kept to start each
+host's first task.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from launcher.preflight.check import (check_hosts_and_reach, close_handovers, ha
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.on_host import by_host
 from launcher.preflight.reach import reachable_interfaces
+from launcher.fleet.health import check_health
 from launcher.fleet.setup import run_setup
 from launcher.preflight.speed import HostSpeed, spans_hosts
 from launcher.supervise import causes
@@ -52,6 +54,8 @@ class Hosts(Protocol):
 
     def backend_for(self, plan: TaskPlan) -> Backend: ...
 
+    def remember_left_out(self, why: dict[str, str], notice: Callable[[str], None]) -> None: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
@@ -62,6 +66,7 @@ class Prepared:
     gone: tuple[str, ...] = ()  # peers the spares' checks found gone: their fault, not the spares'
     speeds: tuple[HostSpeed, ...] = ()  # the speed probe's figures (the first start, on more than one host)
     handed_over: tuple[str, ...] = ()  # hosts whose check sessions go on to start their first task (a handover)
+    unhealthy: tuple[tuple[str, str], ...] = ()  # the first start's hosts that failed the health check, and why
 
     @property
     def ok(self) -> bool:
@@ -81,6 +86,7 @@ class Preparing:
     gone: list[str] = dataclasses.field(default_factory=list)
     speeds: list[HostSpeed] = dataclasses.field(default_factory=list)
     handed_over: tuple[str, ...] = ()
+    unhealthy: dict[str, str] = dataclasses.field(default_factory=dict)  # the first start's: its fleet leaves them out
 
     def mine(self) -> list[TaskPlan]:
         """The tasks of the hosts being made ready."""
@@ -110,7 +116,8 @@ def prepare(fleet: Hosts, plans: Sequence[TaskPlan], hosts: Sequence[str], notic
         stage(state)
         if state.failed or state.gone:
             break
-    return Prepared(tuple(state.plans), tuple(state.failed), tuple(state.gone), tuple(state.speeds), state.handed_over)
+    return Prepared(tuple(state.plans), tuple(state.failed), tuple(state.gone), tuple(state.speeds), state.handed_over,
+                    tuple(state.unhealthy.items()))
 
 
 # -- the stages, in the order a launch on this machine and SSH hosts runs them --------------------
@@ -247,6 +254,6 @@ def check_local_tf_keras(state: Preparing) -> None:
 
 # The stages of a run on this machine and SSH hosts.
 STAGES: tuple[Stage, ...] = (check_workdirs, check_command_lengths, open_ssh, warn_about_exposure, sync, set_up,
-                             check, check_local_tf_keras)
+                             check_health, check, check_local_tf_keras)
 # The stages of a run in a Slurm allocation: Slurm copies nothing and checks its nodes itself.
 SLURM_STAGES: tuple[Stage, ...] = (warn_about_exposure,)

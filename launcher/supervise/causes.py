@@ -16,7 +16,8 @@ The causes:
 - network: the connection was lost but the host answers a fresh login, or the tasks could not
   reach each other;
 - killed: SIGKILL that mgpu did not send (usually the kernel's out-of-memory killer);
-- preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside;
+- preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside (exit_rules.py restates an
+  exit code under the rule --exit-codes gives it);
 - start-timeout, stalled: the supervisor's own deadlines.
 """
 
@@ -27,6 +28,7 @@ import signal
 from typing import Collection, Sequence
 
 from launcher import protocol
+from launcher.exit_codes import ExitRule
 from launcher.supervise import status
 
 PROGRAM_ERROR = "program-error"
@@ -66,6 +68,8 @@ class Cause:
     host: str | None
     detail: str  # one line for people: what happened
     error: str | None = None  # the program error, for telling whether two failures are the same
+    returncode: int | None = None  # the task's exit code, where it ended with one by itself
+    rule: ExitRule | None = None  # the exit-code rule it falls under (exit_rules.restate)
 
     def same_failure(self, other: Cause) -> bool:
         """The same cause and the same program error (or, for what is not the program's, the same host)."""
@@ -76,7 +80,8 @@ class Cause:
         return self.host == other.host
 
     def to_dict(self) -> dict:
-        return {"cause": self.kind, "task": self.task, "host": self.host, "detail": self.detail}
+        said = {"cause": self.kind, "task": self.task, "host": self.host, "detail": self.detail}
+        return {**said, "rule": self.rule.to_dict()} if self.rule is not None else said
 
 
 def classify(evidence: Evidence) -> Cause | None:
@@ -99,15 +104,16 @@ def classify(evidence: Evidence) -> Cause | None:
         return Cause(HOST_LOST, e.task, e.host, e.lost)
     code = e.returncode
     if code == protocol.EXIT_PREEMPTED:
-        return Cause(PREEMPTED, e.task, e.host, f"exited with code {code} (preempted)")
+        return Cause(PREEMPTED, e.task, e.host, f"exited with code {code} (preempted)", returncode=code)
     if code == -signal.SIGTERM:
         return Cause(PREEMPTED, e.task, e.host, "SIGTERM from outside mgpu (preempted)")
     if code == -signal.SIGKILL:
         return Cause(KILLED, e.task, e.host, _killed(e.out_of_memory))
+    exited = code if code is not None and code > 0 else None
     if e.error:
-        return Cause(PROGRAM_ERROR, e.task, e.host, e.error, error=e.error)
+        return Cause(PROGRAM_ERROR, e.task, e.host, e.error, error=e.error, returncode=exited)
     what = describe(code)
-    return Cause(PROGRAM_ERROR, e.task, e.host, what, error=what)
+    return Cause(PROGRAM_ERROR, e.task, e.host, what, error=what, returncode=exited)
 
 
 def _killed(out_of_memory: tuple[str, bool] | None) -> str:

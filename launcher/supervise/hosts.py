@@ -88,6 +88,14 @@ class HostActions:
         """The command that relaunches the run without `hosts`; None when it cannot be written."""
         return None
 
+    def unhealthy(self, plans: Sequence[TaskPlan], left_out: Sequence[str]) -> dict[str, str]:
+        """The hosts of `plans` but `left_out` that fail the health check now, each with why."""
+        return {}
+
+    def remember_left_out(self, why: dict[str, str], notice: Callable[[str], None]) -> None:
+        """Hosts left out for a fault of their own ('cause: detail' each), for later runs to avoid;
+        `notice` takes what is said of it."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Seen:
@@ -134,3 +142,11 @@ def left_out_head(why: dict[str, str], moved: Sequence[str], relaunch: str | Non
     it = "it" if len(why) == 1 else "them"
     return (f"{hosts} and no spare host to take {', '.join(moved)}" + (f"; {fewer}" if fewer else "")
             + (f"; relaunch without {it}:\n  {relaunch}" if relaunch else ""))
+
+
+def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
+    """Each host left out, in order, with the next spare, in the spares' order: (host, spare) pairs.
+    None when the spares run out first: the run cannot go on without a place for every task."""
+    if len(spares) < len(hosts):
+        return None
+    return tuple(zip(hosts, spares))

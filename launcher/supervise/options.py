@@ -9,6 +9,7 @@ import dataclasses
 import pathlib
 
 from launcher.backends.base import DEFAULT_GRACE_PERIOD
+from launcher.exit_codes import DEFAULTS as DEFAULT_EXIT_CODES, ExitCodes
 from launcher.supervise import pace, policy
 
 DEFAULT_LOG_DIR = "mgpu-runs"  # --log-dir of launch, status, logs, attach and stop
@@ -45,6 +46,14 @@ class SuperviseOptions:
     # Restarts after EXIT_PREEMPTED, not counted in max_restarts.
     max_preemption_restarts: int = dataclasses.field(default=100, metadata=RECORDED)
     show_secrets: bool = False  # run.json shows the values of the plans' secret_env
+    # What each exit code of a task means (launcher/exit_codes.py): the defaults, the spec's, --exit-codes.
+    exit_codes: ExitCodes = dataclasses.field(default=DEFAULT_EXIT_CODES, metadata=RECORDED)
+    # Where word of the run's events goes (notify.py): a shell command, a URL. Not recorded: a URL or a
+    # command line often holds a token.
+    notify: str | None = None
+    notify_url: str | None = None
+    # TensorBoard event files of the run go under tensorboard / "mgpu" (tensorboard.py); None: none.
+    tensorboard: pathlib.Path | None = dataclasses.field(default=None, metadata=RECORDED)
 
     def rules(self) -> policy.Rules:
         """The policy's rules, from these settings."""
@@ -52,5 +61,10 @@ class SuperviseOptions:
 
     def recorded(self) -> dict:
         """The settings run.json records (paths as text)."""
-        return {f.name: str(value) if isinstance(value := getattr(self, f.name), pathlib.Path) else value
-                for f in dataclasses.fields(self) if f.metadata.get("recorded")}
+        return {f.name: _recorded(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("recorded")}
+
+
+def _recorded(value):
+    if isinstance(value, pathlib.Path):
+        return str(value)
+    return value.to_list() if isinstance(value, ExitCodes) else value

@@ -276,6 +276,7 @@ class RunOutput:
         self._show = show
         self._show_tf_logs = show_tf_logs
         self._last: dict[str, TaskOutput] = {}  # by log name: the latest attempt's output
+        self.best_step: int | None = None  # the highest step of the attempts so far: what a restart redoes
 
     def shows(self, plan: TaskPlan) -> bool:
         return self._show is None or plan.type in self._show or plan.name in self._show
@@ -287,6 +288,7 @@ class RunOutput:
         previous = self._last.get(name)
         output = TaskOutput(plan, attempt, self.run_dir / name, log, console, self._timestamps, self._show_tf_logs,
                             notice=self.notice, after_partial_line=previous is not None and previous.log_ends_mid_line)
+        output.progress.resume_step = self.best_step  # before its streams are attached: before any line
         self._last[name] = output
         return output
 

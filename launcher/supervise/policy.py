@@ -24,15 +24,16 @@ The rules of one attempt:
 - A stop signal received stops the attempt (`Stop(INTERRUPTED)`), before anything else is looked at.
 
 Between attempts, from the attempt's cause (causes.py) and the progress its tasks reported:
-- A preempted attempt (exit code protocol.EXIT_PREEMPTED, or SIGTERM from outside) restarts the
-  whole cluster within the preemption budget, without using up max_restarts.
+- The exit code of the task charged may have a rule (exit_rules.py, --exit-codes): `fail` stops the
+  run, `leave-out-host` leaves its host out, `restart` is never given up as a repeated error.
+- A preempted attempt (exit code 42's default rule, restart-free, or SIGTERM from outside) restarts
+  the whole cluster within the preemption budget, without using up max_restarts.
 - A host charged with host-lost or network is left out for the rest of the run (`Restart.leave_out`:
   the supervisor gives its tasks to a spare, or stops); so is a host charged with the same killed,
   stalled or start-timeout failure in two attempts in a row. Every other host of the attempt that
   was judged lost too (host-lost or network) is left out in the same step (`Restart.leave_out_too`),
   so that no spare is checked beside a peer that is gone; each takes the next spare
-  (resize.py), and without a spare for every one of them the run stops (`GiveUp.left_out`), or with
-  `min_hosts`, goes on without those that have none while that many hosts remain (`Restart.dropped`).
+  (resize.py); without one for each the run stops (`GiveUp.left_out`), or with min_hosts drops them (`Restart.dropped`).
   The fleet is seen as data (hosts.FleetView): only a host that runs tasks is left out, and this
   machine never is (the launcher runs on it).
 - Restarts must make progress: an attempt that fails with the same program error as the attempt
@@ -48,10 +49,9 @@ import dataclasses
 import signal
 from typing import Iterable, Sequence, Union
 
-from launcher import protocol
-from launcher.supervise import causes, status
-from launcher.supervise.hosts import FleetView
-from launcher.supervise.resize import place, place_on_spares  # noqa: F401 - place_on_spares, told here too
+from launcher.supervise import causes, exit_rules, status
+from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - place_on_spares, told here too
+from launcher.supervise.resize import place
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -361,23 +361,27 @@ class Policy:
         the run's hosts (None: every host may be left out, spares are not counted here)."""
         if stop.status in (status.SUCCEEDED, status.INTERRUPTED):
             return GiveUp()
+        if (fails := exit_rules.stop_reason(cause)) is not None:  # the program's exit code says: no restart
+            return GiveUp(fails)
         previous, self._previous = self._previous, (cause, progress) if cause is not None else None
         may_leave_out = fleet.may_leave_out if fleet is not None else lambda host: True
         lost_too = tuple(dict.fromkeys(other.host for other in others if other.host is not None
                                        and other.kind in causes.HOST_CAUSES and may_leave_out(other.host)))
-        preempted = cause.kind == causes.PREEMPTED if cause is not None else stop.returncode == protocol.EXIT_PREEMPTED
+        preempted = exit_rules.restarts_free(cause, stop.returncode)  # preempted, or the exit code says so
         if preempted and self.preemptions < self.rules.max_preemption_restarts:
             self.preemptions += 1
             without = f" without {', '.join(lost_too)}" if lost_too else ""
-            return _placed(Restart(f"restarting all tasks{without} after preemption ({self.preemptions} of at most "
-                                   f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet, self.rules.min_hosts)
+            return self._placed(Restart(f"restarting all tasks{without} after {exit_rules.free_restart_reason(cause)} "
+                                        f"({self.preemptions} of at most "
+                                        f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet)
         leave_out = None
         if cause is not None and not preempted:
             repeated = previous is not None and cause.same_failure(previous[0])
             progressed = progress is not None and (previous is None or previous[1] is None or progress > previous[1])
-            if cause.kind == causes.PROGRAM_ERROR and repeated and not progressed:
+            if cause.kind == causes.PROGRAM_ERROR and repeated and not progressed and not exit_rules.asks_restart(cause):
                 return GiveUp(f"the same error twice in a row without progress: {cause.detail}")
-            if cause.host is not None and may_leave_out(cause.host) and (cause.kind in causes.HOST_CAUSES or (
+            if cause.host is not None and may_leave_out(cause.host) and (
+                    cause.kind in causes.HOST_CAUSES or exit_rules.leaves_out_host(cause) or (
                     repeated and cause.kind in (causes.KILLED, causes.STALLED, causes.START_TIMEOUT))):
                 leave_out = cause.host
         if self.restarts < self.rules.max_restarts:
@@ -385,14 +389,12 @@ class Policy:
             leave_out_too = tuple(host for host in lost_too if host != leave_out)
             left_out = ((leave_out,) if leave_out else ()) + leave_out_too
             without = f" without {', '.join(left_out)}" if left_out else ""
-            return _placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
-                                   leave_out=leave_out, leave_out_too=leave_out_too), fleet, self.rules.min_hosts)
+            return self._placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of "
+                                        f"{self.rules.max_restarts})", leave_out=leave_out, leave_out_too=leave_out_too), fleet)
         return GiveUp()
 
-
-def _placed(restart: Restart, fleet: FleetView | None, min_hosts: int) -> Restart | GiveUp:
-    """The restart, if its hosts left out have a place (resize.place); else the run stops naming them."""
-    placed = place(restart.left_out, fleet, min_hosts)
-    if placed.goes_on:
-        return dataclasses.replace(restart, dropped=placed.dropped) if placed.dropped else restart
-    return GiveUp(placed.reason, left_out=restart.left_out, fewer=placed.fewer)
+    def _placed(self, restart: Restart, fleet: FleetView | None) -> Restart | GiveUp:
+        """The restart, if its hosts left out have a place (resize.place); else the run stops naming them."""
+        placed = place(restart.left_out, fleet, self.rules.min_hosts)
+        return (dataclasses.replace(restart, dropped=placed.dropped) if placed.goes_on
+                else GiveUp(placed.reason, left_out=restart.left_out, fewer=placed.fewer))

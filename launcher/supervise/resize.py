@@ -12,15 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from launcher.supervise.hosts import FleetView
-
-
-def place_on_spares(hosts: Sequence[str], spares: Sequence[str]) -> tuple[tuple[str, str], ...] | None:
-    """Each host left out, in order, with the next spare, in the spares' order: (host, spare) pairs.
-    None when the spares run out first: the run cannot go on without a place for every task."""
-    if len(spares) < len(hosts):
-        return None
-    return tuple(zip(hosts, spares))
+from launcher.supervise.hosts import FleetView, place_on_spares
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,10 +23,12 @@ Layout:
       failure_ignored, last_line, progress: {step, total, rate, eta_s, at},
       busy: {share, source, window_s}}},
       ready_at (every training task ready), progress ({last_step, gained}, where reported),
-      time_lost_s, slowest (the task the others waited for, once named: pace.py's
+      time_lost_s, new_steps_s, lost_s ({start_up, redone, after_last_step, stalled, finish}: lost_time.py),
+      restart_before_s, slowest (the task the others waited for, once named: pace.py's
       {task, host, busy, others, source, window_s, at}), and for a failed attempt: cause
       (causes.py), task, host, detail}],
-  costs: {restarts, left_out: [{host, cause, at, replaced_by}], time_lost_s, wall_s, goodput}
+  costs: {restarts, left_out: [{host, cause, at, replaced_by}], wall_s, time_lost_s, new_steps_s,
+      lost_s ({start_up, redone, after_last_step, stalled, restart, finish}), goodput (null: no steps)}
 exit_code is the task's exit status; when it died by a signal, exit_code is
 null and signal holds its name ("SIGKILL"). failure_ignored is true for a
 sidecar (the evaluator) that failed while training went on without it.
@@ -195,11 +197,11 @@ class RunRecord:
             if self._dirty and (not self._behind or time.monotonic() - self._written_at >= RETRY_INTERVAL):
                 self._write()
 
-    def attempt_started(self, attempt: int) -> None:
+    def attempt_started(self, attempt: int, at: float | None = None) -> None:
+        """`at`: seconds since the epoch, the time its costs count from (now if None)."""
         with self._lock:
-            self._data["attempts"].append(
-                {"attempt": attempt, "started_at": now(), "ended_at": None, "outcome": RUNNING, "tasks": {}}
-            )
+            self._data["attempts"].append({"attempt": attempt, "started_at": now() if at is None else utc(at),
+                                           "ended_at": None, "outcome": RUNNING, "tasks": {}})
             self._write()
 
     def task_started(self, plan: TaskPlan, pid: int, log: str) -> None:
@@ -280,10 +282,10 @@ class RunRecord:
             self._data["size"] = size
             self._write()
 
-    def attempt_ended(self, outcome: str) -> None:
+    def attempt_ended(self, outcome: str, at: float | None = None) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]
-            attempt["ended_at"] = now()
+            attempt["ended_at"] = now() if at is None else utc(at)
             attempt["outcome"] = outcome
             self._write()
 

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 from launcher.error_file import TaskError
 from launcher.supervise import causes, diagnosis, fixes, stacks
 from launcher.supervise.console_text import console_safe
+from launcher.supervise.exit_rules import said_rule
 from launcher.supervise.status import describe_exit  # noqa: F401 - told here too, with the summaries
 
 
@@ -232,7 +233,7 @@ def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> st
     elif cause.kind == causes.NETWORK:
         story = f"{cause.host} unreachable at {when}: {cause.detail}"
     elif cause.kind == causes.PREEMPTED:
-        story = f"{cause.task} preempted at {when}"
+        story = f"{cause.task} preempted at {when}" + (f" (rule {said_rule(cause.rule)})" if cause.rule else "")
     elif cause.kind == causes.KILLED:
         how = "out of memory" if "OOM killer" in cause.detail else "SIGKILL"
         story = f"{cause.task} on {cause.host} killed at {when} ({how})"
@@ -244,19 +245,25 @@ def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> st
 
 
 def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path,
-                 restarts: Sequence[str] = (), lost_s: float = 0.0) -> str:
+                 restarts: Sequence[str] = (), lost_s: float = 0.0, costs: dict | None = None) -> str:
     """One line on success: tasks, wall time, restarts (`restarts`: restart_story of each) and the
-    time they lost, and where logs and run.json are."""
+    time they lost, and where logs and run.json are. With `costs` (run.json's), the goodput and the
+    time lost by cause as `mgpu status` says them (lost_time.told), in place of `lost_s`."""
+    from launcher.supervise.lost_time import told as told_costs  # it says durations as this module does
     counted = f"{tasks} tasks succeeded" if succeeded == tasks else f"{succeeded} of {tasks} tasks succeeded"
     where = f"logs and run.json in {run_dir}/"
-    if attempt == 0:
-        return f"done: {counted} in {duration(wall_s)}, no restarts; {where}"
+    if costs is not None:
+        wall_s = costs.get("wall_s", wall_s)
+    if attempt == 0:  # without restarts or steps there is nothing to tell of its costs
+        told = f"; {told_costs(costs)}" if costs and costs.get("goodput") is not None else ""
+        return f"done: {counted} in {duration(wall_s)}, no restarts{told}; {where}"
     count = f"{attempt} restart{'s' if attempt > 1 else ''}"
     shown = [console_safe(story) for story in restarts[:MAX_STORIES]]
     if len(restarts) > MAX_STORIES:
         shown.append(f"{len(restarts) - MAX_STORIES} more in run.json")
     told = f" ({', '.join(shown)})" if shown else ""
-    return f"done: {counted} in {duration(wall_s)}; {count}{told}; {duration(lost_s)} lost; {where}"
+    lost = told_costs(costs) if costs is not None else f"{duration(lost_s)} lost"
+    return f"done: {counted} in {duration(wall_s)}; {count}{told}; {lost}; {where}"
 
 
 MAX_STORIES = 3  # restarts told in the closing line; run.json has them all

@@ -22,15 +22,17 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, pace, policy, runrecord, sizes, stacks_request
+from launcher.supervise import causes, evidence, exit_rules, health, pace, policy, runrecord, sizes, stacks_request
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
 from launcher.supervise.hosts import HostActions, Placement, Seen, judge_others, left_out_head
+from launcher.supervise.notify import Notifier
 from launcher.supervise.options import SuperviseOptions
 from launcher.supervise.output import RunOutput
 from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import RunDir, make_run_dir
+from launcher.supervise.samples import RunSamples
 from launcher.supervise.signals import Signals
 from launcher.supervise.status import FAILED, INTERRUPTED, RESIZED, STALLED, START_TIMEOUT, SUCCEEDED
 from launcher.supervise.summary import closing_line, failure_summary, restart_story, stall_summary, start_timeout_summary
@@ -92,7 +94,6 @@ class _Supervisor:
         self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self.plans = list(plans)
         self.first_hosts = sizes.planned_hosts(self.plans)
-        self.growths: list[sizes.SizeChange] = []  # hosts taken back (--rejoin-interval)
         self.backend = backend
         self.options = options
         self.run_dir = run_dir
@@ -108,6 +109,9 @@ class _Supervisor:
         self.attempt: Attempt | None = None  # the last one begun
         self._named_slowest: set[str] = set()  # tasks named as the one the others wait for: once a run
         self.policy = policy.Policy(options.rules(), grace_period=options.grace_period)
+        self.notifier = Notifier(options.run_id, options.notify, options.notify_url, report=self.output.notice)
+        self.samples = RunSamples(run_dir, options.tensorboard, self.costs.started, self.output.notice)
+        self._busy: dict[str, float] = {}  # the training tasks' latest busy shares, for the samples
         self.take_back = TakeBack(hosts, options.rejoin_interval if options.min_hosts else 0, self.output.notice)
 
     # -- the whole run ---------------------------------------------------------
@@ -124,15 +128,16 @@ class _Supervisor:
                 if self.detach is not None:
                     self.terminal.move_console()
                     self.detach()
+                self.notifier.run_started(len(self.plans), list(dict.fromkeys(p.host for p in self.plans)), bool(self.detach))
                 final = self._attempts()
                 self._warn_if_none_met()
                 tasks = self.attempt.tasks
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
                 wall = time.monotonic() - started
-                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.growths)) for c in self.costs.costs]
+                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.take_back.growths)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
-                                                stories, self.costs.lost()))
+                                                stories, costs=self.costs.totals()))
         except Interrupted as e:
             final = (INTERRUPTED, str(e), e.exit_code)
             raise
@@ -144,8 +149,13 @@ class _Supervisor:
             raise
         finally:
             try:
-                self.record.run_costs(self.costs.totals(time.monotonic() - started))
+                self.record.run_costs(totals := self.costs.totals())
                 self.record.finish(*final)
+                self._sample(totals)  # the last sample: the run's final figures
+                self.samples.close()
+                if said := self.notifier.finish(*final, totals):  # the notices failed or dropped, if any
+                    self.output.notice(said)
+                    self.record.run_warning(said)
             finally:
                 try:
                     if reaper is not None:  # every task is gone and the record final: nothing left to guard
@@ -157,10 +167,10 @@ class _Supervisor:
     def _attempts(self) -> tuple[str, None, int]:
         attempt = 0
         while True:
-            started = time.time()
+            self.output.best_step = self.costs.best_step
             stop = self._attempt(attempt)
             progress = self.attempt.progress()
-            lost = self.costs.attempt_ended(self.attempt, started, stop, self.record)
+            lost = self.costs.attempt_ended(self.attempt, stop, self.record)
             if stop.status == SUCCEEDED:
                 return SUCCEEDED, None, 0
             if self.signals.received:
@@ -169,7 +179,7 @@ class _Supervisor:
                 self._take_back()
                 attempt += 1
                 continue
-            cause = charge(stop, self.attempt, self.hosts, self.plans)
+            cause = exit_rules.restate(charge(stop, self.attempt, self.hosts, self.plans), self.options.exit_codes)
             # Hosts lost together are judged together: every other host that lost its connection or
             # left its tasks without an exit status.
             others = [] if stop.status == INTERRUPTED else judge_others(
@@ -180,10 +190,16 @@ class _Supervisor:
             for judged in ([cause] if cause is not None else []) + others:
                 self.output.notice(f"attempt {attempt + 1} failed: {judged.kind}"
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
+                self.notifier.attempt_failed(attempt + 1, judged)
             after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
+            if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
+                after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
+                                                   self.hosts.view(self.plans))
+                others = others + found
             self.costs.progressed(progress)
             if (isinstance(after, policy.Restart) or after.left_out) and (cause or others):
-                self.costs.costs.append(Cost(cause or others[0], time.time(), lost))
+                self.costs.costs.append(Cost(cause or others[0], time.time(), lost,
+                                             restarted=isinstance(after, policy.Restart)))
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
                 self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
                                 to_spares=isinstance(after, policy.Restart), after=after)
@@ -195,6 +211,8 @@ class _Supervisor:
                     summary = f"{summary}\nstopped restarting: {after.reason}"
                 raise _RunFailed(stop.status, TaskFailed(summary))
             self.output.notice(after.notice)
+            if cause is not None:
+                self.samples.restart(attempt + 1, time.time(), cause.to_dict())
             if self.take_back.rule.back:  # hosts back join at any restart
                 self._take_back()
             attempt += 1
@@ -212,7 +230,7 @@ class _Supervisor:
 
     def _attempt(self, number: int) -> policy.Stop:
         """Start attempt `number`, watch it until the policy stops it, collect the evidence, stop it."""
-        self.record.attempt_started(number)
+        self.record.attempt_started(number, self.costs.begin())  # the record's times are its costs'
         self.attempt = attempt = Attempt(
             number, self.plans, self.backend, run_id=self.options.run_id, launch_id=self.launch_id, kinds=self.kinds,
             output=self.output, record=self.record, run_dir=self.run_dir, signals=self.signals,
@@ -229,7 +247,7 @@ class _Supervisor:
             attempt.stop(self.options.grace_period)
             attempt.close()
             attempt.collect(evidence.after_stop(stop))
-            self.record.attempt_ended(stop.status)
+            self.record.attempt_ended(stop.status, self.costs.end())
 
     def _watch(self, attempt: Attempt) -> policy.Stop:
         """The one loop of an attempt: report what happened to the policy, do what it decides."""
@@ -258,6 +276,8 @@ class _Supervisor:
                 for task in tasks:
                     self.record.task_progress(task.plan, *task.output.progress.snapshot())
                 next_progress = time.monotonic() + runrecord.PROGRESS_INTERVAL
+                if self.samples.due(time.time()):
+                    self._sample(self.costs.live(attempt, time.time()))
             if paced.hosts and time.monotonic() >= next_pace:
                 self._pace(paced, attempt)
                 next_pace = time.monotonic() + pace.SAMPLE_INTERVAL
@@ -301,10 +321,18 @@ class _Supervisor:
             self.output.notice(slowest.text())
             self.record.attempt_slowest(slowest.to_dict())
         source, shares = paced.shares(now)
+        self._busy = {name: round(share, 3) for name, share in shares.items() if share is not None}
         for task in attempt.tasks:
             share = shares.get(task.plan.name)
             self.record.task_busy(task.plan, None if share is None else
                                   {"share": round(share, 3), "source": source, "window_s": paced.window})
+
+    def _sample(self, costs: dict) -> None:
+        """The run as it stands, into samples.jsonl (and TensorBoard's event files, with --tensorboard)."""
+        if self.attempt is not None:
+            tasks = self.attempt.tasks
+            self.samples.take(time.time(), self.attempt.number, {t.plan.name: t.output.progress.step for t in tasks},
+                              len({t.plan.host for t in tasks}), self._busy, costs)
 
     # -- hosts left out --------------------------------------------------------------
 
@@ -321,14 +349,18 @@ class _Supervisor:
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
                for host in (*hosts, *placement.gone)}
         self.left_out.extend(host for host in why if host not in self.left_out)
+        self.hosts.remember_left_out(why, self.output.notice)
+        for host in why if placement.plans is None else ():
+            self.notifier.host_left_out(host, why[host], None)
         if placement.plans is None:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
                                  self.hosts.relaunch(tuple(self.left_out)), getattr(after, "fewer", ""))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
         took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
                 for host, spare in placement.took}
-        for host in took:
+        for host, spare in placement.took:
             self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
+            self.notifier.host_left_out(host, why[host], spare)
         self.plans = list(placement.plans)
         resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
                                 self.record, self.output.notice)
@@ -343,15 +375,8 @@ class _Supervisor:
 
     def _take_back(self) -> None:
         """The hosts back (rejoin.py) join the cluster: the plans made again with their tasks."""
-        back = list(self.take_back.rule.back)
-        plans, change = sizes.grow(self.hosts, back, self.plans, self.first_hosts, self.record, self.output.notice)
-        if plans is None:
-            self.take_back.left_out(back, self.clock())
-            return
-        self.plans = list(plans)
-        self.take_back.rule.taken_back(back, self.clock())
-        self.growths.append(change)
-        self.left_out = [host for host in self.left_out if host not in back]
+        self.plans, change = self.take_back.take_in(self.plans, self.first_hosts, self.record, self.clock())
+        self.left_out = [host for host in self.left_out if change is None or host not in change.back]
 
     # -- the failure summary -------------------------------------------------------
 

@@ -9,8 +9,11 @@ import queue
 import threading
 from typing import Callable, Sequence
 
+from launcher.plan.planner import TaskPlan
+from launcher.supervise import sizes
 from launcher.supervise.hosts import HostActions
 from launcher.supervise.rejoin import Rejoin
+from launcher.supervise.runrecord import RunRecord
 
 
 class TakeBack:
@@ -20,6 +23,7 @@ class TakeBack:
         self.notice = notice
         self._found: queue.Queue[tuple[str, bool]] = queue.Queue()
         self._checkpoints = 0  # reported in the attempt so far, as last looked at
+        self.growths: list[sizes.SizeChange] = []  # each time hosts were taken back
 
     def begin_attempt(self) -> None:
         self._checkpoints = 0
@@ -49,3 +53,16 @@ class TakeBack:
 
     def left_out(self, hosts: Sequence[str], now: float) -> None:
         self.rule.left_out(hosts, now)
+
+    def take_in(self, plans: Sequence[TaskPlan], planned: int, record: RunRecord,
+                now: float) -> tuple[list[TaskPlan], sizes.SizeChange | None]:
+        """The hosts back join the cluster: the plans made again with their tasks and made ready
+        (sizes.grow), or `plans` as they are when that fails (the hosts stay out, probed again later)."""
+        back = list(self.rule.back)
+        grown, change = sizes.grow(self.hosts, back, plans, planned, record, self.notice)
+        if grown is None:
+            self.rule.left_out(back, now)
+            return list(plans), None
+        self.rule.taken_back(back, now)
+        self.growths.append(change)
+        return list(grown), change

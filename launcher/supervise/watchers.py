@@ -201,7 +201,9 @@ class ProgressWatcher(LineWatcher):
     """The task's last line and its progress lines (protocol.py). For `mgpu status`: step, total,
     the rate since its first progress line and the time left at that rate. For the restart rules:
     the first and the highest step reported, and when (time.time()) the highest was first reached,
-    which tell whether a restart made progress and what a failure cost."""
+    which tell whether a restart made progress and what a failure cost; for the lost-time split
+    (lost_time.py), when the first step line came, when a step at or above `resume_step` (the best
+    step before this attempt) first came, and how many lines raised the step."""
 
     name = "progress watcher"
 
@@ -214,6 +216,10 @@ class ProgressWatcher(LineWatcher):
         self.first: int | None = None  # the first step reported
         self.step: int | None = None  # the highest
         self.step_at: float | None = None
+        self.resume_step: int | None = None  # set before the first line
+        self.first_at: float | None = None
+        self.caught_up_at: float | None = None
+        self.rises = 0  # lines that raised the highest step, after the first
 
     def line(self, line: Line) -> None:
         parsed = protocol.parse_progress(line.text) if line.stdout else None
@@ -225,13 +231,17 @@ class ProgressWatcher(LineWatcher):
                     self._last_line = console_safe(line.text[:LAST_LINE_CHARS])
                 return
             step, total = parsed
+            wall = time.time()
             if self.first is None:
-                self.first = step
+                self.first, self.first_at = step, wall
+            if self.caught_up_at is None and (self.resume_step is None or step >= self.resume_step):
+                self.caught_up_at = wall
             if self.step is None or step > self.step:
-                self.step, self.step_at = step, time.time()
+                self.rises += self.step is not None
+                self.step, self.step_at = step, wall
             if self._first is None or step < self._first[1]:
                 self._first = (now, step)
-            self._last = (now, time.time(), step, total)
+            self._last = (now, wall, step, total)
 
     def snapshot(self) -> tuple[str | None, dict | None]:
         """(last line, progress as run.json writes it, or None before any)."""

@@ -153,3 +153,4 @@ def test_check_shows_but_does_not_demand_tensorflow_for_another_program(poisoned
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.strip().splitlines()
     assert row.split()[4] == (local_tensorflow_version() or "missing") and row.endswith("ok")
+

@@ -13,8 +13,9 @@ from launcher.intake.load import new_run_id
 
 RUN_ID_SHAPE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{32}")
 # Something shown as a whole default run id: the time, then a suffix. The time alone is a run id's
-# start, which `mgpu status` and the others take as well.
-SHOWN_RUN_ID = re.compile(r"\b\d{8}-\d{6}-[0-9A-Za-z]+\b")
+# start, which `mgpu status` and the others take as well. A stamp inside a file's name
+# (stacks-20260102-030405-1a2b3c4d.txt) is not a run id.
+SHOWN_RUN_ID = re.compile(r"(?<![-\w])\d{8}-\d{6}-[0-9A-Za-z]+\b")
 
 
 def help_texts(command: click.Command, name: str, parent: click.Context | None = None):

@@ -95,6 +95,7 @@ BAD_SPECS = [
     ("cluster: {worker: [h1:2222]}\nstall_timeout: -1", "stall_timeout must be a number of seconds >= 0"),
     ("cluster: {worker: [h1:2222]}\nstall_timeout: .nan", "stall_timeout must be a number of seconds >= 0"),
     ("cluster: {worker: [h1:2222]}\nstall_timeout: '600'", "stall_timeout must be a number of seconds >= 0"),
+    ("cluster: {worker: [h1:2222]}\ntensorboard: [tb]", "tensorboard must be a string"),
 ]
 
 
@@ -205,3 +206,10 @@ def test_a_parameter_server_cluster_keeps_two_inter_op_threads(mgpu):
         assert (task["env"]["TF_NUM_INTRAOP_THREADS"], task["env"]["TF_NUM_INTEROP_THREADS"]) == ("1", "2")
     without = mgpu("launch", "--local", "2", "--threads-per-task", "1", "--dry-run", "--json", "--", "python3", "w.py")
     assert {task["env"]["TF_NUM_INTEROP_THREADS"] for task in without.json()["tasks"]} == {"1"}
+
+
+def test_tensorboard_folder_from_the_spec_file():
+    from launcher.config.spec_file import load_spec_text
+
+    spec = load_spec_text("cluster: {worker: [h1:2222]}\ntensorboard: runs/tb\n", "spec.yaml")
+    assert spec.tensorboard == "runs/tb"

@@ -12,14 +12,9 @@ import time
 import jax
 import jax.numpy as jnp
 
+from hold import hold_over  # beside this program
+
 HOLD = sys.argv[1] if len(sys.argv) > 1 else "0"
-
-
-def hold_over(started: float) -> bool:
-    try:
-        return time.monotonic() - started >= float(HOLD)
-    except ValueError:
-        return os.path.exists(HOLD)
 
 
 def main() -> None:
@@ -32,7 +27,7 @@ def main() -> None:
     while True:
         total = psum(jnp.ones(jax.local_device_count()))
         rounds += 1
-        stops = psum(jnp.full(jax.local_device_count(), float(hold_over(started))))
+        stops = psum(jnp.full(jax.local_device_count(), float(hold_over(HOLD, started))))
         if float(stops[0]) > 0:
             break
         time.sleep(0.5)

@@ -17,15 +17,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hold import hold_over  # beside this program
+
 HOLD = sys.argv[1] if len(sys.argv) > 1 else "0"
 WORK = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-
-
-def hold_over(started: float) -> bool:
-    try:
-        return time.monotonic() - started >= float(HOLD)
-    except ValueError:
-        return os.path.exists(HOLD)
 
 
 def main() -> None:
@@ -45,7 +40,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         steps += 1
-        stop = torch.tensor([float(hold_over(started))])
+        stop = torch.tensor([float(hold_over(HOLD, started))])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:
             break

@@ -69,22 +69,29 @@ def test_what_failures_cost_is_in_run_json_and_the_closing_line(run_id, tmp_path
                                                  {"last_step": 30, "gained": 10}]
     assert attempts[2]["ready_at"] is not None  # the failed ones ended before they joined: never ready
     # A failed attempt loses the time from its last new step to its end (the program sleeps there),
-    # never more than the attempt lasted; the attempt that succeeded loses nothing.
+    # never more than the attempt lasted; the attempt that succeeded loses only its start-up and its
+    # finish: each restart jumped past the best step before it, so nothing was redone.
     for attempt in attempts[:2]:
         lasted = (datetime.datetime.fromisoformat(attempt["ended_at"])
                   - datetime.datetime.fromisoformat(attempt["started_at"])).total_seconds()
         assert 0 < attempt["time_lost_s"] <= lasted + 0.002, attempt
-    assert attempts[2]["time_lost_s"] == 0
+        assert attempt["lost_s"]["after_last_step"] >= 0.5, attempt
+    last = attempts[2]["lost_s"]
+    assert last["redone"] == last["after_last_step"] == last["stalled"] == 0
+    assert attempts[2]["time_lost_s"] == pytest.approx(last["start_up"] + last["finish"], abs=0.0021)
     costs = result.run["costs"]
     assert costs["restarts"] == 2 and costs["left_out"] == []
-    # Each figure is rounded to the millisecond on its own: the sum of two may be 1 ms off the total's.
-    assert abs(costs["time_lost_s"] - (attempts[0]["time_lost_s"] + attempts[1]["time_lost_s"])) <= 0.0021
+    # The run's time lost is its attempts' and the time between them, before the first and after the
+    # last. Each figure is rounded to the millisecond on its own: a sum may be a few ms off the total's.
+    between = sum(a["restart_before_s"] for a in attempts)
+    assert costs["lost_s"]["restart"] == pytest.approx(between, abs=0.0021)
+    assert costs["time_lost_s"] >= sum(a["time_lost_s"] for a in attempts) + between - 0.005
     assert costs["goodput"] == pytest.approx((costs["wall_s"] - costs["time_lost_s"]) / costs["wall_s"], abs=1e-3)
     assert costs["goodput"] < 1
     closing = result.console.splitlines()[-1]
     assert re.fullmatch(r"\[mgpu\] done: 1 tasks succeeded in \S+ s; 2 restarts \(worker:0 failed at \d\d:\d\d: "
                         r"ValueError: flaky 0 at [^,]+, worker:0 failed at \d\d:\d\d: ValueError: flaky 1 at [^)]+\); "
-                        r"\S+ s lost; logs and run.json in .*/", closing), closing
+                        r"goodput \d+%; \S+ s lost: [^;]*; logs and run.json in .*/", closing), closing
 
 
 def test_a_peer_blamed_by_the_failed_task_is_charged_not_the_signal_mgpu_sent_it(run_id, tmp_path):

@@ -45,3 +45,10 @@ def test_status_shows_the_columns_and_the_task_table_the_page_lists(run_id, tmp_
         row = columns(next(line for line in lines if line.startswith(name + " ")))
         assert row[1] == "127.0.0.1" and row[2].isdigit() and row[3] == "exit 0"
         assert re.fullmatch(r"\d\d:\d\d:\d\d", row[4]) and row[5].startswith("5/10") and row[-1] == "last words"
+    # "the run's costs ... in the closing line's words"
+    assert "the run's costs: its goodput and the time lost by cause, in the closing line's words" in \
+        " ".join(page.split())
+    costs = next(line for line in lines if line.startswith("costs: "))[len("costs: "):]
+    assert costs.startswith("goodput ")
+    closing = next(line for line in (done.stdout + done.stderr).splitlines() if "] done: " in line)
+    assert f"; {costs}; logs and run.json in " in closing, (costs, closing)

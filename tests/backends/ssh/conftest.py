@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `import ssh_helpers`
 
+from namespace_labs import HostsLab, hosts_lab  # noqa: E402
 from ssh_helpers import SSHD, Netns, SshLab, keygen, require_namespaces, require_tools, start_sshd  # noqa: E402
 
 
@@ -94,27 +95,19 @@ def netns(ssh_lab: SshLab, tmp_path_factory, request):
 
 
 @pytest.fixture(scope="module")
-def lab_of_three(ssh_lab: SshLab, tmp_path_factory):
+def lab_of_three(ssh_lab: SshLab, tmp_path_factory) -> Iterator[HostsLab]:
     """Hosts h1, h2 and h3 in network namespaces, each with its sshd on port 22; their known_hosts and
     ssh config."""
-    require_namespaces()
-    directory = tmp_path_factory.mktemp("spares")
-    lab = Netns.create(names=("h1", "h2", "h3"))
-    servers = {}
-    try:
-        for name, address in lab.hosts.items():
-            servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
-                                       netns=lab.namespaces[name])
-        known = directory / "known_hosts"
-        known.write_text("".join(s.known_hosts_line() for s in servers.values()))
-        config = directory / "ssh_config"
-        config.write_text("".join(f"Host {n}\n  HostName {a}\n  IdentityFile {ssh_lab.client_key}\n"
-                                  for n, a in lab.hosts.items()) + f"Host *\n  User {ssh_lab.user}\n")
-        yield lab, known, config, servers, directory, ssh_lab
-    finally:
-        for server in servers.values():
-            server.stop()
-        lab.destroy()
+    with hosts_lab(ssh_lab, tmp_path_factory.mktemp("spares"), ("h1", "h2", "h3")) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def lab_of_five(ssh_lab: SshLab, tmp_path_factory) -> Iterator[HostsLab]:
+    """Hosts h1 to h5 in network namespaces, each with its sshd on port 22; their known_hosts and ssh
+    config."""
+    with hosts_lab(ssh_lab, tmp_path_factory.mktemp("lost"), ("h1", "h2", "h3", "h4", "h5")) as lab:
+        yield lab
 
 
 @pytest.fixture(autouse=True)

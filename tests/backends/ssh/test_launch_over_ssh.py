@@ -9,7 +9,6 @@ import os
 import pathlib
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Iterator
@@ -17,8 +16,9 @@ from typing import Iterator
 import psutil
 import pytest
 
+import lab_mgpu
 from launcher.host.ports import pick_free_ports
-from launching import REPO, wait_for
+from launching import wait_for
 from ssh_helpers import PYTHON, run_processes, silent_listener, start_sshd, unique_run_id
 
 pytestmark = pytest.mark.ssh
@@ -36,15 +36,6 @@ if mode == "hang":
     print("hanging", flush=True)
     time.sleep(300)
 """
-
-
-def mgpu(ssh_lab, tmp_path, *args, **popen) -> subprocess.Popen:
-    env = {**os.environ, "HOME": os.environ["HOME"], "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.Popen(
-        [PYTHON, "-m", "launcher", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen,
-    )
 
 
 def ssh_args(ssh_lab) -> list[str]:
@@ -72,7 +63,7 @@ def launch_args(ssh_lab, run_id: str, *extra: str) -> list[str]:
 
 def test_two_task_cluster_over_ssh(ssh_lab, tmp_path):
     run_id = unique_run_id("two-ok")
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check"))
+    proc = lab_mgpu.start(tmp_path, *launch_args(ssh_lab, run_id, "--no-check"))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
@@ -89,7 +80,7 @@ def test_a_failing_task_stops_the_remote_cluster(ssh_lab, tmp_path):
     env_args = ["--env", "MODE_0=fail", "--env", "MODE_1=hang"]
     run_id = unique_run_id("fail-fast")
     started = time.monotonic()
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
+    proc = lab_mgpu.start(tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err.decode()
     assert "mgpu: error: worker:0 on sshd-a" in err.decode()
@@ -100,7 +91,7 @@ def test_a_failing_task_stops_the_remote_cluster(ssh_lab, tmp_path):
 def test_sigint_stops_the_remote_cluster(ssh_lab, tmp_path):
     env_args = ["--env", "MODE_0=hang", "--env", "MODE_1=hang"]
     run_id = unique_run_id("sigint")
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
+    proc = lab_mgpu.start(tmp_path, *launch_args(ssh_lab, run_id, "--no-check", *env_args))
     try:
         wait_for_both_tasks_hanging(proc, run_id)
         proc.send_signal(signal.SIGINT)
@@ -119,7 +110,7 @@ def test_unknown_host_key_refuses_the_launch(ssh_lab, tmp_path):
         run_id = unique_run_id("unknown-key" + "".join(check))
         args = launch_args(ssh_lab, run_id, *check, "--env", "MODE_0=hang")
         args[args.index(str(ssh_lab.known_hosts))] = str(known)
-        proc = mgpu(ssh_lab, tmp_path, *args)
+        proc = lab_mgpu.start(tmp_path, *args)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 1
         last = err.decode().strip().splitlines()[-1]
@@ -133,7 +124,7 @@ def test_launch_checks_hosts_first(ssh_lab, tmp_path):
     run_id = unique_run_id("checked")
     args = launch_args(ssh_lab, run_id, "--python", "/nonexistent/python3")
     args = args[: args.index("--")]  # the built-in trainer, with a Python that is not there
-    proc = mgpu(ssh_lab, tmp_path, *args)
+    proc = lab_mgpu.start(tmp_path, *args)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1
     text = err.decode()
@@ -148,8 +139,8 @@ def test_check_table(ssh_lab, tmp_path):
     busy_port = busy.getsockname()[1]
     free_port = pick_free_ports(1)[0]
     try:
-        proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{free_port},sshd-b:{busy_port}", *ssh_args(ssh_lab),
-                    "--python", PYTHON)
+        proc = lab_mgpu.start(tmp_path, "check", "--workers", f"sshd-a:{free_port},sshd-b:{busy_port}",
+                              *ssh_args(ssh_lab), "--python", PYTHON)
         out, err = proc.communicate(timeout=180)
     finally:
         busy.close()
@@ -166,8 +157,8 @@ def test_check_table(ssh_lab, tmp_path):
 
 def test_check_with_legacy_keras_probes_tf_keras_on_remote_hosts(ssh_lab, tmp_path):
     port_a, port_b = pick_free_ports(2)
-    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
-                "--legacy-keras", "--", PYTHON, "train.py")
+    proc = lab_mgpu.start(tmp_path, "check", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
+                          "--legacy-keras", "--", PYTHON, "train.py")
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err.decode()
     header, row_a, row_b = out.decode().strip().splitlines()
@@ -180,8 +171,8 @@ def test_check_reports_unreachable_hosts(ssh_lab, tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text(ssh_lab.ssh_config.read_text() + "Host nowhere\n  HostName 127.0.0.1\n  Port 1\n")
     port_a, port_b = pick_free_ports(2)
-    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", f"sshd-a:{port_a},nowhere:{port_b}", "--ssh-config", str(config),
-                "--known-hosts", str(ssh_lab.known_hosts), "--python", PYTHON)
+    proc = lab_mgpu.start(tmp_path, "check", "--workers", f"sshd-a:{port_a},nowhere:{port_b}", "--ssh-config",
+                          str(config), "--known-hosts", str(ssh_lab.known_hosts), "--python", PYTHON)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1
     rows = {line.split()[0]: line for line in out.decode().strip().splitlines()[1:]}
@@ -202,8 +193,9 @@ def silent_host_config(ssh_lab, tmp_path, port: int):
 def test_a_host_that_never_answers_is_one_error_line(ssh_lab, tmp_path, command):
     with silent_listener() as listener:
         config = silent_host_config(ssh_lab, tmp_path, listener.port)
-        proc = mgpu(ssh_lab, tmp_path, *command, "--workers", "silent:2222", "--ssh-config", str(config),
-                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "2", "--", PYTHON, "-c", "pass")
+        proc = lab_mgpu.start(tmp_path, *command, "--workers", "silent:2222", "--ssh-config", str(config),
+                              "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "2", "--", PYTHON, "-c",
+                              "pass")
         out, err = proc.communicate(timeout=60)
         assert listener.accepted  # it did connect: this is a silent server, not a refused port
     assert proc.returncode == 1
@@ -215,8 +207,8 @@ def test_sigint_during_the_checks_returns_at_once(ssh_lab, tmp_path, command):
     """Ctrl-C while a host's check waits out a long connect timeout does not wait with it."""
     with silent_listener() as listener:
         config = silent_host_config(ssh_lab, tmp_path, listener.port)
-        proc = mgpu(ssh_lab, tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
-                    "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "600", "--python", PYTHON)
+        proc = lab_mgpu.start(tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
+                              "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "600", "--python", PYTHON)
         try:
             wait_for(lambda: listener.accepted, 60)  # the check is waiting for the banner
             proc.send_signal(signal.SIGINT)
@@ -232,8 +224,8 @@ def test_bad_proxy_jump_is_a_usage_error(ssh_lab, tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text(ssh_lab.ssh_config.read_text()
                       + f"Host behind\n  HostName 127.0.0.1\n  Port {ssh_lab.b.port}\n  ProxyJump bastion:notaport\n")
-    proc = mgpu(ssh_lab, tmp_path, "check", "--workers", "behind:2222", "--ssh-config", str(config),
-                "--known-hosts", str(ssh_lab.known_hosts))
+    proc = lab_mgpu.start(tmp_path, "check", "--workers", "behind:2222", "--ssh-config", str(config), "--known-hosts",
+                          str(ssh_lab.known_hosts))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.decode().splitlines() == ["mgpu: error: behind: bad ProxyJump 'bastion:notaport': port 'notaport' is not a number"]
@@ -244,7 +236,7 @@ def test_missing_identity_file_in_the_spec_is_one_error_line(ssh_lab, tmp_path):
     missing = tmp_path / "no_such_key"
     spec.write_text(f"cluster:\n  worker: [sshd-a:2222]\nhosts:\n  sshd-a: {{identity_file: {missing}}}\n")
     for command in (["check"], ["launch", "--no-check"]):
-        proc = mgpu(ssh_lab, tmp_path, *command, "--spec", str(spec), *ssh_args(ssh_lab), "--", PYTHON, "-c", "pass")
+        proc = lab_mgpu.start(tmp_path, *command, "--spec", str(spec), *ssh_args(ssh_lab), "--", PYTHON, "-c", "pass")
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1
         assert err.decode().splitlines() == [f"mgpu: error: sshd-a: identity file {missing} not found"]
@@ -256,8 +248,8 @@ def test_a_remote_tasks_stderr_reaches_its_log_byte_exact(ssh_lab, tmp_path):
     (port,) = pick_free_ports(1)
     text = b"abcMGPU_REMOTE_LISTENING\ndef\nMGPU_REMOTE_PGID 1\nlistening\nconnected\n\x1emgpu-0123456789abcdef usage 1 2 3\n"
     program = f"import sys; sys.stderr.buffer.write({text!r})"
-    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port}", *ssh_args(ssh_lab), "--run-id", run_id,
-                "--no-check", "--", PYTHON, "-c", program)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port}", *ssh_args(ssh_lab), "--run-id", run_id,
+                          "--no-check", "--", PYTHON, "-c", program)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert (tmp_path / "mgpu-runs" / run_id / "worker-0.log").read_bytes() == text
@@ -267,8 +259,8 @@ def test_a_sigkilled_launcher_of_an_ssh_only_run_is_recorded_as_died(ssh_lab, tm
     """kill -9 of mgpu: its reaper marks run.json launcher-died, and the remote tasks end once
     their sessions close."""
     run_id = unique_run_id("launcher-died")
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, run_id, "--no-check", "--env", "MODE_0=hang",
-                                                "--env", "MODE_1=hang"))
+    proc = lab_mgpu.start(tmp_path,
+                          *launch_args(ssh_lab, run_id, "--no-check", "--env", "MODE_0=hang",                                                 "--env", "MODE_1=hang"))
     record = tmp_path / "mgpu-runs" / run_id / "run.json"
 
     def status():
@@ -300,10 +292,10 @@ def test_ssh_user_port_and_identity_options_win_over_the_ssh_config(ssh_lab, tmp
                       f"  IdentityFile {ssh_lab.wrong_key}\n")
     run_id = unique_run_id("options-win")
     program = "import os; print('logged in on', os.environ['SSH_CONNECTION'].split()[3], 'as', os.environ['USER'])"
-    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"over:{task_port}", "--ssh-config", str(config),
-                "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "5", "--ssh-user", ssh_lab.user,
-                "--ssh-port", str(ssh_lab.a.port), "--identity", str(ssh_lab.client_key), "--run-id", run_id,
-                "--no-check", "--", PYTHON, "-c", program)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"over:{task_port}", "--ssh-config", str(config),
+                          "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "5", "--ssh-user",
+                          ssh_lab.user, "--ssh-port", str(ssh_lab.a.port), "--identity", str(ssh_lab.client_key),
+                          "--run-id", run_id, "--no-check", "--", PYTHON, "-c", program)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert f"logged in on {ssh_lab.a.port} as {ssh_lab.user}" in out.decode()
@@ -366,16 +358,16 @@ def test_a_run_id_used_again_after_its_launcher_was_killed_keeps_the_new_tasks(s
     release, done = tmp_path / "release", tmp_path / "done"
     port_old, port_new = pick_free_ports(2)
     common = [*ssh_args(ssh_lab), "--run-id", run_id, "--no-check"]
-    old = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_old}", *common, "--log-dir", "old",
-               "--grace-period", "30", "--", PYTHON, "-c", OLD_TASK, str(release))
+    old = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port_old}", *common, "--log-dir", "old",
+                         "--grace-period", "30", "--", PYTHON, "-c", OLD_TASK, str(release))
     new = None
     try:
         old_pgid = int(read_until(old, b"old-up").split()[-1])
         assert guards_of(old_pgid)
         old.kill()
         old.wait(10)
-        new = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_new}", *common, "--log-dir", "new",
-                   "--", PYTHON, "-c", NEW_TASK, str(done))
+        new = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port_new}", *common, "--log-dir", "new", "--",
+                             PYTHON, "-c", NEW_TASK, str(done))
         read_until(new, b"new-up")
         release.touch()  # the old task goes; its guard ends (having killed what it found with its tags)
         wait_for(lambda: not guards_of(old_pgid), 60, "the old guard to end")
@@ -423,9 +415,9 @@ def test_tasks_on_different_hosts_start_together(ssh_lab, tmp_path):
                    "if index == '1': flag.touch()\n"
                    "print('task', index, 'sees the file' if flag.exists() else 'sees no file', flush=True)\n")
         port_a, port_b = pick_free_ports(2)
-        proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"waits:{port_a},sshd-b:{port_b}", "--no-check",
-                    "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "5",
-                    "--run-id", unique_run_id("together"), "--", PYTHON, "-c", program, str(started))
+        proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"waits:{port_a},sshd-b:{port_b}", "--no-check",
+                              "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "5",
+                              "--run-id", unique_run_id("together"), "--", PYTHON, "-c", program, str(started))
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()
         assert "task 0 sees the file" in out.decode(), out.decode() + err.decode()
@@ -461,9 +453,9 @@ def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_
             for checks in ([], ["--no-check"]):
                 sessions.write_text("")
                 (port,) = pick_free_ports(1)
-                proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"counted:{port}", *checks, *workdir,
-                            "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "5",
-                            "--run-id", unique_run_id("held"), "--", *SESSION_COMMAND)
+                proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"counted:{port}", *checks, *workdir,
+                                      "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout",
+                                      "5", "--run-id", unique_run_id("held"), "--", *SESSION_COMMAND)
                 out, err = proc.communicate(timeout=120)
                 assert proc.returncode == 0, err.decode()
                 assert sessions.read_text().count("session") == 1, (checks, sessions.read_text(), err.decode())

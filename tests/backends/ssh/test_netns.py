@@ -11,6 +11,7 @@ import subprocess
 import psutil
 import pytest
 
+import lab_mgpu
 from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
@@ -32,18 +33,6 @@ def test_proxy_jump_reaches_a_host_only_the_jump_host_sees(netns):
     finally:
         runner.close()
     assert code == 0 and out.decode().strip() == f"net:[{lab.net_inode('h1')}]"
-
-
-def mgpu(netns, tmp_path, *args, timeout=240):
-    """`mgpu ARGS` run from the root namespace against the lab's ssh config and known hosts."""
-    _, known, config, _ = netns
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    command, *rest = args
-    return subprocess.run(
-        [PYTHON, "-m", "launcher", command, "--ssh-config", str(config), "--known-hosts", str(known), *rest],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-    )
 
 
 TRAINER_ARGS = ["--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "5", "--log-every", "1"]
@@ -84,8 +73,8 @@ print("reached by all", flush=True)
 def test_hosts_known_only_as_ssh_config_aliases_reach_each_other(netns, tmp_path):
     lab, *_ = netns
     run_id = unique_run_id("alias")
-    done = mgpu(netns, tmp_path, "launch", "--workers", "gpu-h1:2222,gpu-h2:2222", "--no-check",
-                "--workdir", str(tmp_path), "--run-id", run_id, "--", PYTHON, "-c", PEERS)
+    done = lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "gpu-h1:2222,gpu-h2:2222",
+                        "--no-check", "--workdir", str(tmp_path), "--run-id", run_id, "--", PYTHON, "-c", PEERS)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     expected = [f"{lab.hosts['h1']}:2222", f"{lab.hosts['h2']}:2222"]
@@ -98,8 +87,8 @@ def test_hosts_known_only_as_ssh_config_aliases_reach_each_other(netns, tmp_path
 
 
 def test_an_alias_kept_as_written_is_named_as_unresolvable(netns, tmp_path):
-    done = mgpu(netns, tmp_path, "check", "--workers", "gpu-h1:2222,gpu-h2:2222", "--keep-host-names",
-                "--", PYTHON, "-c", "pass", timeout=120)
+    done = lab_mgpu.run(tmp_path, "check", *lab_mgpu.ssh_files(netns), "--workers", "gpu-h1:2222,gpu-h2:2222",
+                        "--keep-host-names", "--", PYTHON, "-c", "pass", timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert lines[0] == "mgpu: error: tasks cannot reach each other:"
@@ -110,10 +99,11 @@ def test_an_alias_kept_as_written_is_named_as_unresolvable(netns, tmp_path):
 
 @pytest.fixture
 def port_blocked_on_h2(netns):
-    """h2 drops every packet that arrives from the network for its port 2222, as a firewall would."""
+    """h2 drops every packet that arrives from the network for its ports 2222 to 2224, as a firewall
+    would."""
     require_tools("iptables")
     lab, *_ = netns
-    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222", "-j", "DROP"]
+    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "2222:2224", "-j", "DROP"]
     namespace = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
     subprocess.run([*namespace, "-A", *rule], check=True)
     try:
@@ -123,54 +113,59 @@ def port_blocked_on_h2(netns):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", [TRAINER_ARGS, [PYTHON, "-c", STRATEGY_ONLY]], ids=["trainer", "user-program"])
-def test_a_firewalled_port_is_named_before_anything_starts(port_blocked_on_h2, netns, tmp_path, program):
+def test_a_firewalled_port_is_named_by_the_check_before_anything_starts_and_by_the_trainer_without_it(
+        port_blocked_on_h2, netns, tmp_path):
+    """Three launches side by side, on ports of their own, so that what they wait for (the check's
+    dropped connection, TensorFlow's giving up) is waited once: the check names the port before
+    anything starts, for the built-in trainer and for a user's program alike; without the check the
+    trainer is named by its error."""
     lab = port_blocked_on_h2
-    run_id = unique_run_id("blocked")
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
-                str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--", *program, timeout=120)
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stderr.splitlines()
-    # TF_CONFIG has h2's address from the ssh config; h2 reaches h1, and itself, fine.
-    broken = [line for line in lines if " cannot connect to " in line]
-    assert broken == [f"worker:0 on h1 cannot connect to worker:1 at {lab.hosts['h2']}:2222: timed out after 5 s"], \
-        done.stderr
-    assert not (tmp_path / "mgpu-runs" / run_id / "worker-0.log").exists()  # nothing started
-    assert not run_processes(run_id)
-
-
-@pytest.mark.slow
-def test_without_the_check_a_firewalled_trainer_is_named_by_its_error(port_blocked_on_h2, netns, tmp_path):
-    # TensorFlow gives up on the first collective (about 30 s after the start on a quiet machine):
-    # the error names the address it could not reach, and the hint says why. The start timeout is
-    # far longer, so that a slow TensorFlow start on a loaded machine is never what ends the run.
-    run_id = unique_run_id("blocked")
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--python", PYTHON, "--workdir",
-                str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--no-check",
-                "--start-timeout", "300", "--grace-period", "2", "--", *TRAINER_ARGS, timeout=400)
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    report = done.stderr[done.stderr.index("mgpu: error: "):]
-    assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
-    assert f"{port_blocked_on_h2.hosts['h2']}:2222" in report, report
-    assert "\nhint: a task could not reach another" in report, report
-    assert not run_processes(run_id)
+    launches = {}
+    # Without the check TensorFlow gives up on the first collective (about 30 s after the start on a
+    # quiet machine). The start timeout is far longer, so that a slow TensorFlow start on a loaded
+    # machine is never what ends the run.
+    without_check = ("--no-check", "--start-timeout", "300", "--grace-period", "2")
+    for port, program, options in ((2222, TRAINER_ARGS, ()), (2223, [PYTHON, "-c", STRATEGY_ONLY], ()),
+                                   (2224, TRAINER_ARGS, without_check)):
+        run_id = unique_run_id("blocked")
+        launches[port] = run_id, lab_mgpu.start(
+            tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", f"h1:{port},h2:{port}", "--python", PYTHON,
+            "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", *options, "--", *program,
+            text=True)
+    try:
+        for port, (run_id, proc) in launches.items():
+            stdout, stderr = proc.communicate(timeout=400)
+            assert proc.returncode == 1, stdout[-3000:] + stderr[-3000:]
+            if port == 2224:  # without the check: the error names the address it could not reach, the hint why
+                report = stderr[stderr.index("mgpu: error: "):]
+                assert report.startswith("mgpu: error: worker:0 on h1 exited with code 1"), report
+                assert f"{lab.hosts['h2']}:2224" in report, report
+                assert "\nhint: a task could not reach another" in report, report
+            else:
+                # TF_CONFIG has h2's address from the ssh config; h2 reaches h1, and itself, fine.
+                broken = [line for line in stderr.splitlines() if " cannot connect to " in line]
+                assert broken == [f"worker:0 on h1 cannot connect to worker:1 at {lab.hosts['h2']}:{port}: "
+                                  "timed out after 5 s"], stderr
+                assert not (tmp_path / "mgpu-runs" / run_id / "worker-0.log").exists()  # nothing started
+            assert not run_processes(run_id)
+    finally:
+        for _, proc in launches.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_a_remote_program_is_started_once_it_listens(netns, tmp_path):
     # No ready line: the join reporter on each host reports the listening port. The programs listen
     # until the test has seen mgpu count them ready (they share this machine's filesystem).
-    _, known, config, _ = netns
     release = tmp_path / "release"
     listen = ("import os, socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
               f"s.bind(('0.0.0.0', 2222)); s.listen(); print('listening', flush=True)\n"
               f"for _ in range(1200):\n    if os.path.exists({str(release)!r}): break\n    time.sleep(0.1)")
     run_id = unique_run_id("listen")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    launcher = subprocess.Popen(
-        [PYTHON, "-m", "launcher", "launch", "--ssh-config", str(config), "--known-hosts", str(known), "--workers",
-         "h1:2222,h2:2222", "--run-id", run_id, "--no-check", "--start-timeout", "60", "--", PYTHON, "-c", listen],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = lab_mgpu.start(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222",
+                              "--run-id", run_id, "--no-check", "--start-timeout", "60", "--", PYTHON, "-c", listen,
+                              stderr=subprocess.STDOUT, text=True)
     output = []
     try:
         for line in launcher.stdout:  # ends when mgpu does
@@ -195,8 +190,9 @@ def test_a_remote_program_that_never_listens_hits_the_watchdog(netns, tmp_path):
     # before the report is written. Their line is the shell's first act: no interpreter's start
     # up (seconds for Python on a loaded machine) comes before it.
     program = "echo 'reading the data set'; exec sleep 60"
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check",
-                "--start-timeout", "3", "--grace-period", "1", "--", "sh", "-c", program, timeout=120)
+    done = lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222", "--run-id",
+                        run_id, "--no-check", "--start-timeout", "3", "--grace-period", "1", "--", "sh", "-c", program,
+                        timeout=120)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert "mgpu: error: start timeout: worker:0, worker:1 not ready after 3 s" in lines
@@ -227,7 +223,7 @@ def public_netns():
 
 
 def test_a_local_task_on_a_public_address_is_warned_about(public_netns, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = lab_mgpu.env()
     for extra, warned in (([], True), (["--allow-public"], False)):
         run_id = unique_run_id("public")
         done = subprocess.run(
@@ -250,8 +246,7 @@ def test_a_detached_run_on_two_hosts_is_followed_and_stopped_from_other_shells(n
     _, known, config, _ = netns
     run_id = unique_run_id("detached")
     program = "import time; print('waiting', flush=True)\nfor _ in range(1200): time.sleep(0.1)"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
+    env = lab_mgpu.env()
     launch = [PYTHON, "-m", "launcher", "launch", "--detach", "--ssh-config", str(config), "--known-hosts", str(known),
               "--workers", "h1:2222,h2:2222", "--run-id", run_id, "--no-check", "--grace-period", "2", "--",
               PYTHON, "-c", program]

@@ -5,34 +5,26 @@ worker blocked in Python. Apart from test_netns.py so that two test processes sh
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import socket
-import subprocess
 
 import pytest
 
+import lab_mgpu
 import needs
 from launching import REPO
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_netns import mgpu
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 
 
 @pytest.mark.slow
 def test_two_hosts_run_the_trainer_on_the_same_port(netns, tmp_path):
-    lab, known, config, _ = netns
     run_id = unique_run_id("netns")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    done = subprocess.run(
-        [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
-         "--known-hosts", str(known), "--python", PYTHON, "--workdir", str(tmp_path), "--run-id", run_id,
-         "--env", f"PYTHONPATH={REPO}", "--start-timeout", "120",
-         "--", "--model", "small", "--dataset", "synthetic", "--threads", "1", "--train-steps", "5", "--log-every", "1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )
+    done = lab_mgpu.run(tmp_path, "launch", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(netns), "--python",
+                        PYTHON, "--workdir", str(tmp_path), "--run-id", run_id, "--env", f"PYTHONPATH={REPO}",
+                        "--start-timeout", "120", "--", "--model", "small", "--dataset", "synthetic", "--threads", "1",
+                        "--train-steps", "5", "--log-every", "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # No warning, but for the speed probe's naming a host slow: both share this machine's busy cores.
     assert "checked 2 host(s)" in done.stderr
@@ -69,9 +61,9 @@ def _torch_on_two_hosts(netns, tmp_path, *options):
     run_id = unique_run_id("netns-torch")
     program = str(REPO / "tests" / "programs" / "torch_ddp.py")
     shown = 'echo "interfaces: $NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"; exec "$0" "$@"'
-    done = mgpu(netns, tmp_path, "launch", "--workers", "h1:2222,h2:2222", *options, "--workdir", str(tmp_path),
-                "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--",
-                "sh", "-c", shown, PYTHON, program, "1")
+    done = lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222", *options,
+                        "--workdir", str(tmp_path), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--", "sh",
+                        "-c", shown, PYTHON, program, "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for index in (0, 1):
         log = (tmp_path / "runs" / run_id / f"worker-{index}.log").read_text()
@@ -103,9 +95,9 @@ def _lightning_on_two_hosts(netns, tmp_path, hosts, devices):
     needs.require("lightning")
     run_id = unique_run_id("netns-lightning")
     program = str(REPO / "tests" / "programs" / "lightning_ddp.py")
-    done = mgpu(netns, tmp_path, "launch", "--hosts", hosts, "--workdir", str(tmp_path), "--run-id", run_id,
-                "--log-dir", str(tmp_path / "runs"), "--start-timeout", "200", "--",
-                PYTHON, program, str(devices), "2", timeout=300)
+    done = lab_mgpu.run(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--hosts", hosts, "--workdir", str(tmp_path),
+                        "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--start-timeout", "200", "--", PYTHON,
+                        program, str(devices), "2", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     world = 2 * devices
     found = {}
@@ -132,22 +124,16 @@ def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
     """Keras 3 on the JAX backend across two hosts: h2 reaches the coordinator on h1:2222, and gloo
     connects the hosts. Gloo listens on the address the host's own name resolves to, so each host's
     hosts file names it, as a real host's must (docs/frameworks.md, Keras 3 programs)."""
-    lab, known, config, _ = netns
+    lab, *_ = netns
     hosts_files = {pathlib.Path(f"/etc/netns/{ns}/hosts"): name for name, ns in lab.namespaces.items()}
     originals = {path: path.read_text() for path in hosts_files}
     run_id = unique_run_id("netns-jax")
-    env = {**os.environ}
-    env.pop("SSH_AUTH_SOCK", None)
     try:
         for path, name in hosts_files.items():  # rewritten in place: the namespaces' mounts see it
             path.write_text(originals[path] + f"{lab.hosts[name]} {socket.gethostname()}\n")
-        done = subprocess.run(
-            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
-             "--known-hosts", str(known), "--workdir", str(tmp_path), "--run-id", run_id,
-             "--log-dir", str(tmp_path / "runs"), "--", PYTHON, str(REPO / "examples" / "keras_jax_fit.py"),
-             "--epochs", "1"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-        )
+        done = lab_mgpu.run(REPO, "launch", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(netns), "--workdir",
+                            str(tmp_path), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"), "--", PYTHON,
+                            str(REPO / "examples" / "keras_jax_fit.py"), "--epochs", "1")
     finally:
         for path, text in originals.items():
             path.write_text(text)
@@ -165,18 +151,12 @@ def test_two_hosts_run_the_keras_jax_example(netns, tmp_path):
 @pytest.mark.timeout(300)
 def test_a_remote_worker_blocked_in_python_is_named_with_its_stack(netns, tmp_path):
     needs.require("tensorflow")
-    lab, known, config, _ = netns
     run_id = unique_run_id("netns-stall")
-    env = {**os.environ}
-    env.pop("SSH_AUTH_SOCK", None)
     # TensorFlow's silent start uses CPU, which counts as progress over SSH too: a short timeout will do.
-    done = subprocess.run(
-        [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config),
-         "--known-hosts", str(known), "--workdir", str(tmp_path), "--run-id", run_id, "--no-check",
-         "--log-dir", str(tmp_path / "runs"), "--stall-timeout", "10", "--grace-period", "2",
-         "--threads-per-task", "1", "--", PYTHON, str(REPO / "tests" / "programs" / "mwms_stuck.py"), "1", "3"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )
+    done = lab_mgpu.run(REPO, "launch", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(netns), "--workdir",
+                        str(tmp_path), "--run-id", run_id, "--no-check", "--log-dir", str(tmp_path / "runs"),
+                        "--stall-timeout", "10", "--grace-period", "2", "--threads-per-task", "1", "--", PYTHON,
+                        str(REPO / "tests" / "programs" / "mwms_stuck.py"), "1", "3")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert lines[0].startswith("mgpu: error: stall: no training task made progress for "), done.stderr

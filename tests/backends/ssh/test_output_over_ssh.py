@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+import lab_mgpu
 from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, unique_run_id
-from test_launch_over_ssh import mgpu, ssh_args
+from test_launch_over_ssh import ssh_args
 
 pytestmark = pytest.mark.ssh
 
@@ -31,8 +32,8 @@ def expected_log() -> bytes:
 def test_hostile_and_long_lines_reach_the_logs_over_ssh(ssh_lab, tmp_path):
     run_id = unique_run_id("hostile")
     port_a, port_b = pick_free_ports(2)
-    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
-                "--run-id", run_id, "--grace-period", "3", "--no-check", "--", PYTHON, "-c", PROGRAM)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
+                          "--run-id", run_id, "--grace-period", "3", "--no-check", "--", PYTHON, "-c", PROGRAM)
     try:
         out, err = proc.communicate(timeout=120)
     finally:

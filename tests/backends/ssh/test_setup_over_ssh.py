@@ -10,10 +10,11 @@ import signal
 import psutil
 import pytest
 
+import lab_mgpu
 from launcher.host.ports import pick_free_ports
 from launching import wait_for
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_launch_over_ssh import mgpu, ssh_args
+from test_launch_over_ssh import ssh_args
 
 pytestmark = pytest.mark.ssh
 
@@ -49,7 +50,7 @@ def child_file(tmp_path):
 def test_a_remote_setup_leaves_no_setsid_child(ssh_lab, tmp_path, child_file, outcome):
     run_id = unique_run_id("setup-child")
     setup = SETSID_CHILD + ("; exit 3" if outcome == "fails" else "")
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, tmp_path, run_id, setup))
+    proc = lab_mgpu.start(tmp_path, *launch_args(ssh_lab, tmp_path, run_id, setup))
     try:
         _, err = proc.communicate(timeout=120)
     finally:
@@ -66,7 +67,7 @@ def test_a_remote_setup_leaves_no_setsid_child(ssh_lab, tmp_path, child_file, ou
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_mgpu_stops_a_remote_setup_and_its_setsid_child(ssh_lab, tmp_path, child_file, signum):
     run_id = unique_run_id("setup-signal")
-    proc = mgpu(ssh_lab, tmp_path, *launch_args(ssh_lab, tmp_path, run_id, SETSID_CHILD + "; exec sleep 1000"))
+    proc = lab_mgpu.start(tmp_path, *launch_args(ssh_lab, tmp_path, run_id, SETSID_CHILD + "; exec sleep 1000"))
     try:
         wait_for(lambda: running(child_file) or proc.poll() is not None, 60, "the setup's child")
         proc.send_signal(signum)

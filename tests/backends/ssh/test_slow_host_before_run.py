@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 
 import pytest
 
+import lab_mgpu
 from cpu_limits import cpu_quota, cpu_weight
-from launching import REPO
 from ssh_helpers import PYTHON, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(300)]
@@ -37,18 +36,13 @@ def hosts_with_cores(lab_of_three, slow: tuple[str, ...] = ()):
         yield
 
 
-def mgpu(lab_of_three, tmp_path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    _, known, config, *_ = lab_of_three
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    command, *rest = args
-    return subprocess.run([PYTHON, "-m", "launcher", command, "--ssh-config", str(config), "--known-hosts", str(known),
-                           "--connect-timeout", "30", *rest],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+def mgpu_on_lab(lab_of_three, tmp_path, command: str, *args: str) -> subprocess.CompletedProcess:
+    """`mgpu COMMAND` on the lab's hosts; a login may wait on a host held to a fraction of a core."""
+    return lab_mgpu.run(tmp_path, command, *lab_mgpu.ssh_files(lab_of_three), "--connect-timeout", "30", *args)
 
 
 def check(lab_of_three, tmp_path, workers: str) -> tuple[dict, str]:
-    done = mgpu(lab_of_three, tmp_path, "check", "--workers", workers, "--json", "--", PYTHON, "-c", "pass")
+    done = mgpu_on_lab(lab_of_three, tmp_path, "check", "--workers", workers, "--json", "--", PYTHON, "-c", "pass")
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout), done.stderr
 
@@ -81,7 +75,7 @@ def launch(lab_of_three, tmp_path, *args: str) -> tuple[subprocess.CompletedProc
     """`mgpu launch ARGS` on h1 and h2 with h2 held to QUOTA of a core: (what it printed, run.json, the namespace of worker:1)."""
     run_id = unique_run_id("slow")
     with hosts_with_cores(lab_of_three, slow=("h2",)):
-        done = mgpu(lab_of_three, tmp_path, "launch", "--workers", "h1:2222,h2:2222", *args, "--workdir",
+        done = mgpu_on_lab(lab_of_three, tmp_path, "launch", "--workers", "h1:2222,h2:2222", *args, "--workdir",
                     str(tmp_path), "--run-id", run_id, "--start-timeout", "120", "--", PYTHON, "-c", WHERE)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     folder = tmp_path / "mgpu-runs" / run_id

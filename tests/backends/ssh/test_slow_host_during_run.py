@@ -23,6 +23,7 @@ import time
 import pytest
 
 import cpu_limits
+import lab_mgpu
 import needs
 from launching import REPO, wait_for, wait_for_line
 from ssh_helpers import PYTHON, unique_run_id
@@ -39,20 +40,14 @@ SLOW_WINDOW = "8"  # shorter than the default (four of the supervisor's samples)
 @contextlib.contextmanager
 def launched(netns, tmp_path: pathlib.Path):
     """`mgpu launch` of the DDP job on h1 and h2, its console in a file: (process, console, hold file)."""
-    _, known, config, _ = netns
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
     console = tmp_path / "console.txt"
     hold = tmp_path / "hold"
     run_id = unique_run_id("slow-host")
     with open(console, "w") as out:
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "launcher", "launch", "--ssh-config", str(config), "--known-hosts", str(known),
-             "--workers", "h1:2222,h2:2222", "--workdir", str(tmp_path), "--run-id", run_id,
-             "--log-dir", str(tmp_path / "runs"), "--stall-timeout", STALL_TIMEOUT, "--start-timeout", "240",
-             "--slow-window", SLOW_WINDOW,
-             "--", PYTHON, PROGRAM, str(hold), WORK],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = lab_mgpu.start(tmp_path, "launch", *lab_mgpu.ssh_files(netns), "--workers", "h1:2222,h2:2222",
+                              "--workdir", str(tmp_path), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
+                              "--stall-timeout", STALL_TIMEOUT, "--start-timeout", "240", "--slow-window", SLOW_WINDOW,
+                              "--", PYTHON, PROGRAM, str(hold), WORK, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         yield proc, console, hold
         hold.touch()

@@ -8,93 +8,46 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 
 import pytest
 
-from launching import finish, start_mgpu, wait_for
-from launching import REPO
-from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, start_sshd, unique_run_id
+import lab_mgpu
+from launching import REPO, finish, run_mgpu, wait_for
+from launcher.host.quarantine_file import QuarantineFile
+from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 
-# Each worker listens on its TF_CONFIG port (how mgpu knows it joined) and reaches its peer at the
-# address TF_CONFIG gives, then steps in lockstep with
-# the other through files in a shared folder (as a collective would: a worker whose peer is gone
-# waits), worker 0 checkpointing the step; a restart resumes from the checkpoint.
-PROGRAM = r"""
-import json, os, pathlib, socket, sys, time
-folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-tf = json.loads(os.environ["TF_CONFIG"])
-index, attempt = tf["task"]["index"], os.environ["MGPU_ATTEMPT"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(tf["cluster"]["worker"][index].rsplit(":", 1)[1])))
-server.listen()
-# Dial the peer where TF_CONFIG says it is (60 s at most), as a collective would: a plan not made
-# again for a spare sends this to the lost host.
-address = tf["cluster"]["worker"][1 - index]
-deadline = time.monotonic() + 60
-while True:
-    try:
-        socket.create_connection((address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])), timeout=2).close()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit(4)
-        time.sleep(0.1)
-checkpoint = folder / "step"
-start = int(checkpoint.read_text()) if checkpoint.exists() else 0
-print(f"start step {start}", flush=True)
-mine, peer = folder / f"a{attempt}-w{index}", folder / f"a{attempt}-w{1 - index}"
-for step in range(start + 1, total + 1):
-    for _ in range(1200):  # the peer's step before this one, 120 s at most
-        if peer.exists() and int(peer.read_text() or 0) >= step - 1 or step == start + 1:
-            break
-        time.sleep(0.1)
-    else:
-        sys.exit(3)
-    time.sleep(0.05)
-    if index == 0:
-        (folder / "step.tmp").write_text(str(step))
-        (folder / "step.tmp").replace(checkpoint)
-    tmp = mine.with_suffix(".tmp")
-    tmp.write_text(str(step))
-    tmp.replace(mine)
-    print(f"MGPU_PROGRESS {step}/{total}", flush=True)
-print("done", flush=True)
-"""
+# The workers step in lockstep, worker 0 checkpointing; in the first attempt they wait after step
+# HOLD_AT, where the test loses h2, and a restart resumes from that step's checkpoint.
+PROGRAM = str(REPO / "tests" / "programs" / "lockstep.py")
+TOTAL, HOLD_AT = "8", 5
 
 
 @pytest.fixture
 def three_hosts(lab_of_three):
-    """The lab, with h2 brought back after the test (its link up, a new sshd with the same host key)."""
-    lab, known, config, servers, directory, ssh_lab = lab_of_three
-    yield lab, known, config
-    ip("-n", lab.namespaces["h2"], "link", "set", "eth0", "up")
-    if servers["h2"].proc.poll() is not None:
-        servers["h2"] = start_sshd(directory, "h2", ssh_lab.authorized_keys, address=lab.hosts["h2"], port=22,
-                                   netns=lab.namespaces["h2"])
+    """The lab, with h2 brought back after the test."""
+    yield lab_of_three.lab, lab_of_three.known, lab_of_three.config
+    lab_of_three.bring_back(["h2"])
 
 
 def run_losing_h2(three_hosts, tmp_path, *spares: str):
-    """Launch on h1 and h2, lose h2 once the checkpoint is past step 10; (exit code, output, run.json)."""
+    """Launch on h1 and h2, lose h2 once the workers wait after step HOLD_AT; (exit code, output, run.json,
+    run folder). Each event's notice (--notify) is a line of tmp_path / "events"."""
     lab, known, config = three_hosts
     run_id = unique_run_id("spare")
     folder = tmp_path / "shared"
     folder.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
-                      "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
-                      "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
-                      "--run-id", run_id, "--", PYTHON, "-c", PROGRAM, str(folder), "40",
-                      cwd=tmp_path, env=env)
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", "h1:2222,h2:2222", *spares, "--max-restarts", "2",
+                          "--ssh-config", str(config), "--known-hosts", str(known), "--keepalive", "1",
+                          "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path), "--run-id",
+                          run_id, "--notify", f"printf '%s\\n' \"$MGPU_EVENT\" >> {tmp_path / 'events'}",
+                          "--", PYTHON, PROGRAM, str(folder), TOTAL, str(HOLD_AT), stderr=subprocess.STDOUT, text=True)
     try:
         checkpoint = folder / "step"
-        wait_for(lambda: checkpoint.exists() and int(checkpoint.read_text() or 0) >= 10 or proc.poll() is not None,
-                 120, "step 10")
+        wait_for(lambda: checkpoint.exists() and checkpoint.read_text() == str(HOLD_AT) or proc.poll() is not None,
+                 120, f"step {HOLD_AT}")
         lose(lab, "h2")
         code, out = finish(proc, 180)
     finally:
@@ -105,6 +58,10 @@ def run_losing_h2(three_hosts, tmp_path, *spares: str):
     return code, out, record, tmp_path / "mgpu-runs" / run_id
 
 
+def notices(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
+
+
 def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_path):
     code, out, record, run_dir = run_losing_h2(three_hosts, tmp_path, "--spare-hosts", "h3")
     assert code == 0, out[-4000:]
@@ -113,12 +70,21 @@ def test_a_spare_takes_the_lost_hosts_task_and_the_run_resumes(three_hosts, tmp_
     assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
     assert [(c["host"], c["cause"], c["replaced_by"]) for c in record["costs"]["left_out"]] == [
         ("h2", "host-lost", "h3 took worker:1")]
-    # The second attempt resumed from the checkpoint, past step 0.
+    # The second attempt resumed from the checkpoint of the step the first one reached.
     resumed = [line for line in (run_dir / "worker-1.log").read_text().splitlines() if line.startswith("start step")]
-    assert len(resumed) == 2 and int(resumed[1].split()[-1]) >= 10, resumed
+    assert resumed == ["start step 0", f"start step {HOLD_AT}"], resumed
     closing = out.splitlines()[-1]
     assert closing.startswith("[mgpu] done: 2 tasks succeeded in ") and "; 1 restart (h2 lost at " in closing, closing
     assert "h3 took worker:1)" in closing, closing
+    # h2 is remembered: the next launch on it gives its task to the spare before the start.
+    (held,) = QuarantineFile().entries()
+    assert (held.host, held.cause, held.run_id) == ("h2", "host-lost", record["run_id"]), held
+    assert f"quarantined h2 for 1d ({QuarantineFile().path}; " in out, out[-4000:]
+    again = run_mgpu("launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--ssh-config",
+                     str(three_hosts[2]), "--dry-run", "--json")
+    assert [task["host"] for task in json.loads(again.stdout)["tasks"]] == ["h1", "h3"], again.stderr
+    assert again.stderr.startswith("mgpu: warning: h2 is quarantined (host-lost in run "), again.stderr
+    assert [(e["host"], e["spare"]) for e in notices(tmp_path) if e["event"] == "host-left-out"] == [("h2", "h3")]
 
 
 def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_command(three_hosts, tmp_path):
@@ -130,24 +96,28 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
     assert report[1].startswith("  mgpu launch --workers h1:2222 --max-restarts 2 "), report
     assert "--run-id" not in report[1]
     assert [a["cause"] for a in record["attempts"]] == ["host-lost"]
+    assert [held.host for held in QuarantineFile().entries()] == ["h2"]
+    assert [(e["host"], e["spare"]) for e in notices(tmp_path) if e["event"] == "host-left-out"] == [("h2", None)]
+    assert notices(tmp_path)[-1]["status"] == "failed"
+    assert record["costs"]["restarts"] == 0  # it stopped there: no restart was made
 
 
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     lab, known, config = three_hosts
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    args = ["check", "--workers", "h1:2222,h2:2222", "--ssh-config", str(config), "--known-hosts", str(known),
-            "--connect-timeout", "6", "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
-    done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    args = ["check", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(three_hosts), "--connect-timeout", "6",
+            "--spare-hosts", "h3", "--", PYTHON, "-c", "pass"]
+    done = lab_mgpu.run(tmp_path, *args, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()} >= {"h1", "h2", "h3"}, done.stdout
-    ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "down")  # a spare that cannot be reached fails the check
+    # A spare that cannot be reached fails the check. Its sshd's port refuses: the check does not
+    # wait out its --connect-timeout, as it would for a host whose link is down.
+    refuse = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    iptables = ["ip", "netns", "exec", lab.namespaces["h3"], "iptables"]
+    subprocess.run([*iptables, "-A", *refuse], check=True)
     try:
-        done = subprocess.run([PYTHON, "-m", "launcher", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = lab_mgpu.run(tmp_path, *args, timeout=120)
     finally:
-        ip("-n", lab.namespaces["h3"], "link", "set", "eth0", "up")
+        subprocess.run([*iptables, "-D", *refuse], check=True)
     assert done.returncode == 1 and "h3" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
@@ -220,13 +190,10 @@ def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tm
     iptables = ["ip", "netns", "exec", lab.namespaces["h2"], "iptables"]
     subprocess.run([*iptables, "-A", *rule], check=True)
     try:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.pop("SSH_AUTH_SOCK", None)
         run_id = unique_run_id("network")
-        done = subprocess.run(
-            [PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
-             "--ssh-config", str(config), "--known-hosts", str(known), "--grace-period", "2", "--run-id", run_id,
-             "--", PYTHON, "-c", DIAL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        done = lab_mgpu.run(tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--no-check", "--max-restarts", "1",
+                            *lab_mgpu.ssh_files(three_hosts), "--grace-period", "2", "--run-id", run_id, "--", PYTHON,
+                            "-c", DIAL, timeout=120)
     finally:
         subprocess.run([*iptables, "-D", *rule], check=True)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -236,3 +203,54 @@ def test_a_peer_that_cannot_be_reached_is_charged_to_the_network(three_hosts, tm
         "network", "worker:1", "h2", "h1 cannot reach h2"), first
     assert "mgpu: error: h2 left out (network: h1 cannot reach h2) and no spare host to take worker:1" in done.stderr
     assert not run_processes(run_id)
+
+
+def launch_with_health_check(three_hosts, tmp_path, check: str, program: str) -> tuple[int, str, dict]:
+    """Launch a short program on h1 and h2 with h3 as a spare and this health check; (exit code,
+    output, run.json)."""
+    lab, known, config = three_hosts
+    run_id = unique_run_id("health")
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3", "--max-restarts",
+                          "1", "--ssh-config", str(config), "--known-hosts", str(known), "--connect-timeout", "6",
+                          "--grace-period", "1", "--workdir", str(tmp_path), "--run-id", run_id,
+                          "--health-check", check, "--", PYTHON, "-c", program, stderr=subprocess.STDOUT, text=True)
+    try:
+        code, out = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return code, out, json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+
+
+def failing_on_h2(lab: Netns, marker) -> str:
+    """A health check that fails on h2 (told by the address its SSH session reached) once `marker` exists."""
+    return (f'case "$SSH_CONNECTION" in *" {lab.hosts["h2"]} "*) test -e {marker} && '
+            f'{{ echo checking; echo "GPU 1: NCCL all-reduce 0.3 GB/s" >&2; exit 3; }};; esac; true')
+
+
+def test_a_host_that_fails_its_health_check_before_the_start_gives_its_tasks_to_a_spare(three_hosts, tmp_path):
+    (tmp_path / "sick").touch()
+    code, out, record = launch_with_health_check(three_hosts, tmp_path, failing_on_h2(three_hosts[0], tmp_path / "sick"),
+                                                 "pass")
+    assert code == 0, out[-4000:]
+    assert "mgpu: left out h2: its health check failed (the health check exited with code 3: GPU 1: NCCL " \
+           "all-reduce 0.3 GB/s); spare host h3 takes its tasks" in out, out[-4000:]
+    (attempt,) = record["attempts"]
+    assert {name: task["host"] for name, task in attempt["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert [(held.host, held.cause) for held in QuarantineFile().entries()] == [("h2", "health-check")]
+
+
+def test_after_a_failed_attempt_a_host_that_fails_its_health_check_is_left_out(three_hosts, tmp_path):
+    """The first attempt fails and makes h2 sick: the health check before the restart leaves it out."""
+    sick = tmp_path / "sick"
+    program = (f"import os, pathlib, sys\nif os.environ['MGPU_ATTEMPT'] == '0':\n"
+               f"    pathlib.Path({str(sick)!r}).touch()\n    sys.exit(1)\n")
+    code, out, record = launch_with_health_check(three_hosts, tmp_path, failing_on_h2(three_hosts[0], sick), program)
+    assert code == 0, out[-4000:]
+    first, second = record["attempts"]
+    assert first["cause"] == "program-error", first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert "h2 left out for the rest of the run (health-check: the health check exited with code 3: GPU 1: NCCL " \
+           "all-reduce 0.3 GB/s); h3 took worker:1" in out, out[-4000:]
+    assert "restarting all tasks without h2 (restart 1 of 1)" in out
+    assert [(held.host, held.cause) for held in QuarantineFile().entries()] == [("h2", "health-check")]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+import lab_mgpu
 import needs
 from launching import REPO, wait_for
 from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_launch_over_ssh import mgpu, ssh_args
+from test_launch_over_ssh import ssh_args
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 
@@ -21,13 +22,13 @@ def test_stacks_of_remote_tasks_are_read_on_their_hosts_and_the_run_then_succeed
     run_id = unique_run_id("stacks")
     go, runs = tmp_path / "go", tmp_path / "runs"
     port_a, port_b = pick_free_ports(2)
-    proc = mgpu(ssh_lab, tmp_path, "launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
-                "--run-id", run_id, "--log-dir", str(runs), "--grace-period", "2", "--no-check", "--",
-                PYTHON, str(WAITS_FOR_GO), str(go))
+    proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port_a},sshd-b:{port_b}", *ssh_args(ssh_lab),
+                          "--run-id", run_id, "--log-dir", str(runs), "--grace-period", "2", "--no-check", "--", PYTHON,
+                          str(WAITS_FOR_GO), str(go))
     try:
         logs = [runs / run_id / f"worker-{i}.log" for i in range(2)]
         wait_for(lambda: all(log.exists() and "waiting" in log.read_text() for log in logs), 60, "both tasks waiting")
-        asked = mgpu(ssh_lab, tmp_path, "stacks", run_id, "--log-dir", str(runs), text=True)
+        asked = lab_mgpu.start(tmp_path, "stacks", run_id, "--log-dir", str(runs), text=True)
         out, err = asked.communicate(timeout=100)
         assert asked.returncode == 0, err
         for index, host in enumerate(("sshd-a", "sshd-b")):

@@ -8,11 +8,10 @@ import json
 import os
 import pathlib
 import stat
-import subprocess
 
 import pytest
 
-from launching import REPO
+import lab_mgpu
 from ssh_helpers import PYTHON, run_processes, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
@@ -23,13 +22,10 @@ NETNS_PRIVATE_DIR = f"/tmp/mgpu-private-{os.getpid()}"
 TRAIN = 'VERSION = "v1"\nimport os\nprint(VERSION, open("data/a.txt").read().strip(), os.getcwd(), flush=True)\n'
 
 
-def mgpu(netns, cwd, *args, timeout=120):
-    _, known, config, _ = netns
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.run([PYTHON, "-m", "launcher", "launch", "--workers", "h1:2222,h2:2222", "--ssh-config",
-                           str(config), "--known-hosts", str(known), *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def launch_on_both(netns, cwd, *args: str, timeout: float = 120):
+    """`mgpu launch` on h1 and h2 of the lab, to its end."""
+    return lab_mgpu.run(cwd, "launch", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(netns), *args,
+                        timeout=timeout)
 
 
 def make_project(root: pathlib.Path) -> pathlib.Path:
@@ -55,8 +51,8 @@ def test_a_project_is_synced_to_hosts_that_share_nothing_and_runs_there(netns, t
     project = make_project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/first"
     run_id = unique_run_id("sync")
-    done = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--run-id", run_id,
-                "--", PYTHON, "train.py")
+    done = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--run-id", run_id, "--",
+                          PYTHON, "train.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in ("h1", "h2"):
         assert f"mgpu: sync {name}:{workdir}: 6 file(s) copied" in done.stderr, done.stderr
@@ -78,11 +74,13 @@ def test_a_project_is_synced_to_hosts_that_share_nothing_and_runs_there(netns, t
 def test_a_changed_file_is_the_only_one_copied_and_a_deleted_one_goes(netns, tmp_path):
     project = make_project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/second"
-    first = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON, "train.py")
+    first = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON,
+                           "train.py")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     (project / "train.py").write_text(TRAIN.replace("v1", "v2"))
     (project / "data" / "old.txt").unlink()
-    second = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON, "train.py")
+    second = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON,
+                            "train.py")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     for name in ("h1", "h2"):
         assert f"mgpu: sync {name}:{workdir}: 1 file(s) copied ({len(TRAIN)} B), 1 removed, 4 unchanged" \
@@ -102,11 +100,10 @@ def test_a_failing_setup_names_its_host_and_starts_nothing(netns, tmp_path):
     marker.write_text("")
     try:
         run_id = unique_run_id("setup")
-        done = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--run-id", run_id, "--no-check",
-                    "--env", "GREETING=hello",
-                    "--setup", f'echo "$GREETING from $(pwd) ${{TF_CONFIG:-no TF_CONFIG}}"; '
-                               f'[ -e {NETNS_PRIVATE_DIR}/broken ] && {{ echo "no compiler here" >&2; exit 3; }}; true',
-                    "--", PYTHON, "-c", "open('started', 'w')")
+        done = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--run-id", run_id,
+                              "--no-check", "--env", "GREETING=hello", "--setup",
+                              f'echo "$GREETING from $(pwd) ${{TF_CONFIG:-no TF_CONFIG}}"; '                                f'[ -e {NETNS_PRIVATE_DIR}/broken ] && {{ echo "no compiler here" >&2; exit 3; }}; true',
+                              "--", PYTHON, "-c", "open('started', 'w')")
     finally:
         marker.unlink()
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]

@@ -12,7 +12,8 @@ import stat
 
 import pytest
 
-from test_sync import make_project, mgpu
+import lab_mgpu
+from test_sync import launch_on_both, make_project
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 
@@ -38,8 +39,8 @@ def project(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def launch(netns, tmp_path, folder, workdir, *extra):
-    return mgpu(netns, tmp_path, "--sync", str(folder), "--workdir", workdir, "--no-check", *extra,
-                "--", "python3", "main.py")
+    return launch_on_both(netns, tmp_path, "--sync", str(folder), "--workdir", workdir, "--no-check", *extra, "--",
+                          "python3", "main.py")
 
 
 def test_a_manifest_path_outside_the_folder_removes_nothing_there(netns, hosts, tmp_path):
@@ -194,9 +195,6 @@ def test_a_host_without_tar_gets_each_file_over_sftp_and_nothing_through_a_link(
     """A host whose sessions find no tar: the files go one at a time over SFTP, by the same rules."""
     from test_launch_over_ssh import forced_host
 
-    from launching import REPO
-    from ssh_helpers import PYTHON
-
     no_tar = tmp_path / "bin"
     no_tar.mkdir()
     for tool in pathlib.Path("/usr/bin").iterdir():
@@ -210,13 +208,9 @@ def test_a_host_without_tar_gets_each_file_over_sftp_and_nothing_through_a_link(
     with forced_host(ssh_lab, tmp_path, "notar", f'export PATH={no_tar}; eval "$SSH_ORIGINAL_COMMAND"') as (known,
                                                                                                         config):
         def sync():
-            env = {**os.environ, "PYTHONPATH": str(REPO)}
-            env.pop("SSH_AUTH_SOCK", None)
-            import subprocess
-            return subprocess.run([PYTHON, "-m", "launcher", "launch", "--workers", "notar:2222", "--ssh-config",
-                                   str(config), "--known-hosts", str(known), "--sync", str(folder), "--workdir",
-                                   str(workdir), "--no-check", "--", "/bin/true"],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            return lab_mgpu.run(tmp_path, "launch", "--workers", "notar:2222", "--ssh-config", str(config),
+                                "--known-hosts", str(known), "--sync", str(folder), "--workdir", str(workdir),
+                                "--no-check", "--", "/bin/true", timeout=120)
 
         first = sync()
         assert first.returncode == 0, first.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 from launcher.config.sync import DEFAULT_SYNC_MAX_BYTES
 from launcher.intake.sync_folder import read_synced_folder
 from ssh_helpers import PYTHON, unique_run_id
-from test_sync import make_project, mgpu
+from test_sync import launch_on_both, make_project
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 
@@ -37,11 +37,13 @@ def test_each_task_gets_the_digest_of_the_files_it_runs_and_a_change_changes_it(
     project = make_project(tmp_path)
     (project / "digest.py").write_text(DIGEST)
     workdir = f"{NETNS_PRIVATE_DIR}/digest"
-    first = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON, "digest.py")
+    first = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON,
+                           "digest.py")
     assert first.returncode == 0, first.stderr[-3000:]
     assert digests(first) == {read_synced_folder(str(project), DEFAULT_SYNC_MAX_BYTES).digest}
     (project / "data" / "a.txt").write_text("data-b")
-    second = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON, "digest.py")
+    second = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON,
+                            "digest.py")
     assert second.returncode == 0, second.stderr[-3000:]
     now = read_synced_folder(str(project), DEFAULT_SYNC_MAX_BYTES).digest
     assert digests(second) == {now} and digests(first) != digests(second)
@@ -53,11 +55,13 @@ def test_a_mode_is_fixed_in_place_and_the_files_a_run_wrote_are_left_alone(netns
     project = make_project(tmp_path)
     (project / "digest.py").write_text(DIGEST)
     workdir = f"{NETNS_PRIVATE_DIR}/modes"
-    first = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON, "digest.py")
+    first = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", PYTHON,
+                           "digest.py")
     assert first.returncode == 0, first.stderr[-3000:]
     inode = {name: on_host(netns, name, f"{workdir}/run.sh").stat().st_ino for name in ("h1", "h2")}
     (project / "run.sh").chmod(0o700)
-    second = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--", "/bin/true")
+    second = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--",
+                            "/bin/true")
     assert second.returncode == 0, second.stderr[-3000:]
     for name in ("h1", "h2"):
         assert f"mgpu: sync {name}:{workdir}: 0 file(s) copied (0 B), 0 removed, 7 unchanged" in second.stderr
@@ -84,8 +88,8 @@ def test_a_file_that_changes_while_it_is_copied_stops_the_launch(netns, tmp_path
     run_id = unique_run_id("changing")
     writer.start()
     try:
-        done = mgpu(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--run-id", run_id,
-                    "--sync-max-size", "4G", "--", PYTHON, "-c", "open('started', 'w')")
+        done = launch_on_both(netns, tmp_path, "--sync", str(project), "--workdir", workdir, "--no-check", "--run-id",
+                              run_id, "--sync-max-size", "4G", "--", PYTHON, "-c", "open('started', 'w')")
     finally:
         stop.set()
         writer.join(10)

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from lost_hosts import five_hosts, lab_of_five, run_losing  # noqa: F401 - fixtures
+from lost_hosts import five_hosts, run_losing  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(300)]
 
