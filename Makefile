@@ -8,6 +8,7 @@
 # make bench-accuracy  train on real Fashion-MNIST (DATA_DIR) with 1 and 2 workers
 # make bench-links  2 hosts in network namespaces over shaped links (root; LINKS=unshaped,10gbit,1gbit)
 # make bench-startup  check and launch against hosts in network namespaces with sshd (root; HOSTS=2,4,8,16,32)
+# make bench-soak  one run over hosts in network namespaces under a seeded schedule of faults (root; SEED=55)
 # make docs   render docs/performance.md from benchmarks/results/ and build the site into site/
 
 PYTHON ?= python3
@@ -24,7 +25,7 @@ FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3
 # mgpu's own requirements and the test tools, no framework: what `pytest -m fast` must pass with.
 FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
-.PHONY: test-durations venv bench-venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-accuracy docs clean
+.PHONY: test-durations venv bench-venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-soak bench-accuracy docs clean
 
 # Re-installs whenever the package metadata changes. Not the bench extra (matplotlib): the tests
 # plot nothing, and where matplotlib is installed, `import tensorflow` and `import keras` load it
@@ -91,6 +92,9 @@ bench-links: bench-venv
 
 bench-startup: bench-venv
 	$(PY) benchmarks/startup.py $(if $(HOSTS),--hosts $(HOSTS))
+
+bench-soak: bench-venv
+	$(PY) benchmarks/soak.py $(if $(SEED),--seed $(SEED))
 
 bench-accuracy: bench-venv
 	$(PY) benchmarks/accuracy.py --data-dir $(DATA_DIR)

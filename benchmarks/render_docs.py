@@ -205,10 +205,38 @@ its checks pays the login, one session (the probe's, then the task's), two Pytho
 real hosts each host pays its own share in parallel;""".splitlines()
 
 
+def _cell(value, unit: str = " s") -> str:
+    return "-" if value is None else f"{value:g}{unit}"
+
+
+def _soak(data: dict) -> list[str]:
+    faults = data["faults"]
+    lines = ["", f"## Soak under mixed faults (`benchmarks/soak.py`, {data['date']})", "", data["machine"], "",
+             f"One run of PyTorch DDP (gloo, a checkpoint every 20 steps, {data['steps']} steps) over SSH on "
+             f"{data['workers']} hosts with {data['spares']} spares, each a network namespace of this machine with its "
+             f"own sshd; faults from seed {data['seed']}, `--stall-timeout {data['stall_timeout_s']:g}`, cut links "
+             f"down for {data['cut_s']:g} s. Detected: from the fault to the end of the attempt it hit; first new "
+             "step: from the fault to the next attempt's first step.", "",
+             "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
+    for fault in faults:
+        charged = fault.get("charged") or {}
+        said = f"{charged.get('cause')} ({charged.get('task')} on {charged.get('host')})" if charged else "-"
+        right = {True: "yes", False: "no"}.get(fault.get("right"), "-")
+        lines.append(f"| {fault['kind']} | {fault['task']} ({fault['host']}) | {said} | {right} | "
+                     f"{_cell(fault.get('detected_s'))} | {_cell(fault.get('first_step_s'))} |")
+    lines += ["", f"Charged right: {data['charged_right']} of {len(faults)}; exit code {data['exit_code']} "
+              f"({data['status']}) after {data['wall_s']:g} s; {data['restarts']} restarts, "
+              f"{_cell(None if data.get('time_lost_s') is None else round(data['time_lost_s']))} lost, goodput {data['goodput']}; equal weights on every rank: "
+              f"{'yes' if data['equal_weights'] else 'no'}; processes of the run left: {data['processes_left']}.", ""]
+    if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "soak.png").exists():
+        lines += ["![Detection and time to the first new step per fault](soak.png)", ""]
+    return lines
+
+
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),
             ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
             ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")),
-            ("startup.json", _startup))
+            ("startup.json", _startup), ("soak.json", _soak))
 
 
 def render() -> str:

@@ -93,6 +93,11 @@ class TaskProcess(abc.ABC):
         backend cannot tell (yet). What tells a task that computes from one that waits."""
         return None
 
+    def stopped(self) -> bool | None:
+        """Whether a process of the task is stopped (SIGSTOP, or held by a debugger): it runs no
+        more until continued. None when this backend cannot tell (yet)."""
+        return None
+
     def lost(self) -> str | None:
         """Why the task's host stopped answering while it ran (its connection was lost, the task
         vanished without an exit status), in a few words; None when it was not lost."""

@@ -73,6 +73,8 @@ class LocalTaskProcess(TaskProcess):
             procs = [self._root, *proctree.descendants(self._root)]
             proctree.disable_core_dumps(procs)  # SIGABRT's default action dumps core; a stack request leaves none
             proctree.send(procs, signal.SIGABRT)
+            # A stopped process (SIGSTOP) takes the SIGABRT once continued: its stack is the one where it stopped.
+            proctree.send(procs, signal.SIGCONT)
 
     def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
         if self._popen.returncode is not None or self._root is None or not proctree.is_alive(self._root):
@@ -92,6 +94,11 @@ class LocalTaskProcess(TaskProcess):
         if self._root is None or self._popen.returncode is not None:
             return None
         return proctree.cpu_seconds([self._root, *proctree.descendants(self._root)])
+
+    def stopped(self) -> bool | None:
+        if self._root is None or self._popen.returncode is not None or not proctree.is_alive(self._root):
+            return None
+        return proctree.stopped([self._root, *proctree.descendants(self._root)])
 
     def usage(self) -> CpuUsage | None:
         if self._root is None or self._popen.returncode is not None or not proctree.is_alive(self._root):

@@ -118,6 +118,10 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
               help="POST each event's JSON to URL (it has a Slack-compatible 'text' field): a Slack, Mattermost "
                    "or other incoming webhook. A webhook's URL is its password: give it in MGPU_NOTIFY_URL, "
                    "where other users' ps does not show it.")
+@click.option("--worker-restarts", type=params.Count(min=0), default=0, show_default=True, metavar="N",
+              help="Parameter-server training (a --ps task): restart a worker that fails in place, up to N times in "
+                   "all, the chief and the ps tasks going on (TensorFlow's ClusterCoordinator takes it back). Not with "
+                   "--slurm.")
 @spare_hosts_option
 @min_hosts_option
 @rejoin_interval_option

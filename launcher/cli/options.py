@@ -261,6 +261,8 @@ def _tensorboard(folder: str | None) -> pathlib.Path | None:
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
     stall_timeout = next((value for value in (opts.get("stall_timeout"), spec.stall_timeout) if value is not None),
                          DEFAULT_STALL_TIMEOUT)
+    if opts.get("worker_restarts") and opts.get("slurm"):  # a Slurm step's tasks start and end together
+        raise UsageError("--worker-restarts restarts a task on its own, which a Slurm step cannot: not with --slurm")
     return LaunchOptions(
         supervise=SuperviseOptions(
             run_id=run_id,
@@ -272,6 +274,7 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             max_restarts=opts["max_restarts"],
             min_hosts=spec.min_hosts or 0,
             rejoin_interval=opts.get("rejoin_interval", DEFAULT_REJOIN_INTERVAL),
+            worker_restarts=opts.get("worker_restarts") or 0,
             timestamps=opts["timestamps"],
             show=opts["show"],
             show_tf_logs=opts["show_tf_logs"],

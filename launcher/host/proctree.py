@@ -110,6 +110,18 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
     return total
 
 
+def stopped(procs: Iterable[psutil.Process]) -> bool:
+    """Whether a process of `procs` is stopped: state T in /proc/PID/stat (SIGSTOP, SIGTSTP) or t
+    (held by a debugger). Such a process runs no more until continued, and its peers wait for it."""
+    for proc in procs:
+        try:
+            if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                return True
+        except psutil.Error:
+            continue  # gone meanwhile
+    return False
+
+
 def runnable_seconds(procs: Iterable[psutil.Process]) -> tuple[float, float] | None:
     """(seconds on a CPU, seconds on a CPU or waiting for one) of every thread of `procs` still
     alive, from /proc/<pid>/task/<tid>/schedstat (Linux: its first two fields, in nanoseconds);

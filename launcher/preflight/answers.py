@@ -23,6 +23,7 @@ ANSWER_LIMIT = 1 << 20  # characters of the answer's line
 NAME_LIMIT = 100  # a version, an interface name, an address
 TEXT_LIMIT = 1000  # an error's text (the probe sends an exception's first line); longer is cut
 GPU_LIMIT = 1 << 16
+LIST_LIMIT = 200  # modules a program imports, addresses of a host's name
 FIGURE_LIMIT = 1e12  # GFLOP/s, MB/s
 _SPEED_ERRORS = ("error", "send_error", "cpu_error", "gpu_error")
 
@@ -161,12 +162,32 @@ def check_answer(data: object) -> dict:
         if key in fields:
             result[key] = fields.text(key)
     result["missing_modules"] = fields.texts("missing_modules")
+    result.update(program_answer(fields))
     result["busy_ports"] = fields.ports("busy_ports")
     result["gpus"] = fields.count("gpus", GPU_LIMIT)
     if "reach" in fields:
         result["reach"] = reach_answer(fields.part("reach"), "reach")
     if "speed" in fields:
         result["speed"] = speed_answer(fields.part("speed"), "speed")
+    return result
+
+
+def program_answer(fields: _Fields) -> dict:
+    """What the host check found of the task's own program and of the host's own name
+    (host/probe/program_check.py), where it looked."""
+    result: dict = {}
+    for key in ("executable", "own_name_error"):
+        if key in fields:
+            result[key] = fields.text(key)
+    for key in ("own_name", "keras_backend"):
+        if key in fields:
+            result[key] = fields.name(key)
+    for key in ("imports", "imports_missing", "own_addresses"):
+        if key in fields:
+            values = fields.texts(key)
+            if len(values) > LIST_LIMIT or any(len(value) > NAME_LIMIT for value in values):
+                raise UnreadableAnswer(f"{key} is not a list of at most {LIST_LIMIT} short names")
+            result[key] = values
     return result
 
 

@@ -29,7 +29,8 @@ from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import check_answer, unreadable
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
-from launcher.preflight.probes import host_check_command, needs_of
+from launcher.preflight.probes import host_check_command, needs_of, search_env_input
+from launcher.preflight.program import interpreters_line, judge_own_names, judge_program
 from launcher.preflight.reach import Reachability, ReachTest
 from launcher.preflight.speed import SPEED_RUN_TIMEOUT, HostSpeed, ring_args, speeds_from
 
@@ -57,6 +58,10 @@ class HostReport:
     reached: dict | None = None  # the reachability test's answer, when it ran in the check's session
     measured: dict | None = None  # the speed probe's answer, when it ran in the check's session
     handover: Handover | None = None  # the check's session, kept to start the host's first task
+    interpreter: str = "-"  # the path of the Python that runs the tasks' own program, where it is one
+    imports: tuple[str, ...] = ()  # the modules that program imports at its top level
+    own_name: dict | None = None  # the host's own name and what its resolver gives for it
+    keras_backend: str | None = None  # the Keras backend the program's script sets for itself
 
     @property
     def ok(self) -> bool:
@@ -113,6 +118,9 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     needs = needs_of(first)
     ports = [p.port for p in host_plans if p.port is not None]
     handover = handover and not first.local and conversation is not None  # the conversation keeps stdin open
+    if needs.search_env:  # the task's PATH and the like, on stdin, first
+        conversation = conversation or Conversation(lambda line: None)
+        conversation.say(search_env_input(needs))
     command = host_check_command(needs, ports, first.workdir, reach, speed, import_tensorflow, handover)
     try:
         output = shell.run(first, command, PROBE_TIMEOUT + reach_timeout + (SPEED_RUN_TIMEOUT if speed else 0.0),
@@ -148,6 +156,7 @@ def _check_host(host_plans: Sequence[TaskPlan], shell: HostShell, reach: Sequenc
     if "python" not in result:
         return report
     report.python = result["python"]
+    judge_program(report, needs, result)
     if "tensorflow" in result:
         report.tensorflow = result["tensorflow"]
     elif needs.python_required:
@@ -267,6 +276,7 @@ def check_hosts_and_reach(plans: Sequence[TaskPlan], reach: Sequence[TaskPlan], 
     jobs += [lambda i=i: reach_alone(i) for i in untested]
     reports = in_parallel(jobs, len(jobs))[:len(groups)]
     _compare_tensorflow(reports, local_version)
+    judge_own_names(reports, reach[0].env if reach else {}, len({plan.host for plan in reach}))
     speeds = speeds_from(firsts, measured) if speed else []
     reachability = _reachability(test, answers, errors, unreached, lost)
     close_handovers([report for report in reports if not report.ok])  # they start no task
@@ -326,7 +336,8 @@ def render_table(reports: Sequence[HostReport]) -> str:
 def table_json(reports: Sequence[HostReport]) -> list[dict]:
     """The table's rows as JSON objects (`mgpu check --json`): the columns, and problems for RESULT."""
     return [{"host": r.host, "tasks": list(r.tasks), "ssh": r.ssh, "python": r.python, "tensorflow": r.tensorflow,
-             "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "py_spy": r.py_spy, "ok": r.ok,
+             "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "py_spy": r.py_spy,
+             "interpreter": r.interpreter, "ok": r.ok,
              "problems": list(r.problems)}
             for r in reports]
 
@@ -360,6 +371,8 @@ def run_checks(plans: Sequence[TaskPlan], ssh_backend, console: TextIO | None = 
     failed = sum(not r.ok for r in reports)
     if reports and not failed:
         console.write(f"mgpu: checked {len(reports)} host(s) in {time.monotonic() - started:.1f} s: ok\n")
+        if line := interpreters_line(reports, plans[0].argv[0]):
+            console.write(f"mgpu: {line}\n")
     elif failed > 1:  # the error line names one failure only; the table shows them all
         console.write(render_table(reports) + "\n")
     console.flush()

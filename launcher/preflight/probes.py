@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from launcher.backends.ssh.handover import handover_script
 from launcher.host.probe import probe_source
 from launcher.plan.planner import LEGACY_KERAS_ENV, TRAINER_MODULE, TaskPlan
-from launcher.shell import safe_workdir, sh
+from launcher.shell import one_line, safe_workdir, sh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,37 @@ class TaskNeeds:
     modules: tuple[str, ...]  # modules the tasks import
     legacy_keras: bool = False
     tensorflow_required: bool = False
+    script: str | None = None  # the script a Python command runs, whose imports are looked up
+    module: str | None = None  # or the module it runs (-m)
+    # The task's own variables that decide which program and modules it finds (PATH, PYTHONPATH...).
+    search_env: tuple[tuple[str, str], ...] = ()
+
+
+# The variables of a task's env by which its shell finds the program and its Python finds modules:
+# the check runs with them as the task will.
+SEARCH_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",
+              "VIRTUAL_ENV")
+SEARCH_ENV_END = "mgpu-search-env-end"
+# Python's own options that take the next argument as their value.
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def python_program(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(script, module) of a Python command line: what `python [options] script.py` or `python -m
+    module` runs; neither for `-c` or an interactive interpreter."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-c", "-"):
+            return None, None
+        if arg == "-m":
+            return None, argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("-m"):
+            return None, arg[2:]
+        if not arg.startswith("-"):
+            return arg, None
+        i += 2 if arg in _PYTHON_OPTIONS_WITH_VALUE else 1
+    return None, None
 
 
 def needs_of(plan: TaskPlan) -> TaskNeeds:
@@ -40,10 +71,14 @@ def needs_of(plan: TaskPlan) -> TaskNeeds:
     legacy_keras = plan.env.get(LEGACY_KERAS_ENV) == "1"
     if len(argv) >= 3 and argv[1:3] == ("-m", TRAINER_MODULE):
         return TaskNeeds(argv[0], argv[0], True, (TRAINER_MODULE,), legacy_keras, tensorflow_required=True)
+    search_env = tuple((name, plan.env[name]) for name in SEARCH_ENV if name in plan.env)
     if os.path.basename(argv[0]).startswith("python"):
-        return TaskNeeds(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras)
+        script, module = python_program(argv)
+        return TaskNeeds(argv[0], argv[0], True, (), legacy_keras, tensorflow_required=legacy_keras,
+                         script=script, module=module, search_env=search_env)
     # Some other program: Python is only used for the probe itself, and may be absent.
-    return TaskNeeds(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras)
+    return TaskNeeds(argv[0], "python3", legacy_keras, (), legacy_keras, tensorflow_required=legacy_keras,
+                     search_env=search_env)
 
 
 def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | None, reach: Sequence[str] = (),
@@ -60,6 +95,10 @@ def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | No
     """
     port_list = ",".join(str(int(p)) for p in ports)
     lines = ["mgpu_dir=$PWD"] if handover else []
+    if needs.search_env:  # the values come on stdin (search_env_input), never on a command line
+        lines += ["mgpu_nl='\n'",
+                  f'while IFS= read -r mgpu_line; do [ "$mgpu_line" = {SEARCH_ENV_END} ] && break; '
+                  'eval "export $mgpu_line"; done']
     if workdir:
         lines.append(f"cd {shlex.quote(safe_workdir(workdir))} 2>/dev/null || {{ echo '{{\"workdir_missing\": true}}'; exit 0; }}")
     lines.append(
@@ -71,12 +110,28 @@ def host_check_command(needs: TaskNeeds, ports: Iterable[int], workdir: str | No
                       port_list, ",".join(needs.modules),
                       *(["legacy-keras"] if needs.legacy_keras else []),
                       *(["import-tensorflow"] if import_tensorflow and needs.tensorflow_required else []),
-                      *speed))
+                      *_program_flags(needs), "own-name", *speed))
     if handover:
         return sh("\n".join(lines + handover_script(run)))
     # The reachability test listens on stdin (host/probe/reach_test.py: ALL_DIALED).
     lines.append("TF_CPP_MIN_LOG_LEVEL=3 exec " + run + ("" if reach else " </dev/null"))
     return sh("\n".join(lines))
+
+
+def search_env_input(needs: TaskNeeds) -> bytes:
+    """What the check's shell reads first on its stdin: the task's own variables that find its
+    program and modules (host_check_command), so that the check finds them as the task will."""
+    lines = [f"{name}={one_line(value)}" for name, value in needs.search_env if name in SEARCH_ENV]
+    return ("\n".join(lines + [SEARCH_ENV_END]) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _program_flags(needs: TaskNeeds) -> list[str]:
+    """The host check's flags that look at the task's own Python program (host/probe/program_check.py)."""
+    if not needs.python_required or needs.modules:  # no Python, or the built-in trainer, checked by its module
+        return []
+    if needs.script:
+        return [f"script={needs.script}"]
+    return [f"module={needs.module}"] if needs.module else ["program"]
 
 
 def reach_args(ports: Sequence[int], targets: Sequence[str], timeout: float, expected: Sequence[int]) -> list[str]:

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import secrets
+import stat
 
 from launcher.errors import UsageError
 from launcher.report import page, story, trace
@@ -66,6 +67,19 @@ def _write_in(folder: int, name: str, text: str) -> None:
         raise
 
 
+def _stall_folders(folder: int, told: story.Story) -> dict[int, str]:
+    """The stalled attempts whose folder is in the run's, a folder and not a link."""
+    found = {}
+    for stall in told.stalls:
+        try:
+            st = os.stat(stall.folder, dir_fd=folder, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            found[stall.attempt] = stall.folder
+    return found
+
+
 def trace_path(output: pathlib.Path) -> pathlib.Path:
     name = output.name[:-len(".html")] if output.name.endswith(".html") else output.name
     return output.with_name(name + TRACE_SUFFIX)
@@ -81,9 +95,10 @@ def write_report(run: Run, output: pathlib.Path | None) -> tuple[pathlib.Path, p
         raise UsageError(f"run {shown}: its folder cannot be read: {console_safe(str(e) or 'gone')}") from None
     try:
         told = story.story(run.record, _checks(folder))
+        stalls = _stall_folders(folder, told)
         if output is None:
             links = {task: name for task, name in told.logs}
-            text = page.render(told, links, TRACE_NAME)
+            text = page.render(told, links, TRACE_NAME, stall_links={n: f"{name}/" for n, name in stalls.items()})
             try:
                 _write_in(folder, TRACE_NAME, trace.trace_json(told))
                 _write_in(folder, REPORT_NAME, text)
@@ -95,7 +110,8 @@ def write_report(run: Run, output: pathlib.Path | None) -> tuple[pathlib.Path, p
         os.close(folder)
     traced = trace_path(output)
     links = {task: (run.path.absolute() / name).as_uri() for task, name in told.logs}
-    text = page.render(told, links, traced.name)
+    text = page.render(told, links, traced.name,
+                       stall_links={n: (run.path.absolute() / name).as_uri() + "/" for n, name in stalls.items()})
     for path, content in ((traced, trace.trace_json(told)), (output, text)):
         try:
             path.write_text(content, encoding="utf-8")

@@ -126,10 +126,18 @@ def _logs(story: Story, log_links: dict[str, str], trace_link: str | None) -> st
     return f'<h2 id="logs">Logs</h2><ul>{rows or "<li>none</li>"}</ul>{trace}'
 
 
+def _stalls(story: Story, stall_links: dict[int, str]) -> str:
+    """Each stalled attempt's evidence folder (stacks, flight recorder, README), where it is."""
+    rows = "".join(f'<li class="stall">attempt {esc(s.attempt)}: <a href="{esc(stall_links[s.attempt])}">{esc(s.folder)}/</a>'
+                   + "".join(f'<br><span class="muted">flight recorder: {esc(line)}</span>' for line in s.verdict)
+                   + "</li>" for s in story.stalls if s.attempt in stall_links)
+    return f'<h2 id="stalls">Stall evidence</h2><ul>{rows}</ul>' if rows else ""
+
+
 def render(story: Story, log_links: dict[str, str], trace_link: str | None = None,
-           made_at: datetime.datetime | None = None) -> str:
+           made_at: datetime.datetime | None = None, stall_links: dict[int, str] | None = None) -> str:
     """The page. `log_links`: each task's log as a link the page may hold (relative to the page,
-    or a file: URI); `trace_link`: the trace's."""
+    or a file: URI); `trace_link`: the trace's; `stall_links`: each stalled attempt's folder's."""
     made = (made_at or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
     left = "".join(f"<p class=\"muted\">{esc(line)}</p>" for line in story.left)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -138,5 +146,5 @@ def render(story: Story, log_links: dict[str, str], trace_link: str | None = Non
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>mgpu run {esc(story.run_id)}</title><style>{STYLE}</style></head><body>\n'
             f'{_head(story)}\n{left}{_timeline(story)}\n{_restarts(story)}\n{_busy(story)}\n{_costs(story)}\n'
-            f'{_checks(story)}\n{_logs(story, log_links, trace_link)}\n'
+            f'{_checks(story)}\n{_logs(story, log_links, trace_link)}\n{_stalls(story, stall_links or {})}\n'
             f'<p class="muted">made by mgpu report at {esc(made)} from run.json</p>\n</body></html>\n')

@@ -26,7 +26,7 @@ MAX_TIME_TEXT = 64
 
 # The fields of an attempt that the timeline and the restarts show; the others are its figures.
 _ATTEMPT_SHOWN = {"attempt", "started_at", "ended_at", "outcome", "tasks", "ready_at", "slowest", "cause", "task",
-                  "host", "detail", "progress"}
+                  "host", "detail", "progress", "flight_recorder"}
 _COSTS_SHOWN = {"left_out"}
 # A log the page links to is a plain file of the run's folder, named as a launch names them.
 _LOG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,199}")
@@ -73,6 +73,27 @@ class Table:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stall:
+    """A stalled attempt: its evidence folder in the run's (stall-<attempt>, as the supervisor names
+    it) and the flight recorder's verdict, one line per collective not joined."""
+    attempt: int
+    folder: str
+    verdict: tuple[str, ...] = ()
+
+
+def _stall(number_: Any, attempt: dict) -> Stall | None:
+    if attempt.get("outcome") != "stalled" or not isinstance(number_, int) or isinstance(number_, bool) \
+            or not 0 <= number_ < 10**6:
+        return None
+    verdict = []
+    for missing in _list(_dict(attempt.get("flight_recorder")).get("missing"))[:16]:
+        if isinstance(missing, dict):
+            tasks = ", ".join(text(t, 200) for t in _list(missing.get("tasks"))[:64])
+            verdict.append(f"{tasks} did not join {text(missing.get('collective'), 120)} #{text(missing.get('sequence'), 20)}")
+    return Stall(number_, f"stall-{number_}", tuple(verdict))
+
+
+@dataclasses.dataclass(frozen=True)
 class Story:
     run_id: str
     status: str
@@ -95,6 +116,7 @@ class Story:
     checks: Table | None  # the host checks' table, where the run's folder holds one
     logs: tuple[tuple[str, str], ...]  # (task, log file name)
     left: tuple[str, ...]  # what was not drawn ("1200 tasks: the first 1000 drawn")
+    stalls: tuple[Stall, ...] = ()  # the stalled attempts, whose folder the page links
 
 
 def text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -274,7 +296,7 @@ def story(record: dict, checks: list | None = None) -> Story:
         left.append(f"{len(names)} tasks: the first {MAX_TASKS} drawn")
         names = names[:MAX_TASKS]
     drawn = set(names)
-    bars, starts, restarts, rows = [], [], [], []
+    bars, starts, restarts, rows, stalls = [], [], [], [], []
     ends = [t for t in (_since(start, record.get("ended_at")),) if t is not None]
     for i, attempt in enumerate(attempts):
         number_ = attempt.get("attempt") if isinstance(attempt.get("attempt"), int) else i
@@ -301,6 +323,9 @@ def story(record: dict, checks: list | None = None) -> Story:
         if attempt.get("cause") is not None:
             restarts.append(Restart(number_, _since(start, attempt.get("ended_at")), text(attempt.get("cause"), 100),
                                     fault, text(attempt.get("host"), 200), text(attempt.get("detail"))))
+        stall = _stall(number_, attempt)
+        if stall is not None:
+            stalls.append(stall)
         progress = _dict(attempt.get("progress"))
         rows.append({"attempt": text(number_), "outcome": text(attempt.get("outcome"), 100),
                      "last step": _figure(progress.get("last_step")) or "-",
@@ -333,4 +358,4 @@ def story(record: dict, checks: list | None = None) -> Story:
         costs=Table(("figure", "value"), tuple(scalars.items())), breakdowns=breakdowns,
         attempts=_table_of(rows, ("attempt", "outcome", "last step", "new steps")),
         checks=_checks({"checks": checks}) if checks is not None else _checks(record),
-        logs=tuple(logs.items()), left=tuple(left))
+        logs=tuple(logs.items()), left=tuple(left), stalls=tuple(stalls))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import os
 import signal
 import time
 from typing import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 from launcher import error_file, protocol
 from launcher.backends.base import Backend, TaskProcess
 from launcher.plan.planner import TaskPlan
-from launcher.supervise import policy
+from launcher.supervise import flight_env, policy
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.supervise.runrecord import RunRecord
 from launcher.supervise.rundir import RunDir
@@ -72,6 +73,7 @@ class AttemptTask:
     ended_at: float | None = None  # when its end was seen, seconds since the epoch
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
     ready_at: float | None = None  # when it was recorded ready, seconds since the epoch
+    stopped_at: float | None = None  # when it was seen stopped (SIGSTOP); None: running at the last look
 
     @property
     def started_by_joining(self) -> bool:
@@ -101,9 +103,11 @@ class Attempt:
         # Process 0 of JAX and PyTorch: the first member of the cluster, whose port the others dial.
         self.coordinator_port = self.plans[0].coordinator_port
         self.tasks: list[AttemptTask] = []
+        self.replaced: list[AttemptTask] = []  # tasks that ended and were restarted in place
         self.codes_at_stop: dict[str, int | None] = {}  # how each task had ended when the attempt stopped
         self.stacks_asked_at: float | None = None  # when a stall's evidence asked the tasks for their stacks
         self.spied: dict[str, "TaskStacks"] = {}  # each task's stacks as py-spy read them (evidence.py)
+        self.flight: dict | None = None  # the flight recorder's dumps and verdict on a stall (flight_recorder.py)
         self._begun = None
         self._signals_seen = 0
         self._output_seen: dict[str, float] = {}
@@ -166,6 +170,22 @@ class Attempt:
             raise error
         return not interrupted
 
+    def restart_task(self, name: str) -> None:
+        """Start the ended task `name` again, in place, in this attempt (policy.RestartTask): its
+        output goes on in the same log; its earlier process is closed with the attempt."""
+        index, old = next((i, t) for i, t in enumerate(self.tasks) if t.plan.name == name)
+        output = self.output.open_task(old.plan, self.number)
+        try:
+            proc = self._begun.start(self._with_start_env(old.plan))
+        except BaseException:
+            output.close()
+            raise
+        output.attach(proc.stdout, proc.stderr)
+        self.record.task_restarted_in_place(old.plan, proc.pid)
+        self.replaced.append(old)
+        self.tasks[index] = AttemptTask(old.plan, proc, output, old.sidecar, self.number, ready_at=old.ready_at)
+        self._output_seen[name] = output.last_activity
+
     def _with_start_env(self, plan: TaskPlan) -> TaskPlan:
         """The plan with the launch's id (protocol.ENV_LAUNCH_ID) added, and for a task on this machine
         (whose path the task can write to; the run dir is not on SSH or Slurm hosts) its error file,
@@ -177,6 +197,9 @@ class Attempt:
             path = (self.run_dir / error_file.file_name(plan.type, plan.index, self.number)).absolute()
             added[protocol.ENV_ERROR_FILE] = str(path)
             added[protocol.ENV_TORCHELASTIC_ERROR_FILE] = str(path)
+        here = self.backend.writes_here(plan)
+        added.update(flight_env.start_env(plan, self.run_dir.path if here else None, self.number,
+                                          os.environ if here else {}))
         return dataclasses.replace(plan, env=collections.ChainMap(added, plan.env))
 
     def roles(self) -> list[policy.TaskRole]:
@@ -216,7 +239,18 @@ class Attempt:
             cpu = by_name[name].proc.cpu_seconds()
             if cpu is not None:
                 events.append(policy.CpuSeen(name, cpu))
+            self._see_stopped(by_name[name])
         return events
+
+    def _see_stopped(self, task: AttemptTask) -> None:
+        """Note a task seen stopped, and say so once: a stall is then charged to it (causes.py)."""
+        stopped = task.proc.stopped()
+        if stopped and task.stopped_at is None:
+            task.stopped_at = time.time()
+            self.output.notice(f"{task.plan.name} on {task.plan.host} is stopped (SIGSTOP, or a debugger): "
+                               f"the other tasks wait for it until it is continued")
+        elif stopped is False:
+            task.stopped_at = None
 
     def reap(self) -> list[AttemptTask]:
         """Collect exit codes; the tasks found ended by this call."""
@@ -294,12 +328,16 @@ class Attempt:
         still_open = [t.plan.name for t in self.tasks if not t.output.drained(max(0.0, deadline - time.monotonic()))]
         if still_open:
             self.output.notice(f"output of {', '.join(still_open)} still open after stop; not waiting for it")
+        for task in self.replaced:
+            task.proc.close()
+            task.output.close()
         for task in self.tasks:
             task.proc.close()
             task.output.close()
             self.record.task_progress(task.plan, *task.output.progress.snapshot())  # as the task left it
         if self._begun is not None:
             self._begun.end()
+        flight_env.remove_sockets(self.run_dir.unlink, self.number, self.plans)  # those a killed task left
 
     # -- what the attempt showed -----------------------------------------------------------------
 

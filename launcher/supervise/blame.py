@@ -4,14 +4,15 @@ what is gathered here, and the policy's rules between attempts read the cause.""
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
 from typing import Sequence
 
 from launcher.plan.planner import TaskPlan
 from launcher.supervise import causes, diagnosis, policy
 from launcher.supervise.attempt import Attempt, AttemptTask
-from launcher.supervise.hosts import HostActions
-from launcher.supervise.status import FAILED, INTERRUPTED, START_TIMEOUT
+from launcher.supervise.hosts import MAX_LOGINS_AT_ONCE, HostActions
+from launcher.supervise.status import FAILED, INTERRUPTED, STALLED, START_TIMEOUT
 from launcher.supervise.summary import at_fault, program_error
 
 
@@ -20,6 +21,8 @@ def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Seque
     tasks = attempt.tasks
     by_name = attempt.by_name
     progress = attempt.progress()
+    if stop.status == STALLED:
+        return _stall(attempt, hosts, progress)
     charged: AttemptTask | None = None
     if stop.status == FAILED and stop.failed in by_name:
         failed = by_name[stop.failed]
@@ -64,3 +67,18 @@ def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Seque
     return causes.classify(causes.Evidence(
         stop.status, charged.plan.name, charged.plan.host, code, error=error,
         lost=reason, login_ok=login_ok, unreachable=unreachable, progress=progress, out_of_memory=out_of_memory))
+
+
+def _stall(attempt: Attempt, hosts: HostActions, progress: int | None) -> causes.Cause | None:
+    """A stall, charged after the hosts are judged (causes.stall_evidence): each remote host
+    answers a fresh login, all at once, unless a connection was already found lost."""
+    states = [causes.TaskState(t.plan.name, t.plan.host, t.plan.local, t.proc.lost(), t.stopped_at is not None)
+              for t in attempt.tasks if not t.sidecar]
+    lost = [s.host for s in states if s.lost is not None and not s.local][:1]
+    judged = {plan.host: plan for plan in (t.plan for t in attempt.tasks if not t.sidecar and not t.plan.local)
+              if not lost or plan.host in lost}
+    logins: dict[str, bool | None] = {}
+    if judged:
+        with concurrent.futures.ThreadPoolExecutor(min(len(judged), MAX_LOGINS_AT_ONCE), thread_name_prefix="login") as pool:
+            logins = dict(zip(judged, pool.map(hosts.login_ok, judged.values())))
+    return causes.classify(causes.stall_evidence(states, logins, progress))

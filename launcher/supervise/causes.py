@@ -18,14 +18,17 @@ The causes:
 - killed: SIGKILL that mgpu did not send (usually the kernel's out-of-memory killer);
 - preempted: exit code 42 (protocol.EXIT_PREEMPTED) or SIGTERM from outside (exit_rules.py restates an
   exit code under the rule --exit-codes gives it);
-- start-timeout, stalled: the supervisor's own deadlines.
+- start-timeout, stalled: the supervisor's own deadlines. A stall is charged to a host whose
+  connection is gone, or that fails a fresh login, as host-lost or network (the hosts' state is
+  judged before the stall's cause is chosen: the stall clock may run out before the keepalives do),
+  and else to a task seen stopped (state T: SIGSTOP, or t: a debugger), the one the others wait for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-from typing import Collection, Sequence
+from typing import Collection, Mapping, Sequence
 
 from launcher import protocol
 from launcher.exit_codes import ExitRule
@@ -59,6 +62,7 @@ class Evidence:
     progress: int | None = None  # the highest step the attempt's tasks reported; None: none reported
     # For a task killed by SIGKILL: its memory cgroup, and whether the OOM killer acted there (None: unseen).
     out_of_memory: tuple[str, bool] | None = None
+    stopped: bool = False  # that task was seen stopped (state T or t) while it ran
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +93,10 @@ def classify(evidence: Evidence) -> Cause | None:
     e = evidence
     if e.status in (status.SUCCEEDED, status.INTERRUPTED, status.RUNNING):
         return None
-    if e.status == status.STALLED:
+    if e.status == status.STALLED and e.lost is None and e.unreachable is None:
+        if e.stopped:
+            return Cause(STALLED, e.task, e.host, f"{e.task} was stopped (SIGSTOP, or a debugger): "
+                                                  f"the other tasks waited for it")
         return Cause(STALLED, e.task, e.host, "no progress from any training task")
     if e.status == status.START_TIMEOUT:
         return Cause(START_TIMEOUT, e.task, e.host, f"{e.task} not ready in time" if e.task else "not ready in time")
@@ -114,6 +121,40 @@ def classify(evidence: Evidence) -> Cause | None:
         return Cause(PROGRAM_ERROR, e.task, e.host, e.error, error=e.error, returncode=exited)
     what = describe(code)
     return Cause(PROGRAM_ERROR, e.task, e.host, what, error=what, returncode=exited)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskState:
+    """A task of a stalled attempt, as the supervisor saw it before stopping it."""
+
+    name: str
+    host: str
+    local: bool  # on this machine: no connection to lose, no login to try
+    lost: str | None = None  # why its host's connection was lost; None: not lost
+    stopped: bool = False  # seen stopped (state T or t) while it ran
+
+
+SILENT = "its tasks went silent"  # a stalled task's host whose connection was not yet judged lost
+
+
+def stall_evidence(tasks: Sequence[TaskState], logins: Mapping[str, bool | None],
+                   progress: int | None = None) -> Evidence:
+    """What a stall is charged to, from the tasks in plan order and whether each remote host
+    answered a fresh login after the stall (`logins`, by host; a host left out was not tried).
+    The hosts first: a task whose host's connection was lost, then one whose host fails a fresh
+    login (its connection is gone, though the keepalives have not said so yet); then a task seen
+    stopped; else no task."""
+    for task in tasks:
+        if task.lost is not None and not task.local:
+            return Evidence(status.STALLED, task.name, task.host, lost=task.lost, login_ok=logins.get(task.host),
+                            progress=progress)
+    for task in tasks:
+        if not task.local and logins.get(task.host) is False:
+            return Evidence(status.STALLED, task.name, task.host, lost=SILENT, login_ok=False, progress=progress)
+    for task in tasks:
+        if task.stopped:
+            return Evidence(status.STALLED, task.name, task.host, stopped=True, progress=progress)
+    return Evidence(status.STALLED, progress=progress)
 
 
 def _killed(out_of_memory: tuple[str, bool] | None) -> str:

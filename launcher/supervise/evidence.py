@@ -13,7 +13,7 @@ import concurrent.futures
 import time
 
 from launcher.host import py_spy
-from launcher.supervise import policy, spy_stacks, stacks, stall_bundle
+from launcher.supervise import flight_recorder, policy, spy_stacks, stacks, stall_bundle
 from launcher.supervise.attempt import Attempt, AttemptTask, EvidenceAction, wait_until
 from launcher.supervise.status import STALLED, START_TIMEOUT
 
@@ -142,10 +142,10 @@ def while_alive(stop: policy.Stop) -> list[EvidenceAction]:
     if stop.status == START_TIMEOUT:
         return [NoteJoins(stop.missing)]
     if stop.status == STALLED:
-        return [SpyStacks(), AskForStacks()]
+        return [SpyStacks(), flight_recorder.DumpFlightRecorder(), AskForStacks()]
     return []
 
 
 def after_stop(stop: policy.Stop) -> list[EvidenceAction]:
     """What to collect once the tasks are gone and their output is in."""
-    return [KeepStacks()] if stop.status == STALLED else []
+    return [flight_recorder.AnalyzeFlightRecorder(), KeepStacks()] if stop.status == STALLED else []

@@ -54,6 +54,8 @@ class SuperviseOptions:
     notify_url: str | None = None
     # TensorBoard event files of the run go under tensorboard / "mgpu" (tensorboard.py); None: none.
     tensorboard: pathlib.Path | None = dataclasses.field(default=None, metadata=RECORDED)
+    # Parameter-server workers restarted in place, the chief and ps going on (in_place.py); 0: none.
+    worker_restarts: int = dataclasses.field(default=0, metadata=RECORDED)
 
     def rules(self) -> policy.Rules:
         """The policy's rules, from these settings."""

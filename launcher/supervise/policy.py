@@ -49,8 +49,12 @@ import dataclasses
 import signal
 from typing import Iterable, Sequence, Union
 
+from launcher import protocol
 from launcher.supervise import causes, exit_rules, status
-from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - place_on_spares, told here too
+from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - the fleet's, beside the policy's
+from launcher.supervise.in_place import InPlaceRestarts, RestartTask
+from launcher.supervise.events import (  # noqa: F401 - what the policy is fed, named with it
+    CpuSeen, Event, JoinSeen, OutputSeen, ReadyLineSeen, SignalReceived, TaskEnded)
 from launcher.supervise.resize import place
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
@@ -77,47 +81,11 @@ class Rules:
     stall_timeout: float  # 0: no stall watchdog
     max_restarts: int = 0
     max_preemption_restarts: int = 0
+    worker_restarts: int = 0  # parameter-server workers restarted in place (in_place.py)
     min_hosts: int = 0  # 0: a host left out without a spare stops the run (resize.py)
 
 
-# -- events ------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class TaskEnded:
-    name: str
-    returncode: int  # negative: ended by that signal
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadyLineSeen:
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class JoinSeen:
-    """A probe found the task joined (listening on its port, or connected to the coordinator)."""
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputSeen:
-    name: str
-    at: float  # when its last bytes were read
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuSeen:
-    name: str
-    cpu_seconds: float  # used by its processes in all
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalReceived:
-    signum: int
-
-
-Event = Union[TaskEnded, ReadyLineSeen, JoinSeen, OutputSeen, CpuSeen, SignalReceived]
-
+# -- events (events.py) -----------------------------------------------------------------------
 
 # -- decisions ---------------------------------------------------------------------------------
 
@@ -176,7 +144,7 @@ class GiveUp:
     fewer: str = ""  # why the run cannot go on without them: too few hosts would be left (--min-hosts)
 
 
-Decision = Union[Notice, Ready, FailureIgnored, Watch, Stop]
+Decision = Union[Notice, Ready, FailureIgnored, RestartTask, Watch, Stop]
 
 
 # -- the policy --------------------------------------------------------------------------------
@@ -197,6 +165,7 @@ class Policy:
         self.preemptions = 0
         self._previous: tuple[causes.Cause, int | None] | None = None  # the last failed attempt's
         self._roles: dict[str, TaskRole] = {}
+        self.in_place = InPlaceRestarts(rules.worker_restarts)
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -245,7 +214,11 @@ class Policy:
                     decisions.append(FailureIgnored(event.name))
                 elif failed is None or event.returncode < 0 <= failed.returncode:
                     failed = event
-        if failed is not None:
+        if failed is not None and (again := self.in_place.restart(failed.name, failed.returncode,
+                                                                  self._roles[failed.name].serves)):
+            del self._returncodes[failed.name]  # running again: the attempt goes on
+            decisions += [Notice(again[0]), again[1]]
+        elif failed is not None:
             return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
                               Stop(status.FAILED, failed=failed.name, returncode=failed.returncode))
 

@@ -218,6 +218,12 @@ class RunRecord:
             failure_ignored=False,
         )
 
+    def task_restarted_in_place(self, plan: TaskPlan, pid: int) -> None:
+        """The task ended and was started again in the same attempt (in_place.py): counted, its end cleared."""
+        with self._lock:
+            count = self._data["attempts"][-1]["tasks"].get(plan.name, {}).get("restarts_in_place", 0) + 1
+        self._update_task(plan, pid=pid, ended_at=None, exit_code=None, signal=None, restarts_in_place=count)
+
     def task_ready(self, plan: TaskPlan) -> None:
         self._update_task(plan, ready_at=now())
 
@@ -250,6 +256,12 @@ class RunRecord:
         """The task the others waited for, once named."""
         with self._lock:
             self._data["attempts"][-1]["slowest"] = {**slowest, "at": now()}
+            self._write()
+
+    def attempt_flight_recorder(self, verdict: dict[str, Any]) -> None:
+        """The flight recorder's verdict on a stalled attempt (flight_recorder.py)."""
+        with self._lock:
+            self._data["attempts"][-1]["flight_recorder"] = verdict
             self._write()
 
     def attempt_cause(self, cause: dict[str, Any]) -> None:

@@ -21,6 +21,12 @@ stacks.txt  Every task's stacks, one section per task ("===== worker:1 on host .
             Other sections are Python's faulthandler dump, written when the task was sent
             SIGABRT because py-spy could not read it (the line before it says why).
 
+flight-recorder/  Where the tasks use torch.distributed and run torch's worker server: each
+            rank's flight recorder (rank_<rank>.json: its last collectives, asked for while it
+            ran), torch's analyzer's output on them (analyzer.txt), whose verdict (which
+            ranks did not join which collective) is in the stall report and run.json. Read
+            them again with: python -m torch.distributed.flight_recorder.fr_trace.
+
 How to read it: in a synchronous job, the tasks that wait in a collective (frames of
 tensorflow, torch, jax, gloo or nccl) wait for the one that is elsewhere: a task in its own
 code, reading data or writing a checkpoint, is the likely cause. The stall report names it.
@@ -35,7 +41,10 @@ def folder_name(attempt: int) -> str:
 def write(run_dir: RunDir, attempt: int, stacks_text: str, stacks_name: str) -> None:
     """The folder, its README and stacks.txt; `stacks_name` in the run dir names the stacks too."""
     folder = folder_name(attempt)
-    os.mkdir(folder, 0o700, dir_fd=run_dir.fd)
+    try:
+        os.mkdir(folder, 0o700, dir_fd=run_dir.fd)
+    except FileExistsError:  # made already for the flight recorder's dumps
+        pass
     for name, text in ((README, README_TEXT.format(attempt=attempt, run_id=run_dir.path.name)),
                        (STACKS, stacks_text)):
         with open(run_dir.create(f"{folder}/{name}"), "w", encoding="utf-8", errors="replace") as f:

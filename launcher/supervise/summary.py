@@ -171,7 +171,7 @@ SHOWN_FRAMES = 4
 
 def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Path, stall_timeout: float | None = None,
                   stopped_at: float | None = None, spied: Mapping[str, stacks.Whereabouts | None] = {},
-                  bundle: pathlib.Path | None = None) -> str:
+                  bundle: pathlib.Path | None = None, recorder: Sequence[str] = ()) -> str:
     """`head` with the likely cause (the tasks in their own code while the others wait in the
     framework), then where each task was, and where the stacks are. Where each task was is read
     from py-spy's stacks (`spied`, by task) or else from the faulthandler dump in its output. A
@@ -197,6 +197,7 @@ def stall_summary(head: str, tasks: Sequence[TaskView], stacks_path: pathlib.Pat
         lines.extend("  " + console_safe(str(frame)) for frame in _telling_frames(where.frames))
     for task in ended:
         lines.append(f"{task.name} on {task.host}: {describe_exit(task.returncode)} before the stall")
+    lines.extend(recorder)  # the flight recorder's verdict (flight_recorder.py), escaped already
     if bundle is not None:
         lines.append(f"evidence: {bundle}/ (its README says what is there)")
     lines.append(f"stacks: {stacks_path}")
@@ -245,18 +246,22 @@ def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> st
 
 
 def closing_line(tasks: int, succeeded: int, wall_s: float, attempt: int, run_dir: pathlib.Path,
-                 restarts: Sequence[str] = (), lost_s: float = 0.0, costs: dict | None = None) -> str:
+                 restarts: Sequence[str] = (), lost_s: float = 0.0, costs: dict | None = None,
+                 in_place: int = 0) -> str:
     """One line on success: tasks, wall time, restarts (`restarts`: restart_story of each) and the
-    time they lost, and where logs and run.json are. With `costs` (run.json's), the goodput and the
-    time lost by cause as `mgpu status` says them (lost_time.told), in place of `lost_s`."""
+    time they lost, workers restarted in place (`in_place`), and where logs and run.json are. With
+    `costs` (run.json's), the goodput and the time lost by cause as `mgpu status` says them
+    (lost_time.told), in place of `lost_s`."""
     from launcher.supervise.lost_time import told as told_costs  # it says durations as this module does
     counted = f"{tasks} tasks succeeded" if succeeded == tasks else f"{succeeded} of {tasks} tasks succeeded"
     where = f"logs and run.json in {run_dir}/"
+    if in_place:
+        where = f"{in_place} worker restart{'s' if in_place > 1 else ''} in place; {where}"
     if costs is not None:
         wall_s = costs.get("wall_s", wall_s)
     if attempt == 0:  # without restarts or steps there is nothing to tell of its costs
         told = f"; {told_costs(costs)}" if costs and costs.get("goodput") is not None else ""
-        return f"done: {counted} in {duration(wall_s)}, no restarts{told}; {where}"
+        return f"done: {counted} in {duration(wall_s)}, no restarts{' of the cluster' if in_place else ''}{told}; {where}"
     count = f"{attempt} restart{'s' if attempt > 1 else ''}"
     shown = [console_safe(story) for story in restarts[:MAX_STORIES]]
     if len(restarts) > MAX_STORIES:

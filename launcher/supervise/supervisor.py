@@ -22,7 +22,8 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, exit_rules, health, pace, policy, runrecord, sizes, stacks_request
+from launcher.supervise import (causes, evidence, exit_rules, flight_recorder, health, pace, policy, runrecord, sizes,
+                               stacks_request)
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -137,7 +138,7 @@ class _Supervisor:
                 wall = time.monotonic() - started
                 stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.take_back.growths)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
-                                                stories, costs=self.costs.totals()))
+                                                stories, costs=self.costs.totals(), in_place=self.policy.in_place.used))
         except Interrupted as e:
             final = (INTERRUPTED, str(e), e.exit_code)
             raise
@@ -192,6 +193,7 @@ class _Supervisor:
                                    f"{f' ({judged.task} on {judged.host})' if judged.task else ''}: {judged.detail}")
                 self.notifier.attempt_failed(attempt + 1, judged)
             after = self.policy.after(stop, cause, progress, others, self.hosts.view(self.plans))
+            found: list[causes.Cause] = []
             if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
                 after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
                                                    self.hosts.view(self.plans))
@@ -201,7 +203,8 @@ class _Supervisor:
                 self.costs.costs.append(Cost(cause or others[0], time.time(), lost,
                                              restarted=isinstance(after, policy.Restart)))
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
-                self._leave_out(list(after.left_out), stop, ([cause] if cause is not None else []) + others, attempt,
+                # A host that failed its health check is left out for that, whatever its task did.
+                self._leave_out(list(after.left_out), stop, found + ([cause] if cause is not None else []) + [c for c in others if c not in found], attempt,
                                 to_spares=isinstance(after, policy.Restart), after=after)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
@@ -266,10 +269,7 @@ class _Supervisor:
             if isinstance(watch, policy.Stop):
                 return watch
             self.terminal.check_hang_up()
-            if self.take_back.rule.interval and self.take_back.look(sum(t.output.checkpoints.count for t in tasks),
-                                                                    self.clock()):
-                self.output.notice(f"taking back {', '.join(self.take_back.rule.back)} after the checkpoint just "
-                                   f"reported; stopping all tasks")
+            if self.take_back.now(tasks, self.clock):  # hosts back and a checkpoint just reported
                 return policy.Stop(RESIZED)
             self.stacks_requests.look(lambda task, native: evidence.live(attempt, task, native))
             if time.monotonic() >= next_progress:
@@ -302,6 +302,8 @@ class _Supervisor:
                 self.record.task_ready(by_name[decision.name].plan)
             elif isinstance(decision, policy.FailureIgnored):
                 self.record.task_failure_ignored(by_name[decision.name].plan)
+            elif isinstance(decision, policy.RestartTask):
+                attempt.restart_task(decision.name)
         last = decisions[-1]
         assert isinstance(last, (policy.Watch, policy.Stop))
         return last
@@ -364,8 +366,7 @@ class _Supervisor:
         self.plans = list(placement.plans)
         resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
                                 self.record, self.output.notice)
-        if dropped:
-            self.take_back.left_out(dropped, self.clock())
+        self.take_back.left_out(dropped, self.clock)
         if self.costs.costs:
             cost = self.costs.costs[-1]
             cost.left_out, cost.took = cost.cause.host in took or cost.cause.host in dropped, took.get(cost.cause.host)
@@ -389,7 +390,7 @@ class _Supervisor:
             training = [attempt.view(t) for t in tasks if not t.sidecar]
             return stall_summary(head, training, self.run_dir / evidence.stacks_file_name(number),
                                  self.options.stall_timeout, attempt.stacks_asked_at, evidence.whereabouts(attempt),
-                                 self.run_dir / evidence.bundle_name(number))
+                                 self.run_dir / evidence.bundle_name(number), flight_recorder.report_lines(attempt))
         if stop.status == START_TIMEOUT:
             names = ", ".join(stop.missing)
             head = f"start timeout: {names} not ready after {self.options.start_timeout:g} s{after}"

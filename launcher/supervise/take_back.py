@@ -28,6 +28,17 @@ class TakeBack:
     def begin_attempt(self) -> None:
         self._checkpoints = 0
 
+    def now(self, tasks, clock: Callable[[], float]) -> bool:
+        """Whether to stop the attempt now to take back the hosts that are back (said when so):
+        `tasks` are the attempt's, whose checkpoint lines are counted. The clock is read only where
+        hosts may be taken back."""
+        if not self.rule.interval:
+            return False
+        if not self.look(sum(task.output.checkpoints.count for task in tasks), clock()):
+            return False
+        self.notice(f"taking back {', '.join(self.rule.back)} after the checkpoint just reported; stopping all tasks")
+        return True
+
     def look(self, checkpoints: int, now: float) -> bool:
         """Start the probes that are due, take in those that ended; whether to restart now to take
         back the hosts that are back (`checkpoints`: how many the attempt's tasks reported so far)."""
@@ -51,8 +62,10 @@ class TakeBack:
             passed = False
         self._found.put((host, passed))
 
-    def left_out(self, hosts: Sequence[str], now: float) -> None:
-        self.rule.left_out(hosts, now)
+    def left_out(self, hosts: Sequence[str], clock: Callable[[], float]) -> None:
+        """`hosts` were dropped (none: nothing to do, the clock not read)."""
+        if hosts:
+            self.rule.left_out(hosts, clock())
 
     def take_in(self, plans: Sequence[TaskPlan], planned: int, record: RunRecord,
                 now: float) -> tuple[list[TaskPlan], sizes.SizeChange | None]:

@@ -41,9 +41,18 @@ start = int(checkpoint.read_text()) if checkpoint.exists() else 0
 print(f"start step {start}", flush=True)
 mine = folder / f"a{attempt}-w{index}"
 peers = [folder / f"a{attempt}-w{i}" for i in range(len(workers)) if i != index]
+
+
+def done(step):
+    tmp = mine.with_suffix(".tmp")
+    tmp.write_text(str(step))
+    tmp.replace(mine)
+
+
+done(start)  # read the checkpoint: worker 0 writes the next one only once every worker has read this
 for step in range(start + 1, total + 1):
     for _ in range(1200):  # every peer's step before this one, 120 s at most
-        if step == start + 1 or all(p.exists() and int(p.read_text() or 0) >= step - 1 for p in peers):
+        if all(p.exists() and int(p.read_text() or 0) >= step - 1 for p in peers):
             break
         time.sleep(0.1)
     else:
@@ -51,9 +60,7 @@ for step in range(start + 1, total + 1):
     if index == 0:
         (folder / "step.tmp").write_text(str(step))
         (folder / "step.tmp").replace(checkpoint)
-    tmp = mine.with_suffix(".tmp")
-    tmp.write_text(str(step))
-    tmp.replace(mine)
+    done(step)
     print(f"MGPU_PROGRESS {step}/{total}", flush=True)
     if attempt == "0" and step == hold_at:
         time.sleep(120)  # the collective a lost host never joins; mgpu stops the attempt

@@ -81,3 +81,21 @@ def test_the_host_checks_table_is_shown_from_the_check_s_json_in_the_run_s_folde
     assert "<td>h1</td><td>worker:0</td><td>ok</td><td>3.11.7</td>" in checks
     assert '<td class="detail">port 2222 in use; &lt;b&gt;no GPU&lt;/b&gt;</td>' in checks
     assert "<th>speed.matmul_gflops</th>" in checks and "<td>12.5</td>" in checks
+
+
+def test_a_stalled_attempt_s_folder_is_linked_with_the_flight_recorder_s_verdict(tmp_path, mgpu):
+    folder = write_run(tmp_path / "runs")
+    record = json.loads((folder / "run.json").read_text())
+    stalled = {**record["attempts"][0], "attempt": 1, "outcome": "stalled", "flight_recorder": {"dumps": 2, "missing": [
+        {"sequence": 9, "collective": "gloo:all_reduce<b>", "group": "0:default_pg", "ranks": [1],
+         "tasks": ["worker:1"]}]}}
+    record["attempts"] = [{**record["attempts"][0], "outcome": "stalled"}, stalled]
+    (folder / "run.json").write_text(json.dumps(record))
+    (folder / "stall-1").mkdir()
+    (folder / "stall-0").symlink_to(tmp_path)  # not the supervisor's folder: not linked
+    assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs")).exit_code == 0
+    text = (folder / "report.html").read_text()
+    assert 'attempt 1: <a href="stall-1/">stall-1/</a>' in text and 'href="stall-0/"' not in text
+    assert "flight recorder: worker:1 did not join gloo:all_reduce&lt;b&gt; #9" in text
+    assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "r.html")).exit_code == 0
+    assert f'<a href="{(folder / "stall-1").as_uri()}/">stall-1/</a>' in (tmp_path / "r.html").read_text()

@@ -53,6 +53,7 @@ class SshTaskProcess(TaskProcess):
         self._connected = False
         self._join_failed = marker is None  # no reporter beside the task
         self._usage: CpuUsage | None = None  # the reporter's latest
+        self._stopped = False  # whether the reporter last said a process of the task is stopped
         if marker is not None:
             stderr.take_reports(marker, self._take_report)
 
@@ -65,12 +66,18 @@ class SshTaskProcess(TaskProcess):
             self._listening = True
         elif report == remote_command.CONNECTED:
             self._connected = True
+        elif report in (remote_command.STOPPED, remote_command.RUNNING):
+            self._stopped = report == remote_command.STOPPED
         elif (usage := remote_command.parse_usage(report)) is not None:
             self._usage = CpuUsage(*usage)
 
     def usage(self) -> CpuUsage | None:
         """Reported by the remote join reporter every couple of seconds (see remote_command.py)."""
         return self._usage
+
+    def stopped(self) -> bool | None:
+        """Reported by the remote join reporter when it changes (see remote_command.py)."""
+        return None if self._join_failed else self._stopped
 
     def listens_on(self, port: int) -> bool | None:
         """Reported by the remote join reporter (see remote_command.py)."""

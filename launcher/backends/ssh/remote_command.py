@@ -44,7 +44,9 @@ task. Every
 USAGE_INTERVAL_CS it also reports the CPU use of the session's processes (found with pgrep -s, or
 by a slower loop over /proc, then five times less often) (USAGE): the sums over their threads of
 /proc's schedstat, nanoseconds on a CPU and on a CPU or waiting for one, with
-the host's uptime in centiseconds, the sampler's clock. It exits once the task has ended. No
+the host's uptime in centiseconds, the sampler's clock; and, when it changes, whether a process of
+the session is stopped (STOPPED: state T or t in /proc/PID/stat, SIGSTOP or a debugger) or no
+longer is (RUNNING). It exits once the task has ended. No
 second SSH session per task is needed for it, nor the login shell each session starts.
 """
 
@@ -107,6 +109,8 @@ class RemoteTask:
 LISTENING = "listening"
 CONNECTED = "connected"
 USAGE = "usage"  # "usage <uptime cs> <ns on a CPU> <ns on a CPU or waiting for one>"
+STOPPED = "stopped"  # a process of the session is stopped (state T or t), said when it first is
+RUNNING = "running"  # none is any more, said when that changes
 USAGE_INTERVAL_CS = 200
 
 # $1 = session id (the task's process group), $2 = own port, $3 = coordinator port ("-": none),
@@ -122,7 +126,7 @@ say() { printf 'mgpu-%s %s
 ' "$nonce" "$*"; }
 hex() { [ "$1" = - ] || printf ':%04X' "$1"; }
 own=$(hex "$2"); coord=$(hex "$3")
-listening=; connected=; joined=; next=0
+listening=; connected=; joined=; stopped=; next=0
 # The session's processes: pgrep reads /proc in C; a loop in sh costs some 0.2 ms of CPU a process,
 # so without pgrep a host with thousands of processes is sampled five times less often.
 if command -v pgrep >/dev/null 2>&1; then
@@ -167,9 +171,20 @@ while kill -0 "$sid" 2>/dev/null; do
   now=${up%.*}${up#*.}
   if [ "$now" -ge "$next" ]; then
     next=$((now + every))
-    used=$(for pid in $(session); do cat "/proc/$pid/task/"*/schedstat 2>/dev/null; done |
+    pids=$(session)
+    used=$(for pid in $pids; do cat "/proc/$pid/task/"*/schedstat 2>/dev/null; done |
       awk '{ c += $1; w += $2 } END { printf "%.0f %.0f", c, c + w }')
     say usage "$now" $used
+    held=
+    for pid in $pids; do
+      { read -r stat < "/proc/$pid/stat"; } 2>/dev/null || continue
+      set -- ${stat##*) }
+      case "$1" in T|t) held=1;; esac
+    done
+    if [ "$held" != "$stopped" ]; then
+      stopped=$held
+      if [ -n "$held" ]; then say stopped; else say running; fi
+    fi
   fi
   sleep 0.25
 done
@@ -291,7 +306,8 @@ def split_pgid_line(line: bytes) -> tuple[bytes, int | None]:
 def signal_command(pgids: Iterable[int], signum: int) -> str:
     """Signal remote tasks' whole process groups; quiet for groups already gone. Before SIGABRT
     (the request for stacks, whose default action dumps core) the groups' core file limits are
-    lowered to 0 with util-linux's prlimit, where the host has it and pgrep."""
+    lowered to 0 with util-linux's prlimit, where the host has it and pgrep, and after it the groups
+    are continued."""
     pgids = [int(pgid) for pgid in pgids]
     name = signal.Signals(signum).name.removeprefix("SIG")
     groups = " ".join(f"-{pgid}" for pgid in pgids)
@@ -299,4 +315,6 @@ def signal_command(pgids: Iterable[int], signum: int) -> str:
     if signum == signal.SIGABRT:
         listed = ",".join(str(pgid) for pgid in pgids)
         no_cores = f'for p in $(pgrep -g {listed} 2>/dev/null); do prlimit --pid "$p" --core=0: 2>/dev/null; done; '
-    return sh(f"{no_cores}kill -{name} {groups} 2>/dev/null; exit 0")
+    # A stopped group (SIGSTOP) takes the SIGABRT once continued: its stacks are where it stopped.
+    cont = f"; kill -CONT {groups} 2>/dev/null" if signum == signal.SIGABRT else ""
+    return sh(f"{no_cores}kill -{name} {groups} 2>/dev/null{cont}; exit 0")

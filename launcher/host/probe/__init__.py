@@ -19,7 +19,8 @@ import re
 
 HOST_FOLDER = pathlib.Path(__file__).resolve().parent.parent  # launcher/host
 # In the order they are defined in the one source: each after those it imports.
-SHIPPED = ("gpus.py", "ports_in_use.py", "packages.py", "interfaces.py", "probe/host_check.py",
+SHIPPED = ("gpus.py", "ports_in_use.py", "packages.py", "interfaces.py", "probe/program_check.py",
+           "probe/host_check.py",
            "probe/reach_test.py", "probe/speed_probe.py", "probe/main.py")
 # A shipped module's import of another: left out of the one source, where the names are defined above.
 SHIPPED_IMPORT = re.compile(r"^from launcher\.host\.[\w.]+ import [\w, ]+\n", re.MULTILINE)

@@ -8,6 +8,7 @@ import sys
 from launcher.host.gpus import gpu_count
 from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version, installed_version
 from launcher.host.ports_in_use import port_in_use
+from launcher.host.probe.program_check import own_name_check, program_check
 
 
 def error_line(error):
@@ -67,5 +68,13 @@ def host_check_of(args):
     ports = [int(port) for port in args[0].split(",") if port]
     modules = [name for name in args[1].split(",") if name]
     flags = args[2:]
-    return host_check(ports, modules, legacy_keras="legacy-keras" in flags,
-                      import_tensorflow="import-tensorflow" in flags)
+    out = host_check(ports, modules, legacy_keras="legacy-keras" in flags,
+                     import_tensorflow="import-tensorflow" in flags)
+    # The task's own program (script=PATH or module=NAME), and with own-name what this host's name resolves to.
+    program = dict(flag.split("=", 1) for flag in flags if flag.startswith(("script=", "module=")))
+    if "program" in flags or program:
+        out.update(program_check(program.get("script"), program.get("module")))
+    # Only JAX (itself, or under Keras) needs the name: a slow resolver costs other programs nothing.
+    if "own-name" in flags and {"jax", "keras"} & set(out.get("imports", ())):
+        out.update(own_name_check())
+    return out

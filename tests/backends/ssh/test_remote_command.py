@@ -563,6 +563,34 @@ def test_the_join_reporter_samples_the_sessions_cpu_use(tmp_path, pgrep, interva
         stop_task_and_reporter(proc, reporter)
 
 
+def next_state_report(reporter: subprocess.Popen, timeout: float = 30) -> bytes:
+    """The reporter's next line that is not a usage sample (it samples every 0.2 s here, so each
+    readline returns soon)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = report(reporter.stdout.readline())
+        if not line.startswith(b"usage "):
+            return line
+    raise AssertionError(f"no state report in {timeout} s")
+
+
+def test_the_join_reporter_says_when_a_process_of_the_task_is_stopped_and_continued():
+    proc = start_like_sshd(remote_command.task_command([sys.executable, "-c", SLEEPER], {}, None, 1))
+    reporter = None
+    try:
+        pgid = read_pgid(proc)
+        task_pid = int(proc.stdout.readline())
+        reporter = subprocess.Popen(["/bin/sh", "-c", remote_command.join_report_command(pgid, None, None, NONCE, 20)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        os.kill(task_pid, signal.SIGSTOP)
+        assert next_state_report(reporter) == remote_command.STOPPED.encode() + b"\n"
+        os.kill(task_pid, signal.SIGCONT)
+        assert next_state_report(reporter) == remote_command.RUNNING.encode() + b"\n"
+    finally:
+        stop_task_and_reporter(proc, reporter)
+
+
 def stop_task_and_reporter(proc: subprocess.Popen, reporter: subprocess.Popen | None) -> None:
     proc.stdin.close()
     proc.kill()

@@ -241,14 +241,16 @@ def test_a_host_that_fails_its_health_check_before_the_start_gives_its_tasks_to_
 
 
 def test_after_a_failed_attempt_a_host_that_fails_its_health_check_is_left_out(three_hosts, tmp_path):
-    """The first attempt fails and makes h2 sick: the health check before the restart leaves it out."""
+    """The first attempt fails on h2 and makes it sick: the health check before the restart leaves it
+    out, and says so, though h2's task is the one the failure is charged to."""
     sick = tmp_path / "sick"
-    program = (f"import os, pathlib, sys\nif os.environ['MGPU_ATTEMPT'] == '0':\n"
+    program = (f"import json, os, pathlib, sys, time\nif os.environ['MGPU_ATTEMPT'] == '0':\n"
+               f"    if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 0: time.sleep(60)\n"
                f"    pathlib.Path({str(sick)!r}).touch()\n    sys.exit(1)\n")
     code, out, record = launch_with_health_check(three_hosts, tmp_path, failing_on_h2(three_hosts[0], sick), program)
     assert code == 0, out[-4000:]
     first, second = record["attempts"]
-    assert first["cause"] == "program-error", first
+    assert (first["cause"], first["task"], first["host"]) == ("program-error", "worker:1", "h2"), first
     assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
     assert "h2 left out for the rest of the run (health-check: the health check exited with code 3: GPU 1: NCCL " \
            "all-reduce 0.3 GB/s); h3 took worker:1" in out, out[-4000:]

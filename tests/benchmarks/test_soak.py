@@ -1,0 +1,51 @@
+"""`benchmarks/soak.py`: its schedule of faults, how it judges what mgpu charged, and what the page
+shows. The soak itself runs for minutes over network namespaces; it is a benchmark, run by hand."""
+
+import sys
+
+from launching import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests" / "backends" / "ssh"))
+import render_docs  # noqa: E402
+import soak  # noqa: E402
+
+
+def test_a_seed_draws_the_same_schedule_and_the_short_one_has_every_fault_once():
+    short = [f.kind for f in soak.schedule(55, len(soak.FAULTS), 600, 40)]
+    assert short == [f.kind for f in soak.schedule(55, len(soak.FAULTS), 600, 40)]
+    assert sorted(short) == sorted(soak.FAULTS)
+    assert short != [f.kind for f in soak.schedule(56, len(soak.FAULTS), 600, 40)] or \
+        short != [f.kind for f in soak.schedule(57, len(soak.FAULTS), 600, 40)]
+    long = [f.kind for f in soak.schedule(55, 12, 20000, 40)]
+    assert len(long) == 12 and all(long.count(kind) >= 2 for kind in soak.FAULTS)
+
+
+def judged(kind: str, cause: str, task: str, host: str) -> bool:
+    fault = soak.Fault(kind, 10, task="worker:1", host="h2", injected_at=100.0, attempt=0)
+    attempt = {"attempt": 0, "ended_at": "1970-01-01T00:02:10+00:00", "cause": cause, "task": task, "host": host}
+    self = type("Judge", (), {})()
+    soak.Soak.judge(self, fault, {"attempts": [attempt]})
+    assert fault.detected_s == 30.0
+    return fault.right
+
+
+def test_each_fault_is_right_only_when_charged_to_its_cause_and_its_task_or_host():
+    assert judged("kill9", "killed", "worker:1", "h2")
+    assert not judged("kill9", "killed", "worker:0", "h1")  # the peer that saw the reset is not at fault
+    assert judged("sigstop", "stalled", "worker:1", "h2")
+    assert not judged("sigstop", "stalled", None, None)  # a stall that names nobody
+    assert judged("link-cut", "network", "worker:1", "h2") and judged("host-dead", "host-lost", "worker:1", "h2")
+    assert not judged("coordinator-lost", "stalled", "worker:1", "h2")
+
+
+def test_the_page_shows_each_fault_and_the_run():
+    result = {"date": "2026-11-28", "machine": "x86_64, 2 cores", "seed": 55, "workers": 3, "spares": 3, "steps": 600,
+              "stall_timeout_s": 20.0, "cut_s": 40.0, "exit_code": 0, "status": "succeeded", "wall_s": 400.0,
+              "restarts": 5, "time_lost_s": 250.0, "goodput": 0.4, "equal_weights": True, "processes_left": 0,
+              "charged_right": 1, "faults": [
+                  {"kind": "sigstop", "task": "worker:2", "host": "h3", "right": True, "detected_s": 21.5,
+                   "first_step_s": 40.2, "charged": {"cause": "stalled", "task": "worker:2", "host": "h3"}}]}
+    page = "\n".join(render_docs._soak(result))
+    assert "| sigstop | worker:2 (h3) | stalled (worker:2 on h3) | yes | 21.5 s | 40.2 s |" in page
+    assert "Charged right: 1 of 1;" in page and "goodput 0.4;" in page and "equal weights on every rank: yes" in page
