@@ -13,11 +13,18 @@ NCCL and the GPU of their LOCAL_RANK among those CUDA_VISIBLE_DEVICES leaves the
 Process 0 writes the snapshot after every `--save-every` epochs; after a restart (`mgpu launch
 --max-restarts N`) every process resumes from it. The snapshot path must be one every process
 reads: the same file on this machine, a shared file system across hosts.
+
+The global batch is `--batch-size` times the job's planned size (MGPU_WORLD_SIZE_MAX). A run that
+goes on with fewer processes (`mgpu launch --min-hosts N` after a host is lost) keeps it: each
+process adds up the gradients of MGPU_WORLD_SIZE_MAX / WORLD_SIZE batches before each optimizer
+step, so the steps, the learning rate and the result are those of the planned size. Each snapshot
+is reported with a MGPU_CHECKPOINT line, after which mgpu may restart the job to take back a host.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -57,6 +64,7 @@ class Trainer:
         self.save_every = save_every
         self.snapshot_path = snapshot_path
         self.epochs_run = 0
+        self.accumulate = accumulation(dist.get_world_size())
         if os.path.exists(snapshot_path):
             print(f"[RANK{self.global_rank}] loading snapshot", flush=True)
             self._load_snapshot(snapshot_path)
@@ -69,18 +77,23 @@ class Trainer:
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"[RANK{self.global_rank}] Resuming training from snapshot at Epoch {self.epochs_run}", flush=True)
 
-    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> float:
-        self.optimizer.zero_grad()
-        loss = F.mse_loss(self.model(source), targets)
-        loss.backward()  # DDP all-reduces the gradients here
-        self.optimizer.step()
+    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor, step: bool) -> float:
+        # Only the last batch of an optimizer step all-reduces: no_sync() keeps the others' gradients local.
+        with contextlib.nullcontext() if step else self.model.no_sync():
+            loss = F.mse_loss(self.model(source), targets)
+            (loss / self.accumulate).backward()  # DDP all-reduces the gradients here
+        if step:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
         return loss.item()
 
     def _run_epoch(self, epoch: int) -> float:
         self.train_data.sampler.set_epoch(epoch)
         loss = 0.0
-        for source, targets in self.train_data:
-            loss = self._run_batch(source.to(self.device), targets.to(self.device))
+        batches = len(self.train_data)
+        for i, (source, targets) in enumerate(self.train_data):
+            step = (i + 1) % self.accumulate == 0 or i + 1 == batches
+            loss = self._run_batch(source.to(self.device), targets.to(self.device), step)
         print(f"[RANK{self.global_rank}] Epoch {epoch} | Steps: {len(self.train_data)} | loss {loss:.6f}", flush=True)
         return loss
 
@@ -92,6 +105,8 @@ class Trainer:
         torch.save(snapshot, partial)
         os.replace(partial, self.snapshot_path)
         print(f"[RANK{self.global_rank}] Epoch {epoch} | Training snapshot saved at {self.snapshot_path}", flush=True)
+        # mgpu takes back a host it went on without (--min-hosts) right after such a line.
+        print(f"MGPU_CHECKPOINT {epoch + 1}", flush=True)
 
     def train(self, max_epochs: int) -> float | None:
         loss = None
@@ -100,6 +115,17 @@ class Trainer:
             if self.global_rank == 0 and (epoch % self.save_every == 0 or epoch == max_epochs - 1):
                 self._save_snapshot(epoch)
         return loss
+
+
+def accumulation(world_size: int) -> int:
+    """Batches per optimizer step that keep the planned global batch on `world_size` processes."""
+    planned = int(os.environ.get("MGPU_WORLD_SIZE_MAX", world_size))
+    if planned % world_size:
+        steps = max(1, round(planned / world_size))
+        print(f"[RANK{dist.get_rank()}] {world_size} processes of {planned} planned: {steps} batches per step, "
+              f"a global batch of {steps * world_size} batches in place of {planned}", flush=True)
+        return steps
+    return planned // world_size
 
 
 def main() -> None:

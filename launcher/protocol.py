@@ -26,6 +26,11 @@ ENV_TASK_INDEX = "MGPU_TASK_INDEX"
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # 0 for the first start, then 1, 2, ... after restarts
 # One hash of the files --sync copied (config/sync.py): the same in every task of a run that ran the same files.
 ENV_SYNC_DIGEST = "MGPU_SYNC_DIGEST"
+# The job's size as the run was planned: its members (chief and workers) and their hosts. A run that
+# goes on with fewer hosts (--min-hosts) keeps them, while WORLD_SIZE and the like count the members
+# left: a program keeps its global batch or scales its learning rate by the ratio.
+ENV_WORLD_SIZE_MAX = "MGPU_WORLD_SIZE_MAX"
+ENV_HOSTS_MAX = "MGPU_HOSTS_MAX"
 # A random value of one launch, set at start (not in the plan). A run id may be used again once its
 # launcher is gone (killed, or on another machine), so whatever stops processes by their tags (the
 # sweeps, the reaper, a remote task's hang-up guard) looks for the run id and this value together:
@@ -57,6 +62,24 @@ def parse_progress(line: str) -> tuple[int, int] | None:
         return None
     return int(numbers.group(1)), int(numbers.group(2))
 
+
+# A task may say that it has saved a checkpoint: "MGPU_CHECKPOINT <step>" (alone, on stdout). A
+# host that is back since the run went on without it (--min-hosts) is taken back right after one,
+# so that the restart that grows the cluster loses little work.
+CHECKPOINT_PREFIX = "MGPU_CHECKPOINT "
+_CHECKPOINT = re.compile(rf"[0-9]{{1,{PROGRESS_MAX_DIGITS}}}")
+
+
+def checkpoint_line(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{int(step)}"
+
+
+def parse_checkpoint(line: str) -> int | None:
+    """The step of a checkpoint line; None for any other line."""
+    if not line.startswith(CHECKPOINT_PREFIX):
+        return None
+    step = _CHECKPOINT.fullmatch(line[len(CHECKPOINT_PREFIX):].strip(" \t\r\n"))
+    return int(step.group(0)) if step else None
 
 
 # A task may say how its time went since its last such line: "MGPU_TIME_SPLIT <compute_ms> <wait_ms>"

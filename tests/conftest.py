@@ -148,6 +148,7 @@ FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trai
         "tests/supervise/test_runs.py", "tests/preflight/test_slow_hosts.py", "tests/supervise/test_pace.py",
         "tests/host/test_package_metadata.py", "tests/preflight/test_in_parallel.py",
         "tests/trainer/test_outdirs.py", "tests/trainer/test_planned_size.py", "tests/supervise/test_signals.py", "tests/supervise/test_lost_hosts_policy.py",
+        "tests/supervise/test_min_hosts_policy.py", "tests/supervise/test_rejoin_policy.py",
         "tests/fleet/", "tests/report/test_report_page.py", "tests/report/test_report_command.py",
         "tests/supervise/test_exit_codes_policy.py")
 NOT_FAST_MARKS = ("slow", "ssh", "netns")

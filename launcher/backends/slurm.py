@@ -347,11 +347,15 @@ class SlurmBackend(Backend):
         return srun_argv(plans, self._python, self._allocation_nodes), step_environment(plans, dict(os.environ)), nodes
 
     def begin_attempt(self, tasks: Sequence[TaskPlan], attempt: int) -> SlurmAttempt:
-        if len(tasks) != self._count:
-            raise TaskFailed(f"a step of {self._count} tasks cannot run {len(tasks)}")
+        if not tasks:
+            raise TaskFailed("a step needs at least one task")
+        if len(tasks) > self._count:  # hosts taken back (--min-hosts): more pipes to read
+            self._count = len(tasks)
+            _allow_open_files(6 * self._count + 256)
         for task in tasks:
             if task.slurm_rank is None:
                 raise TaskFailed(f"{task.name} is not planned as a task of a Slurm step")
-        # A node left out between attempts changes the plans: the step is made from the attempt's.
+        # A node left out between attempts changes the plans (a spare's, or fewer nodes with
+        # --min-hosts): the step is made from the attempt's.
         argv, env, nodes = self._step_of(tasks)
-        return SlurmAttempt(SlurmStep(argv, env, self._count, attempt, nodes))
+        return SlurmAttempt(SlurmStep(argv, env, len(tasks), attempt, nodes))

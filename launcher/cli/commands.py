@@ -11,7 +11,8 @@ from launcher.cli.hosts import health_check_option, quarantine_option
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, exit_codes_of, host_naming, hosts_request, launch_options_from,
-    no_check_option, spare_hosts_option, ssh_options, ssh_options_from, task_settings, with_spare_hosts,
+    min_hosts_option, no_check_option, rejoin_interval_option, spare_hosts_option, ssh_options, ssh_options_from,
+    task_settings, with_min_hosts, with_spare_hosts,
 )
 from launcher.intake.quarantine import avoiding_quarantined
 from launcher.intake.load import (
@@ -122,6 +123,8 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
                    "all, the chief and the ps tasks going on (TensorFlow's ClusterCoordinator takes it back). Not with "
                    "--slurm.")
 @spare_hosts_option
+@min_hosts_option
+@rejoin_interval_option
 @quarantine_option
 @health_check_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
@@ -177,6 +180,7 @@ def launch_command(**opts) -> int | None:
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
     spec = avoiding_quarantined(spec, opts["quarantine"], slurm=slurm is not None)
+    spec = with_min_hosts(spec, opts)
     if spec.command is None and any(task.role == "ps" for task in spec.tasks):
         raise UsageError("the built-in trainer uses MultiWorkerMirroredStrategy, which has no parameter servers: "
                          "give your ParameterServerStrategy program after --")
@@ -195,6 +199,9 @@ def launch_command(**opts) -> int | None:
             out.write(f"exit codes: {exit_codes_of(opts, spec).said()}\n")
         if spec.spares and not opts["as_json"]:
             out.write(f"spare hosts: {', '.join(spec.spares)} (each takes the tasks of a host left out)\n")
+        if spec.min_hosts and not opts["as_json"]:
+            out.write(f"min hosts: {spec.min_hosts} (with no spare left, the run goes on without a host left out "
+                      f"while {spec.min_hosts} or more remain)\n")
         out.flush()
         return
 

@@ -4,6 +4,7 @@ command, into the typed objects the rest of mgpu takes: the requests that intake
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import click
@@ -20,7 +21,7 @@ from launcher.errors import UsageError
 from launcher.launch_options import LaunchOptions
 from launcher.backends.ssh.options import SshOptions
 from launcher.exit_codes import DEFAULTS as DEFAULT_EXIT_CODES, ExitCodes
-from launcher.supervise.options import DEFAULT_STALL_TIMEOUT, SuperviseOptions
+from launcher.supervise.options import DEFAULT_REJOIN_INTERVAL, DEFAULT_STALL_TIMEOUT, SuperviseOptions
 
 
 def cluster_options(no_value_with: str | None):
@@ -193,6 +194,20 @@ spare_hosts_option = click.option(
          "in this order; checked like the others (spec: `spares:`). With --slurm: nodes of the allocation "
          "that no task uses until then.")
 
+min_hosts_option = click.option(
+    "--min-hosts", type=params.Count(min=1), metavar="N",
+    help="When a host is left out during the run (lost, unreachable, the same failure twice, --leave-out-slow) "
+         "and no spare is left, go on without it while N or more hosts remain: the plans are made again for "
+         "the hosts left and the whole cluster restarts from its checkpoint (needs --max-restarts; spec: "
+         "`min_hosts:`). Every task gets MGPU_WORLD_SIZE_MAX, the job's planned size.")
+
+rejoin_interval_option = click.option(
+    "--rejoin-interval", type=params.Seconds(0), default=DEFAULT_REJOIN_INTERVAL, show_default=True,
+    metavar="SECONDS",
+    help="With --min-hosts: probe a host the run went on without (a login and the host check, in the "
+         "background) at most this often; once it passes it joins at the next restart, or right after the next "
+         "'MGPU_CHECKPOINT <step>' line a task prints. A host taken back that fails again stays out. 0: never.")
+
 # What the pre-launch checks find is also what sets each task's NCCL and Gloo interface: skipping
 # them leaves the frameworks to pick one themselves (Gloo: the address the host's name resolves to).
 no_check_option = click.option(
@@ -210,6 +225,21 @@ def with_spare_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
 
     spares = opts.get("spare_hosts")
     return with_spares(spec, spares if spares is not None else spec.spares)
+
+
+def with_min_hosts(spec: ClusterSpec, opts: dict) -> ClusterSpec:
+    """The spec with the command line's --min-hosts, which wins over the spec file's `min_hosts:`;
+    a number the run cannot meet, or one without restarts to go on with, is bad input."""
+    min_hosts = opts.get("min_hosts") if opts.get("min_hosts") is not None else spec.min_hosts
+    if min_hosts is None:
+        return spec
+    hosts = len({task.host for task in spec.tasks})
+    if min_hosts > hosts:
+        raise UsageError(f"--min-hosts {min_hosts}: the run has {hosts} host{'s' if hosts != 1 else ''}")
+    if not opts.get("max_restarts"):
+        raise UsageError(f"--min-hosts {min_hosts} goes on with fewer hosts by restarting the cluster: "
+                         f"give --max-restarts too")
+    return dataclasses.replace(spec, min_hosts=min_hosts)
 
 
 def exit_codes_of(opts: dict, spec: ClusterSpec) -> ExitCodes:
@@ -248,6 +278,8 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
             stall_timeout=stall_timeout,
             slow_window=opts["slow_window"],
             max_restarts=opts["max_restarts"],
+            min_hosts=spec.min_hosts or 0,
+            rejoin_interval=opts.get("rejoin_interval", DEFAULT_REJOIN_INTERVAL),
             worker_restarts=opts.get("worker_restarts") or 0,
             timestamps=opts["timestamps"],
             show=opts["show"],

@@ -77,6 +77,16 @@ def _summary(run: runs.Run) -> dict:
             "exit_code": run.record.get("exit_code"), "path": str(run.path)}
 
 
+def size_line(size: dict) -> str | None:
+    """What `mgpu status RUN` says of a run on fewer hosts than planned (--min-hosts), from run.json's
+    `size` (anyone's text: only whole numbers and the time are used); None when it says nothing."""
+    hosts, planned = size.get("hosts"), size.get("planned_hosts")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 10**6 for n in (hosts, planned)):
+        return None
+    since = size.get("since")
+    return f"size: {hosts} of {planned} hosts" + (f" since {_time(since)} (UTC)" if isinstance(since, str) else "")
+
+
 def _table(rows: list[list[str]]) -> str:
     """The rows as columns, every cell as a terminal may show it (a record's text is anyone's)."""
     rows = [[console_safe(cell) for cell in row] for row in rows]
@@ -150,6 +160,9 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     click.echo(console_safe(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} "
                             f"(UTC); {max(0, len(run.attempts) - 1)} restarts; {supervisor}"))
     click.echo(console_safe(f"files: {run.path}/"))
+    size = size_line(record["size"]) if isinstance(record.get("size"), dict) else None
+    if size:
+        click.echo(console_safe(size))
     if record.get("message"):
         click.echo(console_safe((str(record["message"]).splitlines() or [""])[0]))
     rows = [["TASK", "HOST", "PID", "STATE", "READY", "PROGRESS", "BUSY", "LAST LINE"]]

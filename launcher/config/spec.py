@@ -87,6 +87,13 @@ class ClusterSpec:
     health_check: str | None = None
     # The spec file's `exit_codes:` rules (launcher/exit_codes.py), which --exit-codes overrides code by code.
     exit_codes: tuple[ExitRule, ...] = ()
+    # The fewest hosts the run goes on with once a host is left out with no spare for it
+    # (`--min-hosts`, spec `min_hosts:`); None: a host left out without a spare stops the run.
+    min_hosts: int | None = None
+    # The job's size as the run was first planned (its members, and their hosts), kept when hosts are
+    # left out without a spare (`without_hosts`); None: the tasks' own.
+    planned_members: int | None = None
+    planned_hosts: int | None = None
 
 
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or nan would hang or crash
@@ -94,6 +101,7 @@ MAX_SECONDS = 30 * 24 * 3600.0  # a month: longer waits are mistakes, and inf or
 MAX_GPUS_PER_TASK = 1024
 MAX_THREADS_PER_TASK = 4096
 MAX_LOCAL_TASKS = 4096
+MAX_MIN_HOSTS = 100_000
 
 
 # ---------------------------------------------------------------------------
@@ -226,3 +234,31 @@ def with_host_replaced(spec: ClusterSpec, host: str, spare: str) -> ClusterSpec:
         tasks=tuple(dataclasses.replace(task, host=spare) if task.host == host else task for task in spec.tasks),
         spares=tuple(h for h in spec.spares if h != spare),
     )
+
+
+def without_hosts(spec: ClusterSpec, hosts: Sequence[str]) -> ClusterSpec:
+    """The spec with no task on `hosts`, the size it was first planned at kept: the run on fewer hosts.
+
+    The tasks left keep their order, so the planner numbers each role 0..n-1 again. A cluster that
+    had a chief keeps one: if the chief's host is among `hosts`, the first worker left takes its
+    role (and so becomes the job's coordinator, process 0)."""
+    gone = set(hosts)
+    members = [task for task in spec.tasks if task.role in (CHIEF, WORKER)]
+    kept = [task for task in spec.tasks if task.host not in gone]
+    if any(task.role == CHIEF for task in members) and not any(task.role == CHIEF for task in kept):
+        first = next((i for i, task in enumerate(kept) if task.role == WORKER), None)
+        if first is not None:
+            kept.insert(0, dataclasses.replace(kept.pop(first), role=CHIEF))
+    return dataclasses.replace(
+        spec, tasks=tuple(kept),
+        planned_members=spec.planned_members or len(members),
+        planned_hosts=spec.planned_hosts or len({task.host for task in members}))
+
+
+def with_tasks_back(spec: ClusterSpec, tasks: Sequence[TaskSpec]) -> ClusterSpec:
+    """The spec with `tasks` (those of hosts left out before, taken back) after its own: the tasks
+    already running keep their indices, those back are numbered after them. A chief back while
+    another task holds the chief's role (without_hosts) comes back as a worker."""
+    has_chief = any(task.role == CHIEF for task in spec.tasks)
+    back = tuple(dataclasses.replace(task, role=WORKER) if task.role == CHIEF and has_chief else task for task in tasks)
+    return dataclasses.replace(spec, tasks=spec.tasks + back)

@@ -13,7 +13,7 @@ from typing import NoReturn
 from launcher.config.addresses import Endpoint, parse_endpoint, parse_env_name, parse_host, parse_port
 from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, expand_entry
 from launcher.config.spec import (
-    CHIEF, MAX_GPUS_PER_TASK, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
+    CHIEF, MAX_GPUS_PER_TASK, MAX_MIN_HOSTS, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
 from launcher.errors import SpecError
 from launcher.exit_codes import ExitRule, parse_mapping
@@ -21,7 +21,7 @@ from launcher.exit_codes import ExitRule, parse_mapping
 _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout", "tensorboard",
-    "sync", "setup", "setup_timeout", "spares", "health_check", "exit_codes",
+    "sync", "setup", "setup_timeout", "spares", "health_check", "exit_codes", "min_hosts",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -140,6 +140,7 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         spares=_spares(read, top.get("spares", [])),
         health_check=read.optional(top, "health_check", read.string),
         exit_codes=_exit_codes(read, top.get("exit_codes", {})),
+        min_hosts=read.optional(top, "min_hosts", read.count, 1, MAX_MIN_HOSTS),
     )
 
 

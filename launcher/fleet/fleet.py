@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from launcher.backends.base import Backend, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
-from launcher.config.spec import ClusterSpec, with_host_replaced
+from launcher.config.spec import ClusterSpec, TaskSpec, with_host_replaced, with_tasks_back, without_hosts
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
 from launcher.fleet.checks_file import keep_checks
@@ -25,11 +25,13 @@ from launcher.fleet.quarantine import remember
 from launcher.fleet.relaunch import relaunch_command
 from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
+from launcher.plan.network import with_interfaces_of
 from launcher.plan.planner import TaskPlan, in_step_order
+from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
-from launcher.supervise.hosts import FleetView, HostActions, Placement
-from launcher.supervise.hosts import place_on_spares
+from launcher.supervise.hosts import FleetView, HostActions, Placement, place_on_spares
+from launcher.supervise.resize import place
 from launcher.supervise.rundir import RunDir
 
 
@@ -51,6 +53,7 @@ class Fleet(HostActions):
         self.made_ready: set[str] = set()  # hosts that have the --sync folder and ran the --setup
         self.run_dir: RunDir | None = None  # made by the first start's --setup, for its logs
         self.ssh = None  # the run's SSH backend, once a task or a spare is remote
+        self.dropped: dict[str, tuple[TaskSpec, ...]] = {}  # hosts the run went on without, and their tasks
 
     # -- as data -----------------------------------------------------------------------
 
@@ -94,13 +97,19 @@ class Fleet(HostActions):
 
     def leave_out_slow(self, slow: Sequence[str], notice: Callable[[str], None] = say) -> None:
         """Each slow host's tasks on a spare that passed its checks, as a lost host's; a slow host
-        without a spare left, or that is this machine, keeps its tasks."""
+        without a spare left is left out while --min-hosts hosts remain (the plans made again for the
+        others); else it keeps its tasks, as this machine always does."""
         for host in slow:
             if host in self.this_machine:
                 notice(f"warning: --leave-out-slow: {host} is this machine, which is never left out; it runs its tasks")
                 continue
             placement = self.replace([host], notice)
             if placement.plans is None:
+                min_hosts = self.options.supervise.min_hosts
+                if place([host], self.view(self.plans), min_hosts).goes_on and self.shrink([host], notice).plans:
+                    notice(f"left out slow host {host}: no spare host left to take its tasks; the run goes on on "
+                           f"{len(self.in_use)} of {self.spec.planned_hosts} hosts (--min-hosts {min_hosts})")
+                    continue
                 notice(f"warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of {host}; "
                        f"it runs them")
                 continue
@@ -140,6 +149,61 @@ class Fleet(HostActions):
             hosts += prepared.gone
             gone += prepared.gone
         return Placement(None, gone=tuple(gone))
+
+    def shrink(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans made again without `hosts` (spec.without_hosts): the run goes on on the hosts
+        left, which are ready already and keep the interfaces their checks found."""
+        if self.spec is None or self.options.replan is None:
+            return Placement(None)
+        changed = without_hosts(self.spec, hosts)
+        try:
+            plans = self.planned(changed)
+        except MgpuError as e:
+            notice(f"cannot plan the run without {', '.join(hosts)}: {str(e).splitlines()[0]}")
+            return Placement(None)
+        self.dropped.update({host: tuple(task for task in self.spec.tasks if task.host == host) for host in hosts})
+        self.spec, self.plans = changed, with_interfaces_of(plans, self.plans)
+        self.left_out.extend(host for host in hosts if host not in self.left_out)
+        return Placement(self.plans)
+
+    def with_back(self, hosts: Sequence[str]) -> tuple[ClusterSpec, list[TaskPlan]]:
+        """The spec and the plans with the tasks of `hosts` (dropped before) back, after the others."""
+        changed = with_tasks_back(self.spec, [task for host in hosts for task in self.dropped.get(host, ())])
+        return changed, with_interfaces_of(self.planned(changed), self.plans)
+
+    def probe_back(self, host: str) -> bool:
+        """Whether a host the run went on without answers a fresh login and passes the host check
+        again (its program, its Python, its ports): run beside the tasks, it tests no connection
+        between them (their ports are in use); the restart that takes it back does."""
+        try:
+            plans = [plan for plan in self.with_back([host])[1] if plan.host == host]
+        except MgpuError:
+            return False
+        if not plans or not all(self.login_ok(plan) is not False for plan in plans[:1]):
+            return False
+        if not self.options.check_hosts or all(plan.local for plan in plans):
+            return True
+        try:
+            reports, _, _ = check_hosts_and_reach(plans, (), self.ssh, local_tensorflow_version())
+        except (MgpuError, OSError, EOFError):
+            return False
+        return all(report.ok for report in reports)
+
+    def grow(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans with the tasks of `hosts` back (hosts dropped before that passed their probe),
+        made ready by `prepare` as a spare is (the checks and the reachability test with every task)."""
+        try:
+            changed, plans = self.with_back(hosts)
+        except MgpuError as e:
+            notice(f"cannot plan the run with {', '.join(hosts)} back: {str(e).splitlines()[0]}")
+            return Placement(None)
+        prepared = self.prepare(plans, hosts, notice)
+        if not prepared.ok:
+            return Placement(None, gone=prepared.gone)
+        self.spec, self.plans = changed, list(prepared.plans)
+        for host in hosts:
+            self.dropped.pop(host, None)
+        return Placement(self.plans)
 
     def planned(self, spec: ClusterSpec) -> list[TaskPlan]:
         """The plans made again from `spec`, as the command line made them."""
@@ -239,6 +303,10 @@ class SlurmFleet(Fleet):
         command = relaunch_command(self.options.argv, hosts)
         named, listed = ", ".join(hosts), ",".join(hosts)
         return f"{command}  (in an allocation without {named}: sbatch or salloc --exclude={listed})" if command else None
+
+    def probe_back(self, host: str) -> bool:
+        """Never: mgpu has no login or check of a node (Slurm's own), so a node left out stays out."""
+        return False
 
     def backend(self) -> Backend:
         return SlurmBackend(self.plans, allocation_nodes=self.nodes)

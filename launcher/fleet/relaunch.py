@@ -7,15 +7,16 @@ from typing import Sequence
 
 from launcher.config.addresses import parse_endpoint
 
-# Options whose values list hosts, and those a relaunch leaves out (the run id is taken).
+# Options whose values list hosts, and those a relaunch leaves out: the run id is taken, and the
+# fewest hosts the run went on with may be more than are left.
 _HOST_LIST_OPTIONS = ("--workers", "--hosts", "--chief", "--evaluator", "--spare-hosts")
 _FILE_OPTIONS = ("--spec", "--hostfile")
-_DROPPED = ("--run-id",)
+_DROPPED = ("--run-id", "--min-hosts")
 
 
 def relaunch_command(argv: Sequence[str], hosts: str | Sequence[str]) -> str | None:
-    """`mgpu ARGS` without `hosts` in its host lists (and without the run id, which is taken); for
-    hosts from a file, which file to remove them from. None without the command line."""
+    """`mgpu ARGS` without `hosts` in its host lists (and without the run id, which is taken, or
+    --min-hosts); for hosts from a file, which file to remove them from. None without the command line."""
     if not argv:
         return None
     left_out = {hosts} if isinstance(hosts, str) else set(hosts)

@@ -38,3 +38,12 @@ def with_interfaces(plans: Sequence[TaskPlan], interfaces: Mapping[str, str | No
         else:
             added.append(dataclasses.replace(plan, env=plan.env.adding(interface_env(interface))))
     return added
+
+
+def with_interfaces_of(plans: Sequence[TaskPlan], before: Sequence[TaskPlan]) -> list[TaskPlan]:
+    """`plans` (made again for fewer hosts) with the interfaces each host's tasks had in `before`:
+    a host keeps the interface its checks found, whatever its tasks are named now."""
+    found = {plan.host: {name: plan.env[name] for name in INTERFACE_ENV if name in plan.env} for plan in before}
+    return [dataclasses.replace(plan, env=plan.env.adding(
+        {name: value for name, value in found.get(plan.host, {}).items() if name not in plan.env}))
+        if found.get(plan.host) else plan for plan in plans]

@@ -12,12 +12,12 @@ from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SpecError, UsageError
 from launcher.config.addresses import format_address, is_loopback
-from launcher.protocol import (ENV_RUN_ID, ENV_SYNC_DIGEST, ENV_TASK_INDEX, ENV_TASK_TYPE, ENV_TORCH_LOCAL_WORLD_SIZE,
-                               JOB_ENV)
+from launcher.protocol import (ENV_HOSTS_MAX, ENV_RUN_ID, ENV_SYNC_DIGEST, ENV_TASK_INDEX, ENV_TASK_TYPE,
+                               ENV_TORCH_LOCAL_WORLD_SIZE, ENV_WORLD_SIZE_MAX, JOB_ENV)
 from launcher.config.k8s_env import PodJob
 from launcher.config.spec import EVALUATOR, PS, ClusterSpec, SshSettings, TaskSpec
 from launcher.config.sync import DEFAULT_SETUP_TIMEOUT, SyncedFolder, default_workdir
-from launcher.plan.coordinator import Coordinator, find_coordinator
+from launcher.plan.coordinator import JOB_ROLES, Coordinator, find_coordinator
 from launcher.plan.devices import (
     EVERY_GPU, SHARED_GPU_ENV, every_gpu, gpu_rule, shares_a_gpu, shares_every_gpu, split_devices, task_gpu_rule,
 )
@@ -227,6 +227,7 @@ def plan_tasks(
     coordinator = find_coordinator(spec.tasks, addresses)
     threads = _thread_env(spec.threads_per_task, parameter_servers=any(t.role == PS for t in spec.tasks))
     job = Job(cluster, coordinator, dict(zip(names, machine_of)), run_id, max_restarts)
+    planned = planned_size(spec)
     merged_ssh = functools.lru_cache(maxsize=None)(lambda ssh: ssh.merged_over(spec.ssh_defaults))
     remote_workdir = (spec.workdir or default_workdir(synced.source)) if synced else spec.workdir
     setup = None
@@ -242,6 +243,7 @@ def plan_tasks(
             ENV_RUN_ID: run_id,
             ENV_TASK_TYPE: task_type,
             ENV_TASK_INDEX: str(index),
+            **planned,
             **job_env,
             "PYTHONUNBUFFERED": "1",  # line-by-line output through the launcher's pipes
             # Python prints every thread's stack on SIGABRT: how the stall watchdog sees where tasks are.
@@ -285,6 +287,15 @@ def plan_tasks(
             )
         )
     return plans
+
+
+def planned_size(spec: ClusterSpec) -> dict[str, str]:
+    """The job's size as the run was planned (protocol.ENV_WORLD_SIZE_MAX): what every task is told,
+    also after hosts were left out without a spare."""
+    members = [task for task in spec.tasks if task.role in JOB_ROLES]
+    size = spec.planned_members or len(members)
+    hosts = spec.planned_hosts or len({task.host for task in members})
+    return {ENV_WORLD_SIZE_MAX: str(size), ENV_HOSTS_MAX: str(hosts)}
 
 
 def _check_env(env: Mapping[str, str]) -> None:

@@ -10,6 +10,7 @@ import time
 from launcher.supervise import causes, lost_time, policy
 from launcher.supervise.attempt import Attempt
 from launcher.supervise.runrecord import RunRecord, utc
+from launcher.supervise.sizes import SizeChange
 from launcher.supervise.status import INTERRUPTED, STALLED, SUCCEEDED
 
 
@@ -23,6 +24,7 @@ class Cost:
     took: str | None = None  # "h5 took worker:1": the spare that took the left-out host's tasks
     others: tuple[tuple[causes.Cause, str | None], ...] = ()  # the other hosts left out with it, and who took theirs
     restarted: bool = True  # False: the run stopped there (a host left out without a spare)
+    resized: SizeChange | None = None  # the run went on on fewer hosts (--min-hosts)
 
 
 class RunCosts:

@@ -67,6 +67,18 @@ class HostActions:
         `notice` takes what is said meanwhile (a spare failing its checks, a peer found gone)."""
         return Placement(None)
 
+    def shrink(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans made again without `hosts`, on the hosts left (--min-hosts); None: cannot."""
+        return Placement(None)
+
+    def probe_back(self, host: str) -> bool:
+        """Whether a host the run went on without answers and passes the host check again."""
+        return False
+
+    def grow(self, hosts: Sequence[str], notice: Callable[[str], None]) -> Placement:
+        """The plans with the tasks of `hosts` (back after a probe) taken back; None: cannot."""
+        return Placement(None)
+
     def unreachable(self, plans: Sequence[TaskPlan]) -> tuple[str, str] | None:
         """The reachability test run again on the plans' hosts: the first pair of hosts where the
         first cannot connect to a task of the second; None when every pair connects (or it cannot tell)."""
@@ -123,11 +135,12 @@ def judge_others(status: str, seen: Sequence[Seen], charged: str | None,
     return judged
 
 
-def left_out_head(why: dict[str, str], moved: Sequence[str], relaunch: str | None) -> str:
-    """The line a run stops with when hosts left out have no spare to take their tasks."""
+def left_out_head(why: dict[str, str], moved: Sequence[str], relaunch: str | None, fewer: str = "") -> str:
+    """The line a run stops with when hosts left out have no spare to take their tasks (`fewer`:
+    and too few hosts would be left to go on without them, --min-hosts)."""
     hosts = "; ".join(f"{host} left out ({reason})" for host, reason in why.items())
     it = "it" if len(why) == 1 else "them"
-    return (f"{hosts} and no spare host to take {', '.join(moved)}"
+    return (f"{hosts} and no spare host to take {', '.join(moved)}" + (f"; {fewer}" if fewer else "")
             + (f"; relaunch without {it}:\n  {relaunch}" if relaunch else ""))
 
 

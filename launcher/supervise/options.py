@@ -18,6 +18,8 @@ DEFAULT_LOG_DIR = "mgpu-runs"  # --log-dir of launch, status, logs, attach and s
 DEFAULT_STALL_TIMEOUT = 1800.0
 # Seconds over which the training tasks' busy shares are compared to name the one the others wait for.
 DEFAULT_SLOW_WINDOW = pace.WINDOW
+# Seconds between probes of a host left out with no spare (--min-hosts), to take it back.
+DEFAULT_REJOIN_INTERVAL = 300.0
 
 
 RECORDED = {"recorded": True}  # the field's value goes to run.json's "options"
@@ -31,6 +33,10 @@ class SuperviseOptions:
     # Seconds for every task to become ready.
     start_timeout: float = dataclasses.field(default=120.0, metadata=RECORDED)
     max_restarts: int = dataclasses.field(default=0, metadata=RECORDED)
+    # The fewest hosts the run goes on with when a host left out has no spare (0: it stops the run).
+    min_hosts: int = dataclasses.field(default=0, metadata=RECORDED)
+    # Seconds between probes of a host the run went on without, to take it back (0: never).
+    rejoin_interval: float = dataclasses.field(default=DEFAULT_REJOIN_INTERVAL, metadata=RECORDED)
     stall_timeout: float = dataclasses.field(default=DEFAULT_STALL_TIMEOUT, metadata=RECORDED)  # 0: no watchdog
     # Seconds of busy shares compared to name the slowest task; 0: never.
     slow_window: float = dataclasses.field(default=DEFAULT_SLOW_WINDOW, metadata=RECORDED)

@@ -39,7 +39,7 @@ from launcher.supervise.live import LiveLines
 from launcher.supervise.rundir import RunDir
 from launcher.supervise.stream_reader import PIECE, read_stream
 from launcher.supervise.task_log import TaskLog
-from launcher.supervise.watchers import (BindFailureWatcher, ConsoleWatcher, LineWatcher, ProgressWatcher,
+from launcher.supervise.watchers import (BindFailureWatcher, CheckpointWatcher, ConsoleWatcher, LineWatcher, ProgressWatcher,
                                          ReadyWatcher, TailWatcher, TimeSplitWatcher, Watchers)
 
 CHUNK = PIECE  # a longer line reaches the console in pieces
@@ -205,8 +205,9 @@ class TaskOutput:
         self._bind = BindFailureWatcher()
         self.progress = ProgressWatcher(time.monotonic)  # the last line and progress, for run.json
         self.time_split = TimeSplitWatcher()  # the task's own compute/wait split, for the pace rule
+        self.checkpoints = CheckpointWatcher()  # the checkpoints it said it saved, for taking a host back
         builtin: list[LineWatcher] = [ReadyWatcher(self.ready), self._bind, TailWatcher(self.tail), self.progress,
-                                      self.time_split]
+                                      self.checkpoints, self.time_split]
         self._console_view = None
         if console is not None:
             self._console_view = ConsoleWatcher(console, prefix or f"[{plan.name}] ",

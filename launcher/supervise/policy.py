@@ -33,7 +33,7 @@ Between attempts, from the attempt's cause (causes.py) and the progress its task
   stalled or start-timeout failure in two attempts in a row. Every other host of the attempt that
   was judged lost too (host-lost or network) is left out in the same step (`Restart.leave_out_too`),
   so that no spare is checked beside a peer that is gone; each takes the next spare
-  (`place_on_spares`), and without a spare for every one of them the run stops (`GiveUp.left_out`).
+  (resize.py); without one for each the run stops (`GiveUp.left_out`), or with min_hosts drops them (`Restart.dropped`).
   The fleet is seen as data (hosts.FleetView): only a host that runs tasks is left out, and this
   machine never is (the launcher runs on it).
 - Restarts must make progress: an attempt that fails with the same program error as the attempt
@@ -55,6 +55,7 @@ from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - 
 from launcher.supervise.in_place import InPlaceRestarts, RestartTask
 from launcher.supervise.events import (  # noqa: F401 - what the policy is fed, named with it
     CpuSeen, Event, JoinSeen, OutputSeen, ReadyLineSeen, SignalReceived, TaskEnded)
+from launcher.supervise.resize import place
 from launcher.supervise.stall import StallClock
 from launcher.supervise.status import describe_exit
 
@@ -81,6 +82,7 @@ class Rules:
     max_restarts: int = 0
     max_preemption_restarts: int = 0
     worker_restarts: int = 0  # parameter-server workers restarted in place (in_place.py)
+    min_hosts: int = 0  # 0: a host left out without a spare stops the run (resize.py)
 
 
 # -- events (events.py) -----------------------------------------------------------------------
@@ -127,6 +129,7 @@ class Restart:
     notice: str
     leave_out: str | None = None  # a host left out for the rest of the run: its tasks go to a spare
     leave_out_too: tuple[str, ...] = ()  # the other hosts of the attempt judged lost: left out with it
+    dropped: tuple[str, ...] = ()  # of those, the hosts with no spare left: the run goes on without them
 
     @property
     def left_out(self) -> tuple[str, ...]:
@@ -138,6 +141,7 @@ class Restart:
 class GiveUp:
     reason: str = ""  # why the run stops before its restarts are spent (the repeated error, no spare left)
     left_out: tuple[str, ...] = ()  # hosts left out with no spare to take their tasks: the run stops naming them
+    fewer: str = ""  # why the run cannot go on without them: too few hosts would be left (--min-hosts)
 
 
 Decision = Union[Notice, Ready, FailureIgnored, RestartTask, Watch, Stop]
@@ -340,9 +344,9 @@ class Policy:
         if preempted and self.preemptions < self.rules.max_preemption_restarts:
             self.preemptions += 1
             without = f" without {', '.join(lost_too)}" if lost_too else ""
-            return _placed(Restart(f"restarting all tasks{without} after {exit_rules.free_restart_reason(cause)} "
-                                   f"({self.preemptions} of at most "
-                                   f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet)
+            return self._placed(Restart(f"restarting all tasks{without} after {exit_rules.free_restart_reason(cause)} "
+                                        f"({self.preemptions} of at most "
+                                        f"{self.rules.max_preemption_restarts})", leave_out_too=lost_too), fleet)
         leave_out = None
         if cause is not None and not preempted:
             repeated = previous is not None and cause.same_failure(previous[0])
@@ -358,13 +362,12 @@ class Policy:
             leave_out_too = tuple(host for host in lost_too if host != leave_out)
             left_out = ((leave_out,) if leave_out else ()) + leave_out_too
             without = f" without {', '.join(left_out)}" if left_out else ""
-            return _placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of {self.rules.max_restarts})",
-                                   leave_out=leave_out, leave_out_too=leave_out_too), fleet)
+            return self._placed(Restart(f"restarting all tasks{without} (restart {self.restarts} of "
+                                        f"{self.rules.max_restarts})", leave_out=leave_out, leave_out_too=leave_out_too), fleet)
         return GiveUp()
 
-
-def _placed(restart: Restart, fleet: FleetView | None) -> Restart | GiveUp:
-    """The restart, if the fleet has a spare for every host it leaves out; else the run stops naming them."""
-    if fleet is None or place_on_spares(restart.left_out, fleet.spares) is not None:
-        return restart
-    return GiveUp(f"no spare host left to take the tasks of {', '.join(restart.left_out)}", left_out=restart.left_out)
+    def _placed(self, restart: Restart, fleet: FleetView | None) -> Restart | GiveUp:
+        """The restart, if its hosts left out have a place (resize.place); else the run stops naming them."""
+        placed = place(restart.left_out, fleet, self.rules.min_hosts)
+        return (dataclasses.replace(restart, dropped=placed.dropped) if placed.goes_on
+                else GiveUp(placed.reason, left_out=restart.left_out, fewer=placed.fewer))

@@ -287,6 +287,13 @@ class RunRecord:
             self._data.setdefault("warnings", []).append(text)
             self._write()
 
+    def size_changed(self, change: dict[str, Any], size: dict[str, Any]) -> None:
+        """The run goes on on fewer hosts (sizes.py): each change under "size_changes", the size now as "size"."""
+        with self._lock:
+            self._data.setdefault("size_changes", []).append(change)
+            self._data["size"] = size
+            self._write()
+
     def attempt_ended(self, outcome: str, at: float | None = None) -> None:
         with self._lock:
             attempt = self._data["attempts"][-1]

@@ -15,6 +15,7 @@ INTERRUPTED = "interrupted"
 START_TIMEOUT = "start-timeout"
 STALLED = "stalled"
 LAUNCHER_DIED = "launcher-died"
+RESIZED = "resized"  # an attempt stopped to take back hosts the run went on without (take_back.py)
 
 
 def signal_name(signum: int) -> str:

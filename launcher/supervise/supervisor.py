@@ -22,7 +22,8 @@ from typing import Callable, Sequence, TextIO
 from launcher.errors import Interrupted, MgpuError, TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.backends.base import Backend
-from launcher.supervise import causes, evidence, exit_rules, flight_recorder, health, pace, policy, runrecord, stacks_request
+from launcher.supervise import (causes, evidence, exit_rules, flight_recorder, health, pace, policy, runrecord, sizes,
+                               stacks_request)
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
 from launcher.supervise.costs import Cost, RunCosts
@@ -34,8 +35,9 @@ from launcher.supervise.reaper import Reaper
 from launcher.supervise.rundir import RunDir, make_run_dir
 from launcher.supervise.samples import RunSamples
 from launcher.supervise.signals import Signals
-from launcher.supervise.status import FAILED, INTERRUPTED, STALLED, START_TIMEOUT, SUCCEEDED
+from launcher.supervise.status import FAILED, INTERRUPTED, RESIZED, STALLED, START_TIMEOUT, SUCCEEDED
 from launcher.supervise.summary import closing_line, failure_summary, restart_story, stall_summary, start_timeout_summary
+from launcher.supervise.take_back import TakeBack
 from launcher.supervise.terminal import Terminal
 
 LOG_FLUSH_INTERVAL = 0.5
@@ -92,6 +94,7 @@ class _Supervisor:
         self.costs = RunCosts()
         self.left_out: list[str] = []  # every host left out so far: no relaunch command names one
         self.plans = list(plans)
+        self.first_hosts = sizes.planned_hosts(self.plans)
         self.backend = backend
         self.options = options
         self.run_dir = run_dir
@@ -110,6 +113,7 @@ class _Supervisor:
         self.notifier = Notifier(options.run_id, options.notify, options.notify_url, report=self.output.notice)
         self.samples = RunSamples(run_dir, options.tensorboard, self.costs.started, self.output.notice)
         self._busy: dict[str, float] = {}  # the training tasks' latest busy shares, for the samples
+        self.take_back = TakeBack(hosts, options.rejoin_interval if options.min_hosts else 0, self.output.notice)
 
     # -- the whole run ---------------------------------------------------------
 
@@ -132,7 +136,7 @@ class _Supervisor:
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
                 wall = time.monotonic() - started
-                stories = [restart_story(c.cause, c.at, c.took) for c in self.costs.costs]
+                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.take_back.growths)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
                                                 stories, costs=self.costs.totals(), in_place=self.policy.in_place.used))
         except Interrupted as e:
@@ -172,6 +176,10 @@ class _Supervisor:
                 return SUCCEEDED, None, 0
             if self.signals.received:
                 raise Interrupted(self.signals.received[0])
+            if stop.status == RESIZED:  # to take back hosts right after a checkpoint: no failure, no restart used
+                self._take_back()
+                attempt += 1
+                continue
             cause = exit_rules.restate(charge(stop, self.attempt, self.hosts, self.plans), self.options.exit_codes)
             # Hosts lost together are judged together: every other host that lost its connection or
             # left its tasks without an exit status.
@@ -197,7 +205,7 @@ class _Supervisor:
             if after.left_out:  # to spares (a Restart), or the run stops naming them (a GiveUp)
                 # A host that failed its health check is left out for that, whatever its task did.
                 self._leave_out(list(after.left_out), stop, found + ([cause] if cause is not None else []) + [c for c in others if c not in found], attempt,
-                                to_spares=isinstance(after, policy.Restart))
+                                to_spares=isinstance(after, policy.Restart), after=after)
             if isinstance(after, policy.GiveUp):
                 summary = self._summary(stop, attempt)
                 if cause is not None and cause.kind in (causes.KILLED, *causes.HOST_CAUSES):  # else the head says it
@@ -208,6 +216,8 @@ class _Supervisor:
             self.output.notice(after.notice)
             if cause is not None:
                 self.samples.restart(attempt + 1, time.time(), cause.to_dict())
+            if self.take_back.rule.back:  # hosts back join at any restart
+                self._take_back()
             attempt += 1
 
     def _warn_if_none_met(self) -> None:
@@ -253,11 +263,14 @@ class _Supervisor:
         paced = pace.Training(compared, window=self.options.slow_window or pace.WINDOW, named=self._named_slowest)
         next_pace = time.monotonic()
         decisions = self.policy.begin_attempt(attempt.roles(), self.clock())
+        self.take_back.begin_attempt()
         while True:
             watch = self._carry_out(decisions, attempt)
             if isinstance(watch, policy.Stop):
                 return watch
             self.terminal.check_hang_up()
+            if self.take_back.now(tasks, self.clock):  # hosts back and a checkpoint just reported
+                return policy.Stop(RESIZED)
             self.stacks_requests.look(lambda task, native: evidence.live(attempt, task, native))
             if time.monotonic() >= next_progress:
                 for task in tasks:
@@ -326,11 +339,13 @@ class _Supervisor:
     # -- hosts left out --------------------------------------------------------------
 
     def _leave_out(self, hosts: list[str], stop: policy.Stop, judged: list[causes.Cause], attempt: int,
-                   to_spares: bool = True) -> None:
-        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or (no spare
-        that passes its checks, or `to_spares` false) stop the run naming them and the command that
-        relaunches without any host found lost."""
-        placement = self.hosts.replace(hosts, self.output.notice) if to_spares else Placement(None)
+                   to_spares: bool = True, after: policy.Restart | policy.GiveUp | None = None) -> None:
+        """Give the tasks of every host in `hosts` to a spare of its own and plan again, or drop those
+        of the hosts the restart drops (`--min-hosts`), or (no spare that passes its checks, or
+        `to_spares` false) stop the run naming them and the command that relaunches without any
+        host found lost."""
+        before, dropped = self.plans, after.dropped if isinstance(after, policy.Restart) else ()
+        placement = sizes.place(self.hosts, hosts, dropped, self.output.notice) if to_spares else Placement(None)
         judged = judged + [causes.Cause(causes.NETWORK, None, host, "the spares' check could not reach it")
                            for host in placement.gone]  # found gone after the attempt: left out too
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
@@ -341,7 +356,7 @@ class _Supervisor:
             self.notifier.host_left_out(host, why[host], None)
         if placement.plans is None:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
-                                 self.hosts.relaunch(tuple(self.left_out)))
+                                 self.hosts.relaunch(tuple(self.left_out)), getattr(after, "fewer", ""))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
         took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
                 for host, spare in placement.took}
@@ -349,10 +364,20 @@ class _Supervisor:
             self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
             self.notifier.host_left_out(host, why[host], spare)
         self.plans = list(placement.plans)
+        resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
+                                self.record, self.output.notice)
+        self.take_back.left_out(dropped, self.clock)
         if self.costs.costs:
             cost = self.costs.costs[-1]
-            cost.left_out, cost.took = cost.cause.host in took, took.get(cost.cause.host)
-            cost.others = tuple((c, took[c.host]) for c in judged if c.host in took and c.host != cost.cause.host)
+            cost.left_out, cost.took = cost.cause.host in took or cost.cause.host in dropped, took.get(cost.cause.host)
+            cost.others = tuple((c, took.get(c.host)) for c in judged if (c.host in took or c.host in dropped)
+                                and c.host != cost.cause.host)
+            cost.resized = resized
+
+    def _take_back(self) -> None:
+        """The hosts back (rejoin.py) join the cluster: the plans made again with their tasks."""
+        self.plans, change = self.take_back.take_in(self.plans, self.first_hosts, self.record, self.clock())
+        self.left_out = [host for host in self.left_out if change is None or host not in change.back]
 
     # -- the failure summary -------------------------------------------------------
 

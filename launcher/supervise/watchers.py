@@ -153,8 +153,9 @@ class ConsoleWatcher(LineWatcher):
     def line(self, line: Line) -> None:
         text = line.text
         if self.muted or (line.stdout and (text.strip() == protocol.READY_LINE
-                                           or protocol.parse_time_split(text) is not None)):
-            return  # the time split is the launcher's to read (pace.py): the log keeps it
+                                           or protocol.parse_time_split(text) is not None
+                                           or protocol.parse_checkpoint(text) is not None)):
+            return  # the time split and the checkpoints are the launcher's to read: the log keeps them
         if self._noise is not None and self._noise[line.stdout].is_noise(text):
             return  # a blank line is the program's own spacing, shown, unless it ends a noisy record
         text = console_safe(text)  # after latest_redraw has taken the last state of a redrawn line
@@ -225,7 +226,8 @@ class ProgressWatcher(LineWatcher):
         now = self._clock()
         with self._lock:
             if parsed is None:
-                if line.text.strip() and not (line.stdout and protocol.parse_time_split(line.text)):
+                if line.text.strip() and not (line.stdout and (protocol.parse_time_split(line.text)
+                                                               or protocol.parse_checkpoint(line.text) is not None)):
                     self._last_line = console_safe(line.text[:LAST_LINE_CHARS])
                 return
             step, total = parsed
@@ -277,3 +279,22 @@ class TimeSplitWatcher(LineWatcher):
         """(compute ms, wait ms) in all; None before the first line."""
         with self._lock:
             return self._total
+
+
+class CheckpointWatcher(LineWatcher):
+    """The checkpoints the task said it saved (protocol.CHECKPOINT_PREFIX lines on stdout): how many,
+    and the last step, for the rule that takes a host back right after one."""
+
+    name = "checkpoint watcher"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.count = 0
+        self.step: int | None = None
+
+    def line(self, line: Line) -> None:
+        step = protocol.parse_checkpoint(line.text) if line.stdout else None
+        if step is not None:
+            with self._lock:
+                self.count += 1
+                self.step = step

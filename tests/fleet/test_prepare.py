@@ -59,3 +59,28 @@ def test_a_spare_at_a_public_address_gets_the_exposure_warning_for_its_tasks(tmp
         "authentication and listens on every interface, so anyone who reaches that port can run code there. "
         "Use private addresses or a firewall (--allow-public silences this)"]
     assert fleet.in_use == ("h1", "8.8.4.4") and fleet.left_out == ["h2"]
+
+
+def test_a_slow_host_without_a_spare_is_left_out_while_min_hosts_remain(tmp_path):
+    """--leave-out-slow with --min-hosts: the plans are made again for the hosts left; below it, or
+    without it, the slow host keeps its tasks."""
+    spec = ClusterSpec(tasks=tuple(TaskSpec("worker", h, 2222) for h in ("h1", "h2", "h3")), command=("python3", "t.py"))
+
+    def replan(changed: ClusterSpec):
+        return plan_tasks(changed, run_id="r1", local_hosts=frozenset(), launcher_python=sys.executable)
+
+    for min_hosts, left in ((2, ["h1", "h3"]), (3, ["h1", "h2", "h3"]), (0, ["h1", "h2", "h3"])):
+        options = LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path, min_hosts=min_hosts), check_hosts=False,
+                                spec=spec, replan=replan)
+        fleet = MachineFleet(replan(spec), options)
+        notices: list[str] = []
+        fleet.leave_out_slow(["h2"], notices.append)
+        assert [plan.host for plan in fleet.plans] == left, (min_hosts, notices)
+        if min_hosts == 2:
+            assert notices == ["left out slow host h2: no spare host left to take its tasks; the run goes on on 2 of "
+                               "3 hosts (--min-hosts 2)"]
+            assert [(p.name, p.env["WORLD_SIZE"], p.env["MGPU_WORLD_SIZE_MAX"]) for p in fleet.plans] == [
+                ("worker:0", "2", "3"), ("worker:1", "2", "3")]
+        else:
+            assert notices == ["warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of h2; "
+                               "it runs them"]

@@ -95,3 +95,25 @@ def test_a_node_killed_twice_gives_its_task_to_the_spare_node(three_nodes, tmp_p
     assert [(left["host"], left["replaced_by"]) for left in record["costs"]["left_out"]] == [("h1", "h3 took worker:0")]
     # The spare's task keeps its index; ranked by the allocation's order, it is the step's last task.
     assert "[worker:0] on h3" in output and "[worker:1] on h2" in output, output[-4000:]
+
+
+def test_a_node_killed_twice_with_no_spare_leaves_the_run_on_the_nodes_left(three_nodes, tmp_path):
+    """--min-hosts 2 and no spare: h1's task is killed in each step, so h1 is left out after the
+    second, and the third step runs on h2 and h3 alone (srun --nodes=2 --exclude=h1), the plans
+    made again for two: WORLD_SIZE 2, the planned size 3."""
+    runs = tmp_path / "runs"
+    program = ('if [ "$SLURMD_NODENAME" = h1 ]; then kill -9 $$; fi; '
+               'echo "on $SLURMD_NODENAME rank $RANK of $WORLD_SIZE, planned $MGPU_WORLD_SIZE_MAX"')
+    argv = [*MGPU, "launch", "--slurm", "--min-hosts", "2", "--max-restarts", "3", "--run-id", "fewer-nodes",
+            "--log-dir", str(runs), "--", "sh", "-c", program]
+    output = sbatch_wait(three_nodes, tmp_path, argv, nodes=3)
+    record = json.loads((runs / "fewer-nodes" / "run.json").read_text())
+    assert record["status"] == "succeeded", output[-4000:]
+    assert [attempt.get("cause") for attempt in record["attempts"]] == ["killed", "killed", None]
+    assert {name: task["host"] for name, task in record["attempts"][2]["tasks"].items()} == {
+        "worker:0": "h2", "worker:1": "h3"}
+    assert [(change["dropped"], change["hosts"]) for change in record["size_changes"]] == [
+        (["h1"], {"from": 3, "to": 2, "planned": 3})]
+    assert "[worker:0] on h2 rank 0 of 2, planned 3" in output and "[worker:1] on h3 rank 1 of 2, planned 3" in output, \
+        output[-4000:]
+    assert "no spare host for h1: the run goes on on 2 of 3 hosts (--min-hosts 2)" in output, output[-4000:]

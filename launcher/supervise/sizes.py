@@ -1,0 +1,156 @@
+"""The run's size as it changes: each time hosts are left out with no spare to take their tasks
+(`--min-hosts`), the run goes on on fewer hosts. What run.json records of it (`size_changes`, and
+`size`, which `mgpu status` shows), the notice that says it, and the words of the closing line.
+The supervisor hands in the plans, the hosts' actions and the record."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from launcher.plan.coordinator import JOB_ROLES
+from launcher.plan.planner import TaskPlan
+from launcher.protocol import ENV_HOSTS_MAX
+from launcher.supervise.hosts import HostActions, Placement
+from launcher.supervise.runrecord import RunRecord, utc
+from launcher.supervise.summary import duration
+
+if TYPE_CHECKING:
+    from launcher.supervise.costs import Cost
+
+
+def hosts_of(plans: Sequence[TaskPlan]) -> tuple[str, ...]:
+    """The hosts of the job's members (chief and workers), as MGPU_HOSTS_MAX counts them; of every
+    task for a run without members."""
+    members = [plan for plan in plans if plan.type in JOB_ROLES] or plans
+    return tuple(dict.fromkeys(plan.host for plan in members))
+
+
+def planned_hosts(plans: Sequence[TaskPlan]) -> int:
+    """The hosts the run was planned on: what its tasks are told (MGPU_HOSTS_MAX), also when a slow
+    host was left out before the start."""
+    told = plans[0].env.get(ENV_HOSTS_MAX, "") if plans else ""
+    return int(told) if told.isdigit() else len(hosts_of(plans))
+
+
+def renamed(before: Sequence[TaskPlan], after: Sequence[TaskPlan]) -> list[tuple[str, str]]:
+    """(old name, new name) of each task left whose name changed: a host's tasks, in order, are the
+    same tasks (each keeps its host, port and place among them), renumbered by the planner."""
+    old: dict[str, list[str]] = {}
+    for plan in before:
+        old.setdefault(plan.host, []).append(plan.name)
+    new: dict[str, list[str]] = {}
+    for plan in after:
+        new.setdefault(plan.host, []).append(plan.name)
+    return [(was, now) for host, names in new.items() for was, now in zip(old.get(host, ()), names) if was != now]
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeChange:
+    """The run went on without `dropped`: from `hosts_from` hosts to `hosts_to`, of `planned`."""
+
+    at: float  # seconds since the epoch
+    dropped: tuple[str, ...]
+    why: str
+    hosts_from: int
+    hosts_to: int
+    tasks_from: int
+    tasks_to: int
+    planned: int  # hosts as the run was planned
+    renamed: tuple[tuple[str, str], ...] = ()
+    back: tuple[str, ...] = ()  # hosts taken back (a growth; `dropped` is then empty)
+
+    @classmethod
+    def of(cls, at: float, dropped: Sequence[str], why: str, before: Sequence[TaskPlan], after: Sequence[TaskPlan],
+           planned: int, back: Sequence[str] = ()) -> "SizeChange":
+        return cls(at, tuple(dropped), why, len(hosts_of(before)), len(hosts_of(after)), len(before), len(after),
+                   planned, tuple(renamed(before, after)), tuple(back))
+
+    def to_dict(self) -> dict:
+        return {"at": utc(self.at), "dropped": list(self.dropped), "back": list(self.back), "why": self.why,
+                "hosts": {"from": self.hosts_from, "to": self.hosts_to, "planned": self.planned},
+                "tasks": {"from": self.tasks_from, "to": self.tasks_to},
+                "renamed": {was: now for was, now in self.renamed}}
+
+    def notice(self, min_hosts: int) -> str:
+        """What the console says once the plans are made again."""
+        left_out = ", ".join(self.dropped)
+        renames = "; ".join(f"{was} is {now} now" for was, now in self.renamed[:4])
+        more = f" (and {len(self.renamed) - 4} more)" if len(self.renamed) > 4 else ""
+        return (f"no spare host for {left_out}: the run goes on on {self.hosts_to} of {self.planned} hosts "
+                f"(--min-hosts {min_hosts}), {self.tasks_to} tasks in place of {self.tasks_from}"
+                + (f"; {renames}{more}" if renames else ""))
+
+    def back_notice(self) -> str:
+        """What the console says once the plans are made again with hosts back."""
+        return (f"{', '.join(self.back)} back: the run goes on on {self.hosts_to} of {self.planned} hosts, "
+                f"{self.tasks_to} tasks in place of {self.tasks_from}")
+
+    def story(self, until: float) -> str:
+        """For the closing line: "ran on 2 of 3 hosts for 41 min"."""
+        return f"ran on {self.hosts_to} of {self.planned} hosts for {duration(max(0.0, until - self.at))}"
+
+
+def size_record(change: SizeChange) -> dict:
+    """run.json's `size`: the hosts and tasks the run runs on now, since when."""
+    return {"hosts": change.hosts_to, "planned_hosts": change.planned, "tasks": change.tasks_to,
+            "since": utc(change.at)}
+
+
+def place(hosts: HostActions, left_out: Sequence[str], dropped: Sequence[str],
+          notice: Callable[[str], None]) -> Placement:
+    """The plans once `left_out` are left out: first without `dropped` (the hosts with no spare:
+    the plans made again for the hosts left), then with a spare for each of the others; Placement
+    without plans when either cannot be done."""
+    placement = hosts.shrink(dropped, notice) if dropped else None
+    on_spares = [host for host in left_out if host not in dropped]
+    if on_spares and (placement is None or placement.plans is not None):
+        placement = hosts.replace(on_spares, notice)
+    return placement if placement is not None else Placement(None)
+
+
+def resized(before: Sequence[TaskPlan], after: Sequence[TaskPlan], dropped: Sequence[str], why: Mapping[str, str],
+            planned: int, min_hosts: int, record: RunRecord, notice: Callable[[str], None]) -> SizeChange | None:
+    """Once the plans were made again without `dropped`: each said on the console, the change
+    recorded (run.json) and returned; None when no host was dropped."""
+    if not dropped:
+        return None
+    change = SizeChange.of(time.time(), dropped, "; ".join(f"{host}: {why.get(host, 'failed')}" for host in dropped),
+                           before, after, planned)
+    for host in dropped:
+        notice(f"{host} left out for the rest of the run ({why.get(host, 'failed')})")
+    notice(change.notice(min_hosts))
+    record.size_changed(change.to_dict(), size_record(change))
+    return change
+
+
+def told(cost: "Cost", costs: Sequence["Cost"], growths: Sequence[SizeChange] = ()) -> str | None:
+    """For the closing line, a restart that went on on fewer hosts: for how long (until the next
+    size change, or now), and when its host was taken back, if it was."""
+    if cost.resized is None:
+        return None
+    at = cost.resized.at
+    later = [c.resized.at for c in costs if c.resized is not None and c.resized.at > at]
+    later += [growth.at for growth in growths if growth.at > at]
+    story = cost.resized.story(min(later, default=time.time()))
+    for growth in growths:
+        for host in growth.back:
+            if growth.at > at and host in cost.resized.dropped:
+                story += f"; {host} back at {datetime.datetime.fromtimestamp(growth.at).strftime('%H:%M')}"
+    return story
+
+
+def grow(hosts: HostActions, back: Sequence[str], before: Sequence[TaskPlan], planned: int, record: RunRecord,
+         notice: Callable[[str], None]) -> tuple[Sequence[TaskPlan] | None, SizeChange | None]:
+    """The plans with the tasks of `back` (hosts that passed their probe) taken back and made ready,
+    the change said and recorded; (None, None) when they cannot be (they stay out)."""
+    placement = hosts.grow(back, notice)
+    if placement.plans is None:
+        notice(f"{', '.join(back)} could not be taken back (see above); the run goes on without")
+        return None, None
+    change = SizeChange.of(time.time(), (), "taken back", before, placement.plans, planned, back=back)
+    notice(change.back_notice())
+    record.size_changed(change.to_dict(), size_record(change))
+    return placement.plans, change

@@ -1,0 +1,117 @@
+"""A run that goes on on fewer hosts (--min-hosts) and takes its host back: three hosts in network
+namespaces of their own, each with its own sshd, run a PyTorch DDP program (gloo, CPU) with
+--min-hosts 2 and no spare. h1, whose task is rank 0 and so the coordinator, dies mid-run (its link
+goes down and every process in its namespace is killed): the plans are made again for h2 and h3,
+the coordinator moves to h2, and the run goes on there, resumed from its checkpoint past step 0 at
+WORLD_SIZE 2. Then h1 comes back (its link up, its sshd again): a probe finds it, and right after
+the next checkpoint line the cluster restarts on all three, and finishes there."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+from needs import require
+
+from launching import REPO, finish, start_mgpu, wait_for
+from ssh_helpers import PYTHON, ip, lose, run_processes, start_sshd, unique_run_id
+
+pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
+
+PROGRAM = str(REPO / "tests" / "programs" / "torch_shrink.py")
+
+
+@pytest.fixture
+def lab(lab_of_three):
+    """The lab; `revive("h1")` brings a host back (its link up, a new sshd with the same host key),
+    as it is after the test whatever happened."""
+    require("torch")
+    lab, known, config, servers, directory, ssh_lab = lab_of_three
+
+    def revive(name: str) -> None:
+        ip("-n", lab.namespaces[name], "link", "set", "eth0", "up")
+        if servers[name].proc.poll() is not None:
+            servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=lab.hosts[name], port=22,
+                                       netns=lab.namespaces[name])
+
+    yield lab, known, config, revive
+    revive("h1")
+
+
+def record_of(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def progress(run_dir) -> int:
+    """The highest step a task of the run's last attempt reported (0 before any)."""
+    attempts = record_of(run_dir).get("attempts") or [{}]
+    return max((task["progress"]["step"] for task in attempts[-1].get("tasks", {}).values()
+                if task.get("progress")), default=0)
+
+
+def test_a_lost_host_with_no_spare_leaves_the_run_on_two_hosts_until_it_is_back(lab, tmp_path):
+    netns, known, config, revive = lab
+    run_id = unique_run_id("shrink")
+    run_dir = tmp_path / "mgpu-runs" / run_id
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "slow").touch()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222,h3:2222", "--min-hosts", "2", "--max-restarts", "2",
+                      "--rejoin-interval", "2", "--ssh-config", str(config), "--known-hosts", str(known),
+                      "--keepalive", "1", "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
+                      "--run-id", run_id, "--", PYTHON, PROGRAM, str(folder), "200", cwd=tmp_path, env=env)
+    try:
+        wait_for(lambda: progress(run_dir) >= 8 or proc.poll() is not None, 150, "step 8")
+        lose(netns, "h1")
+        wait_for(lambda: record_of(run_dir).get("size_changes") or proc.poll() is not None, 120, "the size change")
+        revive("h1")
+        wait_for(lambda: len(record_of(run_dir).get("size_changes", ())) == 2 or proc.poll() is not None, 120,
+                 "h1 taken back")
+        (folder / "slow").unlink()
+        code, out = finish(proc, 180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record = record_of(run_dir)
+    assert not run_processes(run_id)
+    assert code == 0, out[-4000:]
+    first, second, third = record["attempts"]
+    assert (first["cause"], first["host"]) == ("host-lost", "h1"), first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h2", "worker:1": "h3"}
+    assert {name: task["host"] for name, task in third["tasks"].items()} == {
+        "worker:0": "h2", "worker:1": "h3", "worker:2": "h1"}
+    assert second["outcome"] == "resized", second
+    # The output names the lost host and the new size; the tasks left were renumbered.
+    assert "no spare host for h1: the run goes on on 2 of 3 hosts (--min-hosts 2), 2 tasks in place of 3; " \
+           "worker:1 is worker:0 now; worker:2 is worker:1 now" in out, out[-4000:]
+    assert "[mgpu] h1 answers again and passed its checks: it joins the cluster at the next restart" in out, out[-4000:]
+    assert "[mgpu] h1 back: the run goes on on 3 of 3 hosts, 3 tasks in place of 2" in out, out[-4000:]
+    shrink, growth = record["size_changes"]
+    assert (shrink["dropped"], shrink["hosts"], shrink["tasks"]) == (
+        ["h1"], {"from": 3, "to": 2, "planned": 3}, {"from": 3, "to": 2})
+    assert (growth["back"], growth["hosts"]) == (["h1"], {"from": 2, "to": 3, "planned": 3})
+    # WORLD_SIZE seen to change (the planned size stays); each attempt resumed from the checkpoint.
+    worlds = re.findall(r"world (\d) of (\d), rank (\d)", out)
+    assert sorted(set(worlds)) == [("2", "3", "0"), ("2", "3", "1"), ("3", "3", "0"), ("3", "3", "1"),
+                                   ("3", "3", "2")], worlds
+    log = (run_dir / "worker-0.log").read_text()
+    starts = [int(n) for n in re.findall(r"start step (\d+)", log)]
+    # The checkpoint lines are mgpu's to read: in the log, not on the console.
+    assert "MGPU_CHECKPOINT 1\n" in log and "MGPU_CHECKPOINT" not in out, out[-2000:]
+    assert len(starts) == 3 and starts[0] == 0 and 8 <= starts[1] < starts[2], starts
+    closing = out.splitlines()[-1]
+    assert closing.startswith("[mgpu] done: 3 tasks succeeded in ") and "; 2 restarts (h1 lost at " in closing, closing
+    assert re.search(r"; ran on 2 of 3 hosts for [^;]+; h1 back at \d\d:\d\d\)", closing), closing
+    status = subprocess.run([PYTHON, "-m", "launcher", "status", run_id], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^size: 3 of 3 hosts since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(UTC\)$", status.stdout, re.M), \
+        status.stdout
