@@ -260,8 +260,10 @@ def _tensorboard(folder: str | None) -> pathlib.Path | None:
 
 
 def recorded_command_line(show_secrets: bool) -> tuple[str, ...]:
-    """The command line as given (the root context's), its secrets hidden, for run.json."""
-    return recorded(click.get_current_context().meta.get(GIVEN_ARGS, ()), show_secrets)
+    """The command line as given (the root context's), its secrets hidden, for run.json; none where
+    the options were made outside a command (by a program of the user's calling this module)."""
+    context = click.get_current_context(silent=True)
+    return recorded(context.meta.get(GIVEN_ARGS, ()) if context is not None else (), show_secrets)
 
 
 def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOptions:
