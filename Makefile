@@ -30,15 +30,17 @@ FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 # Re-installs whenever the package metadata changes. Not the bench extra (matplotlib): the tests
 # plot nothing, and where matplotlib is installed, `import tensorflow` and `import keras` load it
 # (Keras's image-gallery plots), 0.3-0.8 CPU-s in each of the many tasks the tests start.
+# --no-compile: compiling every module of TensorFlow, JAX and torch to bytecode is two thirds of the
+# install's time on two cores; Python compiles (and caches) only the modules a process imports.
 $(INSTALLED): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --quiet --upgrade pip
-	$(PY) -m pip install --quiet --quiet -e '.[train,dev,legacy-keras]'
+	$(PY) -m pip install --quiet --quiet --no-compile -e '.[train,dev,legacy-keras]'
 	touch $@
 
 # The benchmarks draw their plots with matplotlib.
 $(BENCH_INSTALLED): $(INSTALLED)
-	$(PY) -m pip install --quiet --quiet -e '.[train,dev,bench,legacy-keras]'
+	$(PY) -m pip install --quiet --quiet --no-compile -e '.[train,dev,bench,legacy-keras]'
 	touch $@
 
 venv: $(INSTALLED)
