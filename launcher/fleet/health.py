@@ -1,31 +1,12 @@
-"""The health check's stage (`--health-check`, spec `health_check:`; preflight/health.py runs it):
-at the first start a host that fails it is set apart for the fleet to leave out (a spare takes its
-tasks, or the launch ends naming it); a spare that fails it is skipped. Either is quarantined."""
+"""The first start's hosts that failed the health check (`--health-check`, spec `health_check:`;
+stages.check_health runs it, preflight/health.py on the hosts), left out for spares and quarantined."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from launcher.config.quarantine import HEALTH_CHECK
 from launcher.errors import CheckFailed
-
-if TYPE_CHECKING:
-    from launcher.fleet.stages import Preparing
-
-
-def check_health(state: Preparing) -> None:
-    command = state.fleet.options.health_check
-    if not command:
-        return
-    from launcher.preflight.health import unhealthy_hosts
-
-    unhealthy = unhealthy_hosts(state.mine(), command, state.fleet.ssh)
-    if state.first:
-        state.unhealthy.update(unhealthy)
-        return
-    for host, why in unhealthy.items():
-        state.refuse([host], CheckFailed(f"its health check failed: {why}"))
-    state.fleet.remember_left_out({host: f"{HEALTH_CHECK}: {why}" for host, why in unhealthy.items()}, state.notice)
 
 
 def leave_out_unhealthy(fleet, unhealthy: dict[str, str], notice: Callable[[str], None]) -> None:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from launcher.backends.ssh.remote_command import MAX_COMMAND_BYTES, longest_start_command
 from launcher.backends.base import Backend
-from launcher.errors import MgpuError, UsageError
+from launcher.config.quarantine import HEALTH_CHECK
+from launcher.errors import CheckFailed, MgpuError, UsageError
 from launcher.fleet.backends import sync_to_hosts
 from launcher.plan.network import with_interfaces
 from launcher.plan.planner import LEGACY_KERAS_ENV, TaskPlan
@@ -32,7 +33,6 @@ from launcher.preflight import check_json
 from launcher.preflight.exposure import exposure_warnings
 from launcher.preflight.on_host import by_host
 from launcher.preflight.reach import reachable_interfaces
-from launcher.fleet.health import check_health
 from launcher.fleet.setup import run_setup
 from launcher.preflight.speed import HostSpeed, spans_hosts
 from launcher.supervise import causes
@@ -165,6 +165,24 @@ def warn_about_exposure(state: Preparing) -> None:
     ssh = state.fleet.ssh
     for warning in exposure_warnings(state.mine(), ssh.resolved_address if ssh is not None else None):
         print(f"mgpu: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def check_health(state: Preparing) -> None:
+    """`--health-check` on the hosts not yet made ready: at the first start a host that fails it is
+    set apart for the fleet to leave out (a spare takes its tasks, or the launch ends naming it); a
+    spare that fails it is skipped. Either is quarantined."""
+    command = state.fleet.options.health_check
+    if not command:
+        return
+    from launcher.preflight.health import unhealthy_hosts
+
+    unhealthy = unhealthy_hosts(state.mine(), command, state.fleet.ssh)
+    if state.first:
+        state.unhealthy.update(unhealthy)
+        return
+    for host, why in unhealthy.items():
+        state.refuse([host], CheckFailed(f"its health check failed: {why}"))
+    state.fleet.remember_left_out({host: f"{HEALTH_CHECK}: {why}" for host, why in unhealthy.items()}, state.notice)
 
 
 def sync(state: Preparing) -> None:

@@ -18,7 +18,6 @@ through a backend, local ones with a subprocess.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from launcher.errors import CheckFailed, ConnectError, MgpuError, UnreadableAnsw
 from launcher.host.packages import NOT_INSTALLED, installed_tensorflow_version
 from launcher.plan.planner import TaskPlan
 from launcher.preflight.answers import check_answer, unreadable
+from launcher.preflight.host_report import HostReport
 from launcher.preflight.on_host import Conversation, HostShell, by_host, in_parallel
 from launcher.preflight.probes import host_check_command, needs_of, search_env_input
 from launcher.preflight.program import interpreters_line, judge_own_names, judge_program
@@ -39,37 +39,6 @@ if TYPE_CHECKING:
 
 # Seconds a host gets to run the probe once connected (importing TensorFlow, in `mgpu check`, takes a few).
 PROBE_TIMEOUT = 90.0
-
-
-@dataclasses.dataclass
-class HostReport:
-    host: str
-    tasks: tuple[str, ...]
-    ssh: str = "-"  # "ok", "local", or "failed"
-    python: str = "-"
-    tensorflow: str = "-"
-    tf_keras: str = "-"  # checked only when tasks run with --legacy-keras
-    ports: str = "-"
-    gpus: str = "-"
-    py_spy: str | None = None  # where py-spy is (`mgpu stacks`); "": not there; None: not asked
-    speed: str = "-"  # the speed probe's figures, with the slow ones named (mgpu check)
-    problems: list[str] = dataclasses.field(default_factory=list)
-    error: MgpuError | None = None  # a connection error, kept to re-raise with its type
-    reached: dict | None = None  # the reachability test's answer, when it ran in the check's session
-    measured: dict | None = None  # the speed probe's answer, when it ran in the check's session
-    handover: Handover | None = None  # the check's session, kept to start the host's first task
-    interpreter: str = "-"  # the path of the Python that runs the tasks' own program, where it is one
-    imports: tuple[str, ...] = ()  # the modules that program imports at its top level
-    own_name: dict | None = None  # the host's own name and what its resolver gives for it
-    keras_backend: str | None = None  # the Keras backend the program's script sets for itself
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def reason(self) -> str:
-        return "; ".join(self.problems) if self.problems else "ok"
 
 
 def local_tensorflow_version() -> str | None:

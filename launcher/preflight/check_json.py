@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from launcher.preflight.check import HostReport, table_json
+from launcher.preflight.check import table_json
+from launcher.preflight.host_report import HostReport
 from launcher.preflight.speed import HostSpeed, by_slow_host, slow_hosts
 from launcher.supervise.rundir import MAX_CHECKS_BYTES
 

@@ -18,7 +18,7 @@ import ipaddress
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:
-    from launcher.preflight.check import HostReport
+    from launcher.preflight.host_report import HostReport
     from launcher.preflight.probes import TaskNeeds
 
 KERAS_BACKEND_ENV = "KERAS_BACKEND"

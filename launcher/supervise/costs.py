@@ -5,7 +5,9 @@ the goodput (run.json, the closing line and `mgpu status`). The split itself is 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
+from typing import Sequence
 
 from launcher.supervise import causes, lost_time, policy
 from launcher.supervise.attempt import Attempt
@@ -116,3 +118,19 @@ def step_times(attempt: Attempt, highest: int | None, best_before: int | None) -
     most = max(seen, key=lambda p: p.rises)
     interval = (most.step_at - most.first_at) / most.rises if most.rises and most.step_at is not None else None
     return lost_time.StepTimes(first.first_at, first.first, min(caught, default=None), last_new, highest, interval)
+
+
+def resized_story(cost: Cost, costs: Sequence[Cost], growths: Sequence[SizeChange] = ()) -> str | None:
+    """For the closing line, a restart that went on on fewer hosts: for how long (until the next
+    size change, or now), and when its host was taken back, if it was."""
+    if cost.resized is None:
+        return None
+    at = cost.resized.at
+    later = [c.resized.at for c in costs if c.resized is not None and c.resized.at > at]
+    later += [growth.at for growth in growths if growth.at > at]
+    story = cost.resized.story(min(later, default=time.time()))
+    for growth in growths:
+        for host in growth.back:
+            if growth.at > at and host in cost.resized.dropped:
+                story += f"; {host} back at {datetime.datetime.fromtimestamp(growth.at).strftime('%H:%M')}"
+    return story

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from launcher.supervise.summary import duration
+from launcher.supervise.status import duration
 
 CATEGORIES = ("start_up", "redone", "after_last_step", "stalled", "restart", "finish")
 

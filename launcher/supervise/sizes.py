@@ -6,19 +6,15 @@ The supervisor hands in the plans, the hosts' actions and the record."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from launcher.plan.coordinator import JOB_ROLES
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_HOSTS_MAX
 from launcher.supervise.hosts import HostActions, Placement
 from launcher.supervise.runrecord import RunRecord, utc
-from launcher.supervise.summary import duration
-
-if TYPE_CHECKING:
-    from launcher.supervise.costs import Cost
+from launcher.supervise.status import duration
 
 
 def hosts_of(plans: Sequence[TaskPlan]) -> tuple[str, ...]:
@@ -124,22 +120,6 @@ def resized(before: Sequence[TaskPlan], after: Sequence[TaskPlan], dropped: Sequ
     notice(change.notice(min_hosts))
     record.size_changed(change.to_dict(), size_record(change))
     return change
-
-
-def told(cost: "Cost", costs: Sequence["Cost"], growths: Sequence[SizeChange] = ()) -> str | None:
-    """For the closing line, a restart that went on on fewer hosts: for how long (until the next
-    size change, or now), and when its host was taken back, if it was."""
-    if cost.resized is None:
-        return None
-    at = cost.resized.at
-    later = [c.resized.at for c in costs if c.resized is not None and c.resized.at > at]
-    later += [growth.at for growth in growths if growth.at > at]
-    story = cost.resized.story(min(later, default=time.time()))
-    for growth in growths:
-        for host in growth.back:
-            if growth.at > at and host in cost.resized.dropped:
-                story += f"; {host} back at {datetime.datetime.fromtimestamp(growth.at).strftime('%H:%M')}"
-    return story
 
 
 def grow(hosts: HostActions, back: Sequence[str], before: Sequence[TaskPlan], planned: int, record: RunRecord,

@@ -31,3 +31,13 @@ def describe_exit(returncode: int) -> str:
     if returncode == protocol.EXIT_PREEMPTED:
         return f"exited with code {returncode} (preempted)"
     return f"exited with code {returncode}"
+
+
+def duration(seconds: float) -> str:
+    """"41.3 s", "12 min 5 s", "21 h 4 min"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60)} s"
+    return f"{minutes // 60} h {minutes % 60} min"

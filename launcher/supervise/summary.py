@@ -14,7 +14,7 @@ from launcher.error_file import TaskError
 from launcher.supervise import causes, diagnosis, fixes, stacks
 from launcher.supervise.console_text import console_safe
 from launcher.supervise.exit_rules import said_rule
-from launcher.supervise.status import describe_exit  # noqa: F401 - told here too, with the summaries
+from launcher.supervise.status import describe_exit, duration  # noqa: F401 - told here too, with the summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,16 +213,6 @@ def _telling_frames(frames: Sequence[stacks.Frame]) -> list[stacks.Frame]:
         return []
     own = [f for f in frames[1:] if not f.native and not stacks.is_library(f.file)]
     return [frames[0], *own[:SHOWN_FRAMES - 1]]
-
-
-def duration(seconds: float) -> str:
-    """"41.3 s", "12 min 5 s", "21 h 4 min"."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes = int(seconds // 60)
-    if minutes < 60:
-        return f"{minutes} min {int(seconds % 60)} s"
-    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def restart_story(cause: causes.Cause, at: float, took: str | None = None) -> str:

@@ -26,7 +26,7 @@ from launcher.supervise import (causes, evidence, exit_rules, flight_recorder, h
                                stacks_request)
 from launcher.supervise.attempt import DRAIN_TIMEOUT, POLL_INTERVAL, Attempt, TaskKinds  # noqa: F401 - DRAIN_TIMEOUT, told here too
 from launcher.supervise.blame import charge
-from launcher.supervise.costs import Cost, RunCosts
+from launcher.supervise.costs import Cost, RunCosts, resized_story
 from launcher.supervise.hosts import HostActions, Placement, Seen, judge_others, left_out_head
 from launcher.supervise.notify import Notifier
 from launcher.supervise.options import SuperviseOptions
@@ -136,7 +136,7 @@ class _Supervisor:
                 # A server stopped once the chief was done did what it was for.
                 succeeded = sum(t.returncode == 0 or t.plan.type in self.kinds.servers for t in tasks)
                 wall = time.monotonic() - started
-                stories = [restart_story(c.cause, c.at, c.took or sizes.told(c, self.costs.costs, self.take_back.growths)) for c in self.costs.costs]
+                stories = [restart_story(c.cause, c.at, c.took or resized_story(c, self.costs.costs, self.take_back.growths)) for c in self.costs.costs]
                 self.output.notice(closing_line(len(tasks), succeeded, wall, self.attempt.number, self.run_dir.path,
                                                 stories, costs=self.costs.totals(), in_place=self.policy.in_place.used))
         except Interrupted as e:

@@ -4,7 +4,7 @@ too large for its reader cut to whole rows that fit. Pure."""
 
 import json
 
-from launcher.preflight.check import HostReport
+from launcher.preflight.host_report import HostReport
 from launcher.preflight.check_json import bounded, document
 from launcher.preflight.speed import HostSpeed
 from launcher.supervise.rundir import MAX_CHECKS_BYTES

@@ -1,7 +1,7 @@
 """What the check judges of a host's answer about the task's own program and the host's own name
 (preflight/program.py): pure, on answers made by hand."""
 
-from launcher.preflight.check import HostReport
+from launcher.preflight.host_report import HostReport
 from launcher.preflight.probes import TaskNeeds
 from launcher.preflight.program import interpreters_line, judge_own_names, judge_program
 
