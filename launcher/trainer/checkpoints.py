@@ -6,10 +6,13 @@ the other workers, so the directory need not be shared between hosts.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
 import tensorflow as tf
+
+from launcher import protocol
 
 
 def _tf_variable(v):
@@ -58,6 +61,8 @@ class Checkpointer:
             self._before_save(step)
         if self._manager is not None:
             self._manager.save(checkpoint_number=step)
+            if protocol.ENV_RUN_ID in os.environ:  # the launcher takes a host back right after one
+                print(protocol.checkpoint_line(step), flush=True)
         else:
             scratch = tempfile.mkdtemp(prefix=f"mgpu-ckpt-worker{self._worker_index}-")
             try:

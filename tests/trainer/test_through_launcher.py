@@ -107,6 +107,10 @@ def test_preempted_worker_restarts_the_cluster_which_resumes_and_tf_logs_show_wh
     assert metrics["global_step"] == 200
     assert len(metrics["replica_fingerprints"]) == 2 and len(set(metrics["replica_fingerprints"])) == 1
     logs = [(log_dir / "preempted" / f"worker-{i}.log").read_text() for i in (0, 1)]
+    # The chief says each checkpoint it keeps (the preemption's, the last), in its log, not on the console.
+    said = [line for line in logs[0].splitlines() if line.startswith("MGPU_CHECKPOINT ")]
+    assert said[0] == f"MGPU_CHECKPOINT {step}" and said[-1] == "MGPU_CHECKPOINT 200", said
+    assert "MGPU_CHECKPOINT" not in logs[1] and "MGPU_CHECKPOINT" not in out
     assert all(SERVER_STARTED in log for log in logs)
     for name in ("worker:0", "worker:1"):
         assert f"[{name}] {ABSL_PREAMBLE}" in out
