@@ -158,7 +158,7 @@ def status_command(run_name: str | None, log_dir: pathlib.Path, as_json: bool) -
     where = "" if run.here else f" on {record.get('supervisor_host')}"
     supervisor = f"supervisor pid {run.supervisor_pid}{where}" if state == runrecord.RUNNING else "supervisor gone"
     click.echo(console_safe(f"run {run.run_id}: {state}{code}; started {_time(record.get('started_at'))}{ended} "
-                            f"(UTC); {max(0, len(run.attempts) - 1)} restarts; {supervisor}"))
+                            f"(UTC); {_restarts(max(0, len(run.attempts) - 1))}; {supervisor}"))
     click.echo(console_safe(f"files: {run.path}/"))
     size = size_line(record["size"]) if isinstance(record.get("size"), dict) else None
     if size:
@@ -345,3 +345,7 @@ def _stop_by_lock(run_id: str, pid: int, log_dir: pathlib.Path, now: bool) -> in
     click.echo(f"mgpu: run {run_id} stopped (with no run folder in {console_safe(str(log_dir))}, how it ended is "
                f"not known here)")
     return 0
+
+
+def _restarts(count: int) -> str:
+    return "1 restart" if count == 1 else f"{count} restarts"

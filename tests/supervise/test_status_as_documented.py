@@ -38,6 +38,7 @@ def test_status_shows_the_columns_and_the_task_table_the_page_lists(run_id, tmp_
     assert one.returncode == 0, one.stderr
     lines = one.stdout.splitlines()
     assert lines[0].startswith(f"run {run_id}: succeeded (exit 0); ")  # "the run's state and exit code"
+    assert "; 0 restarts; " in lines[0], lines[0]
     documented = next(line for line in page.splitlines() if line.startswith("TASK "))
     table = next(line for line in lines if line.startswith("TASK "))
     assert columns(table) == columns(documented)  # host, pid, state, ready, progress, busy, last line
