@@ -55,8 +55,8 @@ def _head(story: Story) -> str:
                     f'<p class="muted">the tasks ran</p>{commands}')
     return (f'<h1>mgpu run <span class="mono">{esc(story.run_id)}</span> <span class="status {status}" id="status">'
             f'{status}</span></h1><p class="muted">started {esc(story.started_at)}{ended}; '
-            f'{esc(seconds(story.wall))} of wall time; {len(story.tasks)} tasks on {len(story.hosts.rows)} hosts; '
-            f'{len(story.restarts)} restarts</p>{message}'
+            f'{esc(seconds(story.wall))} of wall time; {_count(len(story.tasks), "task")} on '
+            f'{_count(len(story.hosts.rows), "host")}; {_count(len(story.restarts), "restart")}</p>{message}'
             f'<h2 id="command">The command and hosts</h2>{commands}{table(story.hosts)}'
             f'<details><summary>supervision settings</summary>{table(story.settings)}</details>')
 
@@ -178,3 +178,7 @@ def render(story: Story, log_links: dict[str, str], trace_link: str | None = Non
             f'{_head(story)}\n{left}{_timeline(story)}\n{_restarts(story)}\n{_busy(story)}\n{_costs(story)}\n'
             f'{_checks(story)}\n{_logs(story, log_links, trace_link)}\n{_stalls(story, stall_links or {})}\n'
             f'<p class="muted">made by mgpu report at {esc(made)} from the run folder</p>\n</body></html>\n')
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}"

@@ -93,6 +93,7 @@ def test_the_page_tells_the_run():
         assert name in words
     assert "program-error" in words and "h3 took worker:1" in words  # the cause; who took the host's place
     assert "92.5%" in words  # the goodput
+    assert "2 tasks on 3 hosts; 1 restart" in words
     assert [b.task for b in told.bars].count("worker:1") == 2  # a bar per attempt
     bars = {(b.task, b.attempt): b for b in told.bars}
     assert bars["worker:1", 0].at_fault and not bars["worker:0", 0].at_fault
