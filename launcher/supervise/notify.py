@@ -1,7 +1,8 @@
 """Word when something happens: `--notify CMD` and `--notify-url URL`.
 
 The supervisor hands its events to a Notifier: the run started, an attempt failed (its cause, task
-and host), a host was left out, the run stalled, the run ended (its status and goodput). Each event
+and host), a host was left out or taken back, the run's size changed (`--min-hosts`: from how many
+hosts to how many, and why), the run stalled, the run ended (its status and goodput). Each event
 is one JSON object; the command gets it on its standard input and in MGPU_EVENT, the URL gets it as
 the body of a POST, with a `text` field that Slack's incoming webhooks (and Mattermost's, Teams'
 workflows, Discord's /slack endpoint) show as the message.
@@ -31,18 +32,23 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from launcher.supervise import causes
 from launcher.supervise.console_text import console_safe
 
+if TYPE_CHECKING:
+    from launcher.supervise.sizes import SizeChange
+
 RUN_STARTED = "run-started"
 ATTEMPT_FAILED = "attempt-failed"
 HOST_LEFT_OUT = "host-left-out"
+HOST_TAKEN_BACK = "host-taken-back"
+SIZE_CHANGED = "size-changed"
 STALLED = "stalled"
 RUN_ENDED = "run-ended"
-EVENTS = (RUN_STARTED, ATTEMPT_FAILED, HOST_LEFT_OUT, STALLED, RUN_ENDED)
+EVENTS = (RUN_STARTED, ATTEMPT_FAILED, HOST_LEFT_OUT, HOST_TAKEN_BACK, SIZE_CHANGED, STALLED, RUN_ENDED)
 
 ENV_EVENT = "MGPU_EVENT"  # the event's JSON, for a command that does not read its standard input
 NOTICE_TIMEOUT = 10.0  # seconds for one notice: a command to end, a POST to be answered
@@ -131,10 +137,27 @@ class Notifier:
         kind = STALLED if cause.kind == causes.STALLED else ATTEMPT_FAILED
         self._event(kind, f"run {self.run_id}: attempt {attempt} failed: {cause.kind}{on}: {fields['detail']}", **fields)
 
-    def host_left_out(self, host: str, why: str, spare: str | None) -> None:
-        then = f"{spare} takes its tasks" if spare else "no spare left: the run stops"
+    def host_left_out(self, host: str, why: str, spare: str | None, goes_on: bool = False) -> None:
+        """`spare`: the host that takes its tasks; without one the run stops, or (`goes_on`,
+        --min-hosts) goes on without them."""
+        then = (f"{spare} takes its tasks" if spare else
+                "no spare left: the run goes on without it" if goes_on else "no spare left: the run stops")
         self._event(HOST_LEFT_OUT, f"run {self.run_id}: {_cut(host)} left out ({_cut(why)}); {then}",
-                    host=_cut(host), why=_cut(why), spare=spare)
+                    host=_cut(host), why=_cut(why), spare=spare, goes_on=bool(spare) or goes_on)
+
+    def host_taken_back(self, host: str) -> None:
+        """A host the run went on without answered again, passed its checks and has its tasks back."""
+        self._event(HOST_TAKEN_BACK, f"run {self.run_id}: {_cut(host)} taken back", host=_cut(host))
+
+    def size_changed(self, change: "SizeChange") -> None:
+        """The run goes on on another number of hosts (sizes.SizeChange): from, to, of the planned, and why."""
+        said = (f"{', '.join(map(_cut, change.back))} taken back" if change.back else
+                f"without {', '.join(map(_cut, change.dropped))} ({_cut(change.why)})")
+        self._event(SIZE_CHANGED, f"run {self.run_id}: now on {change.hosts_to} of {change.planned} hosts, "
+                                  f"from {change.hosts_from}: {said}",
+                    hosts_from=change.hosts_from, hosts_to=change.hosts_to, planned=change.planned,
+                    tasks_from=change.tasks_from, tasks_to=change.tasks_to, dropped=[_cut(h) for h in change.dropped],
+                    back=[_cut(h) for h in change.back], why=_cut(change.why))
 
     def run_ended(self, status: str, exit_code: int, message: str | None, costs: dict) -> None:
         goodput = costs.get("goodput")

@@ -1,7 +1,8 @@
 """The run's size as it changes: each time hosts are left out with no spare to take their tasks
 (`--min-hosts`), the run goes on on fewer hosts. What run.json records of it (`size_changes`, and
-`size`, which `mgpu status` shows), the notice that says it, and the words of the closing line.
-The supervisor hands in the plans, the hosts' actions and the record."""
+`size`, which `mgpu status` shows), the notice that says it, the word it sends (`--notify`), and
+the words of the closing line. The supervisor hands in the plans, the hosts' actions, the record
+and the notifier."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from launcher.plan.coordinator import JOB_ROLES
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_HOSTS_MAX
 from launcher.supervise.hosts import HostActions, Placement
+from launcher.supervise.notify import Notifier
 from launcher.supervise.runrecord import RunRecord, utc
 from launcher.supervise.status import duration
 
@@ -108,24 +110,27 @@ def place(hosts: HostActions, left_out: Sequence[str], dropped: Sequence[str],
 
 
 def resized(before: Sequence[TaskPlan], after: Sequence[TaskPlan], dropped: Sequence[str], why: Mapping[str, str],
-            planned: int, min_hosts: int, record: RunRecord, notice: Callable[[str], None]) -> SizeChange | None:
-    """Once the plans were made again without `dropped`: each said on the console, the change
-    recorded (run.json) and returned; None when no host was dropped."""
+            planned: int, min_hosts: int, record: RunRecord, notice: Callable[[str], None],
+            notifier: Notifier) -> SizeChange | None:
+    """Once the plans were made again without `dropped`: each said on the console and in a notice,
+    the change recorded (run.json), told and returned; None when no host was dropped."""
     if not dropped:
         return None
     change = SizeChange.of(time.time(), dropped, "; ".join(f"{host}: {why.get(host, 'failed')}" for host in dropped),
                            before, after, planned)
     for host in dropped:
         notice(f"{host} left out for the rest of the run ({why.get(host, 'failed')})")
+        notifier.host_left_out(host, why.get(host, "failed"), None, goes_on=True)
     notice(change.notice(min_hosts))
     record.size_changed(change.to_dict(), size_record(change))
+    notifier.size_changed(change)
     return change
 
 
 def grow(hosts: HostActions, back: Sequence[str], before: Sequence[TaskPlan], planned: int, record: RunRecord,
-         notice: Callable[[str], None]) -> tuple[Sequence[TaskPlan] | None, SizeChange | None]:
+         notice: Callable[[str], None], notifier: Notifier) -> tuple[Sequence[TaskPlan] | None, SizeChange | None]:
     """The plans with the tasks of `back` (hosts that passed their probe) taken back and made ready,
-    the change said and recorded; (None, None) when they cannot be (they stay out)."""
+    the change said, recorded and told; (None, None) when they cannot be (they stay out)."""
     placement = hosts.grow(back, notice)
     if placement.plans is None:
         notice(f"{', '.join(back)} could not be taken back (see above); the run goes on without")
@@ -133,4 +138,7 @@ def grow(hosts: HostActions, back: Sequence[str], before: Sequence[TaskPlan], pl
     change = SizeChange.of(time.time(), (), "taken back", before, placement.plans, planned, back=back)
     notice(change.back_notice())
     record.size_changed(change.to_dict(), size_record(change))
+    for host in back:
+        notifier.host_taken_back(host)
+    notifier.size_changed(change)
     return placement.plans, change

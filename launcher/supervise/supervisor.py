@@ -113,7 +113,7 @@ class _Supervisor:
         self.notifier = Notifier(options.run_id, options.notify, options.notify_url, report=self.output.notice)
         self.samples = RunSamples(run_dir, options.tensorboard, self.costs.started, self.output.notice)
         self._busy: dict[str, float] = {}  # the training tasks' latest busy shares, for the samples
-        self.take_back = TakeBack(hosts, options.rejoin_interval if options.min_hosts else 0, self.output.notice)
+        self.take_back = TakeBack(hosts, options.rejoin_interval if options.min_hosts else 0, self.output.notice, self.notifier)
 
     # -- the whole run ---------------------------------------------------------
 
@@ -365,7 +365,7 @@ class _Supervisor:
             self.notifier.host_left_out(host, why[host], spare)
         self.plans = list(placement.plans)
         resized = sizes.resized(before, self.plans, dropped, why, self.first_hosts, self.options.min_hosts,
-                                self.record, self.output.notice)
+                                self.record, self.output.notice, self.notifier)
         self.take_back.left_out(dropped, self.clock)
         if self.costs.costs:
             cost = self.costs.costs[-1]

@@ -12,13 +12,15 @@ from typing import Callable, Sequence
 from launcher.plan.planner import TaskPlan
 from launcher.supervise import sizes
 from launcher.supervise.hosts import HostActions
+from launcher.supervise.notify import Notifier
 from launcher.supervise.rejoin import Rejoin
 from launcher.supervise.runrecord import RunRecord
 
 
 class TakeBack:
-    def __init__(self, hosts: HostActions, interval: float, notice: Callable[[str], None]):
+    def __init__(self, hosts: HostActions, interval: float, notice: Callable[[str], None], notifier: Notifier):
         self.hosts = hosts
+        self.notifier = notifier
         self.rule = Rejoin(interval)
         self.notice = notice
         self._found: queue.Queue[tuple[str, bool]] = queue.Queue()
@@ -72,7 +74,7 @@ class TakeBack:
         """The hosts back join the cluster: the plans made again with their tasks and made ready
         (sizes.grow), or `plans` as they are when that fails (the hosts stay out, probed again later)."""
         back = list(self.rule.back)
-        grown, change = sizes.grow(self.hosts, back, plans, planned, record, self.notice)
+        grown, change = sizes.grow(self.hosts, back, plans, planned, record, self.notice, self.notifier)
         if grown is None:
             self.rule.left_out(back, now)
             return list(plans), None

@@ -14,6 +14,7 @@ import pytest
 
 from launcher.supervise import causes
 from launcher.supervise.notify import Notifier, check_url
+from launcher.supervise.sizes import SizeChange
 from launching import mgpu_env, run_mgpu
 from supervisor_helpers import pid_alive
 
@@ -167,3 +168,24 @@ def test_nothing_to_tell_starts_nothing_and_bad_urls_are_refused(tmp_path):
             check_url(bad)
     assert check_url("https://hooks.slack.com/services/T0/B0/x") == "https://hooks.slack.com/services/T0/B0/x"
     assert os.environ.get("MGPU_EVENT") is None
+
+
+def test_a_run_on_fewer_hosts_and_a_host_taken_back_are_told_with_the_sizes_and_why(tmp_path):
+    told = tmp_path / "told"
+    notifier = Notifier("r1", command=f"cat >> {told}; echo >> {told}")
+    notifier.host_left_out("h2", "host-lost: <!here> gone", None, goes_on=True)
+    notifier.size_changed(SizeChange(0.0, ("h2",), "h2: host-lost: gone", 3, 2, 6, 4, 3))
+    notifier.host_taken_back("h2")
+    notifier.size_changed(SizeChange(1.0, (), "taken back", 2, 3, 4, 6, 3, back=("h2",)))
+    assert notifier.finish("succeeded", None, 0, {}) is None
+    left, smaller, back, bigger, _ = [json.loads(line) for line in told.read_text().splitlines()]
+    assert (left["event"], left["spare"], left["goes_on"]) == ("host-left-out", None, True)
+    assert left["text"] == "run r1: h2 left out (host-lost: &lt;!here&gt; gone); no spare left: the run goes on without it"
+    assert {key: smaller[key] for key in ("event", "hosts_from", "hosts_to", "planned", "tasks_from", "tasks_to",
+                                          "dropped", "back", "why")} == {
+        "event": "size-changed", "hosts_from": 3, "hosts_to": 2, "planned": 3, "tasks_from": 6, "tasks_to": 4,
+        "dropped": ["h2"], "back": [], "why": "h2: host-lost: gone"}
+    assert smaller["text"] == "run r1: now on 2 of 3 hosts, from 3: without h2 (h2: host-lost: gone)"
+    assert (back["event"], back["host"], back["text"]) == ("host-taken-back", "h2", "run r1: h2 taken back")
+    assert (bigger["event"], bigger["hosts_to"], bigger["back"]) == ("size-changed", 3, ["h2"])
+    assert bigger["text"] == "run r1: now on 3 of 3 hosts, from 2: h2 taken back"

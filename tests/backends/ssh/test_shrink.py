@@ -4,7 +4,8 @@ namespaces of their own, each with its own sshd, run a PyTorch DDP program (gloo
 goes down and every process in its namespace is killed): the plans are made again for h2 and h3,
 the coordinator moves to h2, and the run goes on there, resumed from its checkpoint past step 0 at
 WORLD_SIZE 2. Then h1 comes back (its link up, its sshd again): a probe finds it, and right after
-the next checkpoint line the cluster restarts on all three, and finishes there."""
+the next checkpoint line the cluster restarts on all three, and finishes there. A `--notify`
+command is told each step: h1 left out, the size changed, h1 taken back, the size changed again."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_a_lost_host_with_no_spare_leaves_the_run_on_two_hosts_until_it_is_back(
     proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222,h3:2222", "--min-hosts", "2", "--max-restarts", "2",
                       "--rejoin-interval", "2", "--ssh-config", str(config), "--known-hosts", str(known),
                       "--keepalive", "1", "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
-                      "--run-id", run_id, "--", PYTHON, PROGRAM, str(folder), "200", cwd=tmp_path, env=env)
+                      "--run-id", run_id, "--notify", f"cat >> {tmp_path / 'events'}; echo >> {tmp_path / 'events'}",
+                      "--", PYTHON, PROGRAM, str(folder), "200", cwd=tmp_path, env=env)
     try:
         wait_for(lambda: progress(run_dir) >= 8 or proc.poll() is not None, 150, "step 8")
         lose(netns, "h1")
@@ -98,6 +100,17 @@ def test_a_lost_host_with_no_spare_leaves_the_run_on_two_hosts_until_it_is_back(
     assert (shrink["dropped"], shrink["hosts"], shrink["tasks"]) == (
         ["h1"], {"from": 3, "to": 2, "planned": 3}, {"from": 3, "to": 2})
     assert (growth["back"], growth["hosts"]) == (["h1"], {"from": 2, "to": 3, "planned": 3})
+    told = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
+    assert [event["event"] for event in told] == ["run-started", "attempt-failed", "host-left-out", "size-changed",
+                                                  "host-taken-back", "size-changed", "run-ended"], told
+    left, smaller, back, bigger = told[2:6]
+    assert (left["host"], left["spare"], left["goes_on"]) == ("h1", None, True), left
+    assert left["text"].endswith("; no spare left: the run goes on without it"), left
+    assert (smaller["hosts_from"], smaller["hosts_to"], smaller["planned"], smaller["dropped"]) == (3, 2, 3, ["h1"])
+    assert smaller["why"].startswith("h1: host-lost: "), smaller
+    assert back["host"] == "h1" and back["text"] == f"run {run_id}: h1 taken back", back
+    assert (bigger["hosts_from"], bigger["hosts_to"], bigger["back"], bigger["dropped"]) == (2, 3, ["h1"], []), bigger
+    assert bigger["text"] == f"run {run_id}: now on 3 of 3 hosts, from 2: h1 taken back", bigger
     # WORLD_SIZE seen to change (the planned size stays); each attempt resumed from the checkpoint.
     worlds = re.findall(r"world (\d) of (\d), rank (\d)", out)
     assert sorted(set(worlds)) == [("2", "3", "0"), ("2", "3", "1"), ("3", "3", "0"), ("3", "3", "1"),
