@@ -48,6 +48,10 @@ class ExitRule:
     def __str__(self) -> str:
         return f"{self.code}={self.action}"
 
+    def told(self) -> str:
+        """The rule with where it came from, in a sentence: '3=fail, from --exit-codes'."""
+        return f"{self}, {'the default' if self.source == DEFAULT else 'from ' + self.source}"
+
     def said(self) -> str:
         """The rule with where it came from: '42=restart-free (default)'."""
         return f"{self} ({self.source})"

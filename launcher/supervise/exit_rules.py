@@ -40,7 +40,7 @@ def restate(cause: causes.Cause | None, table: ExitCodes) -> causes.Cause | None
 
 def said_rule(rule: exit_codes.ExitRule) -> str:
     """'3=fail, from --exit-codes', '42=restart-free, the default'."""
-    return f"{rule}, {'the default' if rule.source == exit_codes.DEFAULT else 'from ' + rule.source}"
+    return rule.told()
 
 
 def _action(cause: causes.Cause | None) -> str | None:

@@ -50,6 +50,7 @@ import signal
 from typing import Iterable, Sequence, Union
 
 from launcher import protocol
+from launcher.exit_codes import DEFAULTS as DEFAULT_EXIT_CODES, ExitCodes
 from launcher.supervise import causes, exit_rules, status
 from launcher.supervise.hosts import FleetView, place_on_spares  # noqa: F401 - the fleet's, beside the policy's
 from launcher.supervise.in_place import InPlaceRestarts, RestartTask
@@ -83,6 +84,7 @@ class Rules:
     max_preemption_restarts: int = 0
     worker_restarts: int = 0  # parameter-server workers restarted in place (in_place.py)
     min_hosts: int = 0  # 0: a host left out without a spare stops the run (resize.py)
+    exit_codes: ExitCodes = DEFAULT_EXIT_CODES  # the rules in force, which a task's end is said with
 
 
 # -- events (events.py) -----------------------------------------------------------------------
@@ -209,7 +211,7 @@ class Policy:
                 if event.returncode == 0:
                     continue
                 if self._roles[event.name].sidecar:
-                    decisions.append(Notice(f"{event.name} {describe_exit(event.returncode)}; "
+                    decisions.append(Notice(f"{event.name} {describe_exit(event.returncode, self.rules.exit_codes)}; "
                                             f"training goes on without it"))
                     decisions.append(FailureIgnored(event.name))
                 elif failed is None or event.returncode < 0 <= failed.returncode:
@@ -219,7 +221,7 @@ class Policy:
             del self._returncodes[failed.name]  # running again: the attempt goes on
             decisions += [Notice(again[0]), again[1]]
         elif failed is not None:
-            return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode)}; stopping all tasks")],
+            return self._stop(decisions + [Notice(f"{failed.name} {describe_exit(failed.returncode, self.rules.exit_codes)}; stopping all tasks")],
                               Stop(status.FAILED, failed=failed.name, returncode=failed.returncode))
 
         signs = {e.name for e in events if isinstance(e, (ReadyLineSeen, JoinSeen))}

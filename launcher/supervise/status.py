@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from launcher import protocol
+from launcher import exit_codes, protocol
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -25,12 +25,17 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def describe_exit(returncode: int) -> str:
+def describe_exit(returncode: int, table: exit_codes.ExitCodes = exit_codes.DEFAULTS) -> str:
+    """'exited with code 3', with the rule of `table` in force for the code, if any: exit code 42
+    restarted without counting is '(preempted)', any other rule is named."""
     if returncode < 0:
         return f"was killed by {signal_name(-returncode)}"
-    if returncode == protocol.EXIT_PREEMPTED:
+    rule = table.rule_for(returncode)
+    if rule is None:
+        return f"exited with code {returncode}"
+    if rule.code == protocol.EXIT_PREEMPTED and rule.action == exit_codes.RESTART_FREE:
         return f"exited with code {returncode} (preempted)"
-    return f"exited with code {returncode}"
+    return f"exited with code {returncode} (rule {rule.told()})"
 
 
 def duration(seconds: float) -> str:

@@ -149,3 +149,22 @@ def test_the_spec_writes_a_mapping_and_the_command_line_wins_per_code():
             parse_mapping(bad)
     table = DEFAULTS.over(spec).over(parse_text("3=restart"))
     assert table.said() == "3=restart (--exit-codes), 42=restart-free (default), 75=restart-free (spec exit_codes)"
+
+
+@pytest.mark.parametrize("table, said", [
+    (DEFAULTS, "worker:0 exited with code 42 (preempted); stopping all tasks"),
+    (DEFAULTS.over(parse_text("42=fail")), "worker:0 exited with code 42 (rule 42=fail, from --exit-codes); stopping all tasks"),
+    (DEFAULTS.over(parse_text("42=leave-out-host")),
+     "worker:0 exited with code 42 (rule 42=leave-out-host, from --exit-codes); stopping all tasks"),
+    (ExitCodes(), "worker:0 exited with code 42; stopping all tasks"),
+])
+def test_the_stop_notice_says_the_rule_in_force_for_the_exit_code(table, said):
+    p = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, max_restarts=5, exit_codes=table))
+    p.begin_attempt(WORKERS, 0.0)
+    p.on([ReadyLineSeen(role.name) for role in WORKERS], 0.0)
+    decisions = p.on([TaskEnded("worker:0", 42)], 1.0)
+    assert [d.text for d in decisions if hasattr(d, "text")] == [said]
+    sidecar = Policy(Rules(start_timeout=10.0, stall_timeout=0.0, exit_codes=USER))
+    sidecar.begin_attempt([*WORKERS, TaskRole("evaluator:0", sidecar=True)], 0.0)
+    decisions = sidecar.on([TaskEnded("evaluator:0", 3)], 1.0)
+    assert decisions[0].text == "evaluator:0 exited with code 3 (rule 3=fail, from --exit-codes); training goes on without it"
