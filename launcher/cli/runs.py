@@ -79,9 +79,12 @@ def _summary(run: runs.Run) -> dict:
 
 def size_line(size: dict) -> str | None:
     """What `mgpu status RUN` says of a run on fewer hosts than planned (--min-hosts), from run.json's
-    `size` (anyone's text: only whole numbers and the time are used); None when it says nothing."""
+    `size` (anyone's text: only whole numbers and the time are used); None when it says nothing,
+    as when the run is back on all the hosts it was planned on."""
     hosts, planned = size.get("hosts"), size.get("planned_hosts")
     if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 10**6 for n in (hosts, planned)):
+        return None
+    if hosts >= planned:
         return None
     since = size.get("since")
     return f"size: {hosts} of {planned} hosts" + (f" since {_time(since)} (UTC)" if isinstance(since, str) else "")

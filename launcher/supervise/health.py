@@ -1,20 +1,23 @@
 """The health check between attempts, as a rule: the hosts of a failed attempt that fail it
-(`HostActions.unhealthy`) are left out with those the policy leaves out, each taking a spare; without
-a spare for every one, or when one is this machine, the run stops naming them. Pure: fed what the
-check found, answering with the restart (or the stop) and the causes it charges."""
+(`HostActions.unhealthy`) are left out with those the policy leaves out, each taking a spare, or,
+with `--min-hosts`, dropped as a lost host is while enough hosts remain (resize.py's rule); else, or
+when one is this machine, the run stops naming them. Pure: fed what the check found, answering with
+the restart (or the stop) and the causes it charges."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from launcher.config.quarantine import HEALTH_CHECK
 from launcher.supervise import causes
 from launcher.supervise.hosts import FleetView
-from launcher.supervise.policy import GiveUp, Restart, place_on_spares
+from launcher.supervise.policy import GiveUp, Restart
+from launcher.supervise.resize import place
 
 
-def after_checks(restart: Restart, unhealthy: Mapping[str, str],
-                 fleet: FleetView) -> tuple[Restart | GiveUp, list[causes.Cause]]:
+def after_checks(restart: Restart, unhealthy: Mapping[str, str], fleet: FleetView,
+                 min_hosts: int = 0) -> tuple[Restart | GiveUp, list[causes.Cause]]:
     """The restart with every unhealthy host (host -> why) left out too, and their causes."""
     found = {host: why for host, why in unhealthy.items() if host not in restart.left_out}
     judged = [causes.Cause(HEALTH_CHECK, None, host, why) for host, why in found.items()]
@@ -26,10 +29,10 @@ def after_checks(restart: Restart, unhealthy: Mapping[str, str],
                       f"never left out"), judged
     changed = Restart(_without(restart.notice, restart.left_out, restart.left_out + tuple(found)),
                       leave_out=restart.leave_out, leave_out_too=restart.leave_out_too + tuple(found))
-    if place_on_spares(changed.left_out, fleet.spares) is None:
-        return GiveUp(f"no spare host left to take the tasks of {', '.join(changed.left_out)}",
-                      left_out=changed.left_out), judged
-    return changed, judged
+    placed = place(changed.left_out, fleet, min_hosts)
+    if not placed.goes_on:
+        return GiveUp(placed.reason, left_out=changed.left_out, fewer=placed.fewer), judged
+    return dataclasses.replace(changed, dropped=placed.dropped), judged
 
 
 def _without(notice: str, before: tuple[str, ...], after: tuple[str, ...]) -> str:

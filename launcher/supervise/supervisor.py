@@ -196,7 +196,7 @@ class _Supervisor:
             found: list[causes.Cause] = []
             if isinstance(after, policy.Restart):  # the health check, on the hosts that stay
                 after, found = health.after_checks(after, self.hosts.unhealthy(self.plans, after.left_out),
-                                                   self.hosts.view(self.plans))
+                                                   self.hosts.view(self.plans), self.options.min_hosts)
                 others = others + found
             self.costs.progressed(progress)
             if (isinstance(after, policy.Restart) or after.left_out) and (cause or others):

@@ -98,6 +98,8 @@ def test_the_size_change_as_recorded_and_said():
     assert size_line({"hosts": 2, "planned_hosts": 3, "since": "2023-11-14T22:13:20.000+00:00"}) == \
         "size: 2 of 3 hosts since 2023-11-14 22:13:20 (UTC)"
     assert size_line({"hosts": "2\x1b[31m", "planned_hosts": 3}) is None  # anyone's text: numbers only
+    # Back on every host planned: nothing to say.
+    assert size_line({"hosts": 3, "planned_hosts": 3, "since": "2023-11-14T22:13:20.000+00:00"}) is None
 
 
 def test_hosts_taken_back_are_numbered_after_the_tasks_running_and_a_chief_back_is_a_worker():

@@ -126,5 +126,5 @@ def test_a_lost_host_with_no_spare_leaves_the_run_on_two_hosts_until_it_is_back(
     status = subprocess.run([PYTHON, "-m", "launcher", "status", run_id], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
-    assert re.search(r"^size: 3 of 3 hosts since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(UTC\)$", status.stdout, re.M), \
-        status.stdout
+    # Back on all three hosts it was planned on: `mgpu status` has no size to say.
+    assert status.stdout.startswith(f"run {run_id}: succeeded") and "size:" not in status.stdout, status.stdout
