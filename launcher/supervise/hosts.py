@@ -29,6 +29,7 @@ class Placement:
     plans: Sequence[TaskPlan] | None  # with spares in their place; None: a host had no spare left
     took: tuple[tuple[str, str], ...] = ()  # (host left out, the spare that took its tasks)
     gone: tuple[str, ...] = ()  # peers the spares' checks found gone: left out too, never the spares' fault
+    dropped: tuple[str, ...] = ()  # hosts left out with no spare: the run goes on without them (--min-hosts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Sequence
 from launcher.plan.coordinator import JOB_ROLES
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_HOSTS_MAX
+from launcher.supervise import resize
 from launcher.supervise.hosts import HostActions, Placement
 from launcher.supervise.notify import Notifier
 from launcher.supervise.runrecord import RunRecord, utc
@@ -97,16 +98,37 @@ def size_record(change: SizeChange) -> dict:
             "since": utc(change.at)}
 
 
-def place(hosts: HostActions, left_out: Sequence[str], dropped: Sequence[str],
-          notice: Callable[[str], None]) -> Placement:
+def place(hosts: HostActions, left_out: Sequence[str], dropped: Sequence[str], notice: Callable[[str], None],
+          before: Sequence[TaskPlan] = (), min_hosts: int = 0) -> Placement:
     """The plans once `left_out` are left out: first without `dropped` (the hosts with no spare:
-    the plans made again for the hosts left), then with a spare for each of the others; Placement
-    without plans when either cannot be done."""
-    placement = hosts.shrink(dropped, notice) if dropped else None
+    the plans made again for the hosts left), then with a spare for each of the others. When the
+    spares fall short (one failed its checks, or found a peer gone), those left with no spare are
+    dropped too while `min_hosts` remain (resize.py's rule, on the spares left); Placement without
+    plans when it cannot be done. `before`: the attempt's plans."""
+    dropped, current, gone = tuple(dropped), list(before), ()
+    placement = hosts.shrink(dropped, notice) if dropped else Placement(current)
     on_spares = [host for host in left_out if host not in dropped]
-    if on_spares and (placement is None or placement.plans is not None):
+    # Each round but the last drops at least one host more: bounded by their number.
+    for _ in range(len(left_out) + 1):
+        if placement.plans is None or not on_spares:
+            break
+        current = list(placement.plans)
         placement = hosts.replace(on_spares, notice)
-    return placement if placement is not None else Placement(None)
+        gone += tuple(host for host in placement.gone if host not in gone)
+        if placement.plans is not None or not min_hosts:
+            break
+        unplaced = on_spares + [host for host in placement.gone if host not in on_spares]
+        fallback = resize.place(unplaced, hosts.view(current), min_hosts)
+        if not fallback.goes_on or not fallback.dropped:
+            break
+        notice(f"no spare host left for {', '.join(fallback.dropped)} after a spare failed its checks: "
+               f"the run goes on without {'them' if len(fallback.dropped) > 1 else 'it'} (--min-hosts {min_hosts})")
+        placement = hosts.shrink(fallback.dropped, notice)
+        dropped += fallback.dropped
+        on_spares = [host for host in unplaced if host not in fallback.dropped]
+    if placement.plans is None:
+        return Placement(None, gone=gone)
+    return dataclasses.replace(placement, gone=gone, dropped=dropped)
 
 
 def resized(before: Sequence[TaskPlan], after: Sequence[TaskPlan], dropped: Sequence[str], why: Mapping[str, str],

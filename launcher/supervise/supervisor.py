@@ -345,7 +345,8 @@ class _Supervisor:
         `to_spares` false) stop the run naming them and the command that relaunches without any
         host found lost."""
         before, dropped = self.plans, after.dropped if isinstance(after, policy.Restart) else ()
-        placement = sizes.place(self.hosts, hosts, dropped, self.output.notice) if to_spares else Placement(None)
+        placement = sizes.place(self.hosts, hosts, dropped, self.output.notice, before, self.options.min_hosts) if to_spares else Placement(None)
+        dropped = placement.dropped  # with those whose spare failed its checks, when --min-hosts allows
         judged = judged + [causes.Cause(causes.NETWORK, None, host, "the spares' check could not reach it")
                            for host in placement.gone]  # found gone after the attempt: left out too
         why = {host: next((f"{c.kind}: {c.detail}" for c in judged if c.host == host), "failed")
@@ -358,8 +359,7 @@ class _Supervisor:
             head = left_out_head(why, [plan.name for plan in self.plans if plan.host in why],
                                  self.hosts.relaunch(tuple(self.left_out)), getattr(after, "fewer", ""))
             raise _RunFailed(stop.status, TaskFailed(f"{head}\n{self._summary(stop, attempt)}"))
-        took = {host: f"{spare} took {', '.join(plan.name for plan in self.plans if plan.host == host)}"
-                for host, spare in placement.took}
+        took = {host: f"{spare} took {', '.join(p.name for p in self.plans if p.host == host)}" for host, spare in placement.took}
         for host, spare in placement.took:
             self.output.notice(f"{host} left out for the rest of the run ({why[host]}); {took[host]}")
             self.notifier.host_left_out(host, why[host], spare)

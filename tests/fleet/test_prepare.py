@@ -13,6 +13,7 @@ from launcher.config.spec import ClusterSpec, TaskSpec
 from launcher.fleet.fleet import MachineFleet
 from launcher.launch_options import LaunchOptions
 from launcher.plan.planner import plan_tasks
+from launcher.supervise import sizes
 from launcher.supervise.options import SuperviseOptions
 
 
@@ -84,3 +85,34 @@ def test_a_slow_host_without_a_spare_is_left_out_while_min_hosts_remain(tmp_path
         else:
             assert notices == ["warning: --leave-out-slow: no spare host (--spare-hosts) left to take the tasks of h2; "
                                "it runs them"]
+
+
+def test_a_spare_that_fails_its_checks_has_its_host_dropped_too_while_min_hosts_remain(tmp_path):
+    """h2 and h3 lost with one spare: h3 is dropped (--min-hosts), h2 goes to the spare h5, which fails
+    its checks (a command no remote shell takes): h2 is dropped too while enough hosts remain."""
+    spec = ClusterSpec(tasks=tuple(TaskSpec("worker", h, 2222) for h in ("h1", "h2", "h3", "h4")),
+                       command=("python3", "-c", "pass", "x" * MAX_COMMAND_BYTES), spares=("h5",))
+
+    def replan(changed: ClusterSpec):
+        return plan_tasks(changed, run_id="r1", local_hosts=frozenset(), launcher_python=sys.executable)
+
+    for min_hosts, left in ((2, ["h1", "h4"]), (3, None)):
+        options = LaunchOptions(SuperviseOptions(run_id="r1", log_dir=tmp_path, min_hosts=min_hosts), check_hosts=False,
+                                spec=spec, replan=replan)
+        fleet = MachineFleet(replan(spec), options)
+        fleet.open_ssh()
+        notices: list[str] = []
+        try:
+            placement = sizes.place(fleet, ["h2", "h3"], ["h3"], notices.append, fleet.plans, min_hosts)
+        finally:
+            fleet.close()
+        assert notices[0].startswith("spare host h5 failed its checks: worker:"), notices
+        if left is None:  # two hosts would be left, fewer than --min-hosts 3: no plans, the run stops
+            assert placement.plans is None and len(notices) == 1, notices
+            continue
+        assert [plan.host for plan in placement.plans] == left and placement.took == ()
+        assert placement.dropped == ("h3", "h2") and fleet.spares == ()
+        assert notices[1:] == ["no spare host left for h2 after a spare failed its checks: the run goes on without it "
+                               "(--min-hosts 2)"]
+        assert [(p.name, p.env["WORLD_SIZE"], p.env["MGPU_WORLD_SIZE_MAX"]) for p in placement.plans] == [
+            ("worker:0", "2", "4"), ("worker:1", "2", "4")]
