@@ -102,6 +102,28 @@ def test_without_a_spare_the_run_stops_naming_the_lost_host_and_the_relaunch_com
     assert record["costs"]["restarts"] == 0  # it stopped there: no restart was made
 
 
+def test_an_exit_code_ruled_leave_out_host_gives_the_hosts_tasks_to_a_spare(three_hosts, tmp_path):
+    """--exit-codes 13=leave-out-host: the program's worker on h2 exits 13 in the first attempt (its
+    host found unfit, by its own judgement); h2 is left out and the spare h3 takes its task."""
+    run_id = unique_run_id("leaveout")
+    code = ("import os, sys\nsys.exit(13 if os.environ['MGPU_ATTEMPT'] == '0' and "
+            "os.environ['MGPU_TASK_INDEX'] == '1' else 0)")
+    done = lab_mgpu.run(tmp_path, "launch", "--workers", "h1:2222,h2:2222", "--spare-hosts", "h3",
+                        *lab_mgpu.ssh_files(three_hosts), "--connect-timeout", "6", "--grace-period", "2",
+                        "--max-restarts", "1", "--exit-codes", "13=leave-out-host", "--workdir", str(tmp_path),
+                        "--run-id", run_id, "--", PYTHON, "-c", code, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
+    first, second = record["attempts"]
+    assert (first["cause"], first["task"], first["host"], first["rule"]) == (
+        "program-error", "worker:1", "h2", {"code": 13, "action": "leave-out-host", "source": "--exit-codes"}), first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert ("[mgpu] h2 left out for the rest of the run (program-error: exited with code 13 "
+            "(rule 13=leave-out-host, from --exit-codes)); h3 took worker:1") in out, out[-4000:]
+    assert not run_processes(run_id)
+
+
 def test_check_looks_at_the_spares_too(three_hosts, tmp_path):
     lab, known, config = three_hosts
     args = ["check", "--workers", "h1:2222,h2:2222", *lab_mgpu.ssh_files(three_hosts), "--connect-timeout", "6",
