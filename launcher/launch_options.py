@@ -25,4 +25,5 @@ class LaunchOptions:
     replan: Callable[[ClusterSpec], Sequence[TaskPlan]] | None = None  # the planner, as the command line called it
     argv: tuple[str, ...] = ()  # the command line, for the relaunch command without a lost host
     health_check: str | None = None  # a command each host runs before it runs tasks; non-zero: it is left out
+    health_check_timeout: float | None = None  # seconds the health check may take on a host; None: the default
     quarantine: float = 0.0  # seconds a host left out for a fault of its own stays in the user's quarantine; 0: none

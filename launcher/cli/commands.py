@@ -7,7 +7,7 @@ import sys
 import click
 
 from launcher.cli import params
-from launcher.cli.hosts import health_check_option, quarantine_option
+from launcher.cli.hosts import health_check_option, health_check_timeout_option, quarantine_of, quarantine_option
 from launcher.cli.main import cli
 from launcher.cli.options import (
     check_text, cluster_options, exit_codes_of, host_naming, hosts_request, launch_options_from,
@@ -127,6 +127,7 @@ Exit codes: 0 success, 1 a task failed, 2 bad input, 130/143 interrupted by SIGI
 @rejoin_interval_option
 @quarantine_option
 @health_check_option
+@health_check_timeout_option
 @click.option("--threads-per-task", type=params.Count(min=1, max=MAX_THREADS_PER_TASK), metavar="K",
               help="TF intra-op and inter-op threads, and OMP_NUM_THREADS, for every task.")
 @click.option("--gpus-per-task", type=params.Count(min=0, max=MAX_GPUS_PER_TASK), metavar="K",
@@ -179,6 +180,7 @@ def launch_command(**opts) -> int | None:
     slurm = SlurmScope.ALLOCATION if opts["slurm"] else None
     hosts = hosts_request(opts, opts["local"], slurm)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts), command), task_settings(opts)), opts)
+    opts["quarantine"] = quarantine_of(opts, spec)
     spec = avoiding_quarantined(spec, opts["quarantine"], slurm=slurm is not None)
     spec = with_min_hosts(spec, opts)
     if spec.command is None and any(task.role == "ps" for task in spec.tasks):
@@ -273,7 +275,7 @@ def check_command(**opts) -> None:
     check_text(opts, command)
     spec = with_spare_hosts(with_task_settings(with_command_line(read_spec(hosts_request(opts)), command),
                                                task_settings(opts)), opts)
-    spec = avoiding_quarantined(spec, opts["quarantine"])
+    spec = avoiding_quarantined(spec, quarantine_of(opts, spec))
     plans = make_plans(spec, run_id="check", naming=host_naming(opts))
     spare_plans = spare_check_plans(spec, "check", host_naming(opts))
     ssh_backend = None

@@ -9,16 +9,25 @@ import time
 import click
 
 from launcher.cli.main import cli
-from launcher.cli.params import DURATION
-from launcher.config.quarantine import DEFAULT_DURATION
+from launcher.cli.params import DURATION, ParsedParam
+from launcher.config.quarantine import DEFAULT_DURATION, parse_duration
 from launcher.supervise.console_text import console_safe
 
 quarantine_option = click.option(
-    "--quarantine", type=DURATION, default=DEFAULT_DURATION, metavar="DURATION",
+    "--quarantine", type=DURATION, default=None, metavar="DURATION",
     help="Remember a host this run leaves out for a fault of the host (lost, unreachable, the same failure "
          "twice, a failed --health-check) for this long, in this user's quarantine file; a later launch or "
          "check warns about it and gives its tasks to a spare host (--spare-hosts) where one is given. "
-         "E.g. 24h, 90m, 2d; 0: neither read nor write the quarantine (`mgpu hosts` lists it). [default: 24h]")
+         "E.g. 24h, 90m, 2d; 0: neither read nor write the quarantine (`mgpu hosts` lists it); spec: `quarantine:`. "
+         "[default: 24h]")
+
+
+def quarantine_of(opts: dict, spec) -> float:
+    """--quarantine, else the spec's `quarantine:`, else the default."""
+    for given in (opts.get("quarantine"), spec.quarantine):
+        if given is not None:
+            return given
+    return DEFAULT_DURATION
 
 
 health_check_option = click.option(
@@ -27,6 +36,18 @@ health_check_option = click.option(
          "before it takes over, and on the hosts of a failed attempt before the restart, after the built-in GPU "
          "checks where nvidia-smi exists. A host whose check fails is left out (a spare host takes its tasks) "
          "and quarantined, named with the check's last lines (spec: `health_check:`).")
+
+def _timeout(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError("give a time above 0, e.g. 300 or 10m")
+    return seconds
+
+
+health_check_timeout_option = click.option(
+    "--health-check-timeout", type=ParsedParam("duration", _timeout), default=None, metavar="DURATION",
+    help="How long a host's --health-check may take before the host counts as failing it, e.g. 300, 10m "
+         "(spec: `health_check_timeout:`). [default: 300 s]")
 
 
 def _warn(text: str) -> None:

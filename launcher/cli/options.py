@@ -300,4 +300,5 @@ def launch_options_from(opts: dict, run_id: str, spec: ClusterSpec) -> LaunchOpt
         detach=opts["detach"],
         quarantine=opts.get("quarantine", 0.0),
         health_check=opts.get("health_check") or spec.health_check,
+        health_check_timeout=opts.get("health_check_timeout") or spec.health_check_timeout,
     )

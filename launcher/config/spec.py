@@ -85,6 +85,10 @@ class ClusterSpec:
     spares: tuple[str, ...] = ()
     # A command every host runs before it runs tasks (`--health-check`): non-zero leaves the host out.
     health_check: str | None = None
+    # Seconds the health check may take on a host (`--health-check-timeout`); None: preflight/health.py's default.
+    health_check_timeout: float | None = None
+    # Seconds a host left out for a fault of its own stays quarantined (`--quarantine`); None: its default.
+    quarantine: float | None = None
     # The spec file's `exit_codes:` rules (launcher/exit_codes.py), which --exit-codes overrides code by code.
     exit_codes: tuple[ExitRule, ...] = ()
     # The fewest hosts the run goes on with once a host is left out with no spare for it

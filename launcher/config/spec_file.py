@@ -15,6 +15,7 @@ from launcher.config.hostlist import MAX_TASKS, check_task_total, count_entry, e
 from launcher.config.spec import (
     CHIEF, MAX_GPUS_PER_TASK, MAX_MIN_HOSTS, MAX_SECONDS, MAX_THREADS_PER_TASK, PS, WORKER, ClusterSpec, SshSettings, TaskSpec, build_tasks,
 )
+from launcher.config.quarantine import parse_duration
 from launcher.errors import SpecError
 from launcher.exit_codes import ExitRule, parse_mapping
 
@@ -22,6 +23,7 @@ _TOP_KEYS = {
     "cluster", "evaluator", "port", "ssh", "hosts", "command", "trainer_args", "env", "workdir",
     "python", "threads_per_task", "gpus_per_task", "legacy_keras", "stall_timeout", "tensorboard",
     "sync", "setup", "setup_timeout", "spares", "health_check", "exit_codes", "min_hosts",
+    "health_check_timeout", "quarantine",
 }
 _SSH_KEYS = {"user", "port", "identity_file", "proxy_jump"}
 _HOST_KEYS = _SSH_KEYS | {"address"}  # per host: SSH settings, and the address the other tasks dial
@@ -139,9 +141,32 @@ def parse_spec(data: object, source: str) -> ClusterSpec:
         setup_timeout=read.optional(top, "setup_timeout", read.seconds),
         spares=_spares(read, top.get("spares", [])),
         health_check=read.optional(top, "health_check", read.string),
+        health_check_timeout=read.optional(top, "health_check_timeout", _timeout(read)),
+        quarantine=read.optional(top, "quarantine", _duration(read)),
         exit_codes=_exit_codes(read, top.get("exit_codes", {})),
         min_hosts=read.optional(top, "min_hosts", read.count, 1, MAX_MIN_HOSTS),
     )
+
+
+def _timeout(read: _Reader):
+    """A number of seconds above 0 (a check that may take no time at all would always fail)."""
+    def seconds(value: object, what: str) -> float:
+        if read.seconds(value, what) <= 0:
+            read.fail(f"{what} must be a number of seconds > 0 and <= {MAX_SECONDS:g}")
+        return float(value)
+    return seconds
+
+
+def _duration(read: _Reader):
+    """`quarantine:`, as --quarantine writes it ('24h', '90m', '2d', 0: off) or a number of seconds."""
+    def duration(value: object, what: str) -> float:
+        if isinstance(value, str):
+            try:
+                return parse_duration(value)
+            except ValueError as e:
+                read.fail(f"{what}: {e}")
+        return read.seconds(value, what)
+    return duration
 
 
 def _exit_codes(read: _Reader, value: object) -> tuple[ExitRule, ...]:

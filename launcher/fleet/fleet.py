@@ -218,7 +218,7 @@ class Fleet(HostActions):
         from launcher.preflight.health import unhealthy_hosts
 
         return unhealthy_hosts([plan for plan in plans if plan.host not in left_out], self.options.health_check,
-                               self.ssh, after_attempt=True)
+                               self.ssh, after_attempt=True, timeout=self.options.health_check_timeout)
 
     def remember_left_out(self, why: dict[str, str], notice: Callable[[str], None]) -> None:
         """Into this user's quarantine (--quarantine: for so long; 0: not at all)."""

@@ -176,7 +176,8 @@ def check_health(state: Preparing) -> None:
         return
     from launcher.preflight.health import unhealthy_hosts
 
-    unhealthy = unhealthy_hosts(state.mine(), command, state.fleet.ssh)
+    unhealthy = unhealthy_hosts(state.mine(), command, state.fleet.ssh,
+                                timeout=state.fleet.options.health_check_timeout)
     if state.first:
         state.unhealthy.update(unhealthy)
         return

@@ -129,9 +129,11 @@ def judge(code: int, out: bytes, err: bytes) -> str | None:
 
 
 def unhealthy_hosts(plans: Sequence[TaskPlan], command: str, ssh_backend=None, after_attempt: bool = False,
-                    timeout: float = HEALTH_CHECK_TIMEOUT) -> dict[str, str]:
+                    timeout: float | None = None) -> dict[str, str]:
     """Each host of `plans` whose health check fails, with why (one line), all hosts at once;
-    `after_attempt`: GPU memory still held by a process after a bounded wait fails it too."""
+    `after_attempt`: GPU memory still held by a process after a bounded wait fails it too;
+    `timeout`: seconds for each host's check (None: HEALTH_CHECK_TIMEOUT)."""
+    timeout = timeout or HEALTH_CHECK_TIMEOUT
     shell = HostShell(ssh_backend)
     groups = by_host(plans)
     if not groups:

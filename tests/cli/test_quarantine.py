@@ -77,3 +77,19 @@ def test_check_warns_and_checks_the_spare_in_its_place(mgpu):
     assert done.stderr.startswith("mgpu: warning: h2 is quarantined (host-lost in run run-7: ")
     assert "spare host 127.0.0.1 takes its tasks" in done.stderr.splitlines()[0]
     assert [row["host"] for row in done.json()["hosts"]] == ["127.0.0.1"], done.stdout
+
+
+def test_the_specs_quarantine_sets_its_duration_and_the_command_line_wins(mgpu, tmp_path):
+    quarantine("h2")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('cluster:\n  worker: ["h1:2222", "h2:2222"]\nspares: [h5]\nquarantine: 0\n')
+    off = mgpu("launch", "--spec", str(spec), "--dry-run", "--json")
+    assert [task["host"] for task in off.json()["tasks"]] == ["h1", "h2"] and off.stderr == "", off.stderr
+    spec.write_text('cluster:\n  worker: ["h1:2222", "h2:2222"]\nspares: [h5]\nquarantine: 2d\n')
+    on = mgpu("launch", "--spec", str(spec), "--dry-run", "--json")
+    assert [task["host"] for task in on.json()["tasks"]] == ["h1", "h5"], on.stderr
+    wins = mgpu("launch", "--spec", str(spec), "--quarantine", "0", "--dry-run", "--json")
+    assert [task["host"] for task in wins.json()["tasks"]] == ["h1", "h2"], wins.stderr
+    spec.write_text('cluster:\n  worker: ["h1:2222"]\nquarantine: 1w\n')
+    bad = mgpu("launch", "--spec", str(spec), "--dry-run")
+    assert bad.exit_code == 2 and "quarantine: '1w' is not a duration" in bad.stderr, bad.stderr

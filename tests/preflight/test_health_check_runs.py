@@ -41,3 +41,21 @@ def test_the_built_in_gpu_checks_run_where_nvidia_smi_is(tmp_path):
                     cwd=tmp_path, env=env)
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1].endswith(": GPU 1: the driver asks for a recovery action: Reset"), done.stderr
+
+
+def test_the_health_checks_time_is_the_specs_or_the_command_lines(tmp_path):
+    """A check that outlives `health_check_timeout:` (here 1 s, of the spec) fails its host; the
+    command line's --health-check-timeout wins over the spec's; 0 is bad input."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('cluster:\n  worker: ["127.0.0.1:2222"]\nhealth_check: "sleep 5"\nhealth_check_timeout: 1\n')
+    done = run_mgpu("launch", "--spec", str(spec), "--log-dir", str(tmp_path), "--",
+                    "sh", "-c", f"touch {tmp_path}/ran", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(": the health check did not finish within 1 s"), done.stderr
+    spec.write_text('cluster:\n  worker: ["127.0.0.1:2222"]\nhealth_check: "sleep 1.5"\nhealth_check_timeout: 1\n')
+    longer = run_mgpu("launch", "--spec", str(spec), "--health-check-timeout", "30", "--log-dir", str(tmp_path), "--",
+                      "sh", "-c", f"touch {tmp_path}/ran", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    assert (tmp_path / "ran").exists()
+    bad = run_mgpu("launch", "--local", "1", "--health-check", "true", "--health-check-timeout", "0", "--dry-run")
+    assert bad.returncode == 2 and "give a time above 0" in bad.stderr, bad.stderr
