@@ -32,14 +32,23 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from launcher.supervise import causes
 from launcher.supervise.console_text import console_safe
 
-if TYPE_CHECKING:
-    from launcher.supervise.sizes import SizeChange
+
+class SizeChanged(Protocol):
+    """What a notice says of the run's size changing (sizes.SizeChange has it)."""
+    hosts_from: int
+    hosts_to: int
+    planned: int
+    tasks_from: int
+    tasks_to: int
+    dropped: Sequence[str]
+    back: Sequence[str]
+    why: str
 
 RUN_STARTED = "run-started"
 ATTEMPT_FAILED = "attempt-failed"
@@ -149,7 +158,7 @@ class Notifier:
         """A host the run went on without answered again, passed its checks and has its tasks back."""
         self._event(HOST_TAKEN_BACK, f"run {self.run_id}: {_cut(host)} taken back", host=_cut(host))
 
-    def size_changed(self, change: "SizeChange") -> None:
+    def size_changed(self, change: SizeChanged) -> None:
         """The run goes on on another number of hosts (sizes.SizeChange): from, to, of the planned, and why."""
         said = (f"{', '.join(map(_cut, change.back))} taken back" if change.back else
                 f"without {', '.join(map(_cut, change.dropped))} ({_cut(change.why)})")
