@@ -33,16 +33,18 @@ class HostsLab(NamedTuple):
 
 
 @contextlib.contextmanager
-def hosts_lab(ssh_lab: SshLab, directory: pathlib.Path, names: tuple[str, ...]) -> Iterator[HostsLab]:
+def hosts_lab(ssh_lab: SshLab, directory: pathlib.Path, names: tuple[str, ...],
+              private_dir: str | None = None) -> Iterator[HostsLab]:
     """Hosts `names` in network namespaces, each with its sshd on port 22 trusting the loopback lab's
-    client key; stopped and removed on leaving."""
+    client key; stopped and removed on leaving. With `private_dir` (an existing folder), each host has
+    a tmpfs of its own there (start_sshd): hosts that share no folder there."""
     require_namespaces()
     lab = Netns.create(names=names)
     servers = {}
     try:
         for name, address in lab.hosts.items():
             servers[name] = start_sshd(directory, name, ssh_lab.authorized_keys, address=address, port=22,
-                                       netns=lab.namespaces[name])
+                                       netns=lab.namespaces[name], private_dir=private_dir)
         known = directory / "known_hosts"
         known.write_text("".join(s.known_hosts_line() for s in servers.values()))
         config = directory / "ssh_config"
