@@ -22,10 +22,11 @@ pytestmark = pytest.mark.timeout(180)
 TOTAL = 60
 # Each worker listens on its TF_CONFIG port (how mgpu sees it joined), then steps in lockstep with
 # the others through files in a shared folder, as a collective would (a worker whose peer is gone
-# or stopped waits); worker 0 checkpoints every step, and a restart resumes from the checkpoint.
+# or stopped waits); worker 0 checkpoints every step, and a restart resumes from the checkpoint. The
+# attempt after the last fault steps without a pause to the end.
 PROGRAM = r"""
 import json, os, pathlib, socket, sys, time
-folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+folder, total, faults = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 tf = json.loads(os.environ["TF_CONFIG"])
 index, attempt, workers = tf["task"]["index"], os.environ["MGPU_ATTEMPT"], len(tf["cluster"]["worker"])
 server = socket.socket()
@@ -43,7 +44,8 @@ for step in range(start + 1, total + 1):
         time.sleep(0.02)
     else:
         sys.exit(3)
-    time.sleep(0.05)
+    if int(attempt) < faults:
+        time.sleep(0.05)  # the attempts with a fault to come leave the test time to inject it
     if index == 0:
         (folder / "step.tmp").write_text(f"{step} {attempt}")
         (folder / "step.tmp").replace(checkpoint)
@@ -62,8 +64,9 @@ def test_three_faults_in_one_run_are_each_charged_to_their_cause_and_task(tmp_pa
     run_json = tmp_path / "runs" / run_id / "run.json"
     # The stall timeout is the SIGSTOP's detection; steps come every 0.05-0.2 s, far inside it.
     proc = start_mgpu("launch", "--local", "3", "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
-                      "--max-restarts", "2", "--stall-timeout", "6",
-                      "--grace-period", "1", "--", "python3", "-c", PROGRAM, str(folder), str(TOTAL), cwd=tmp_path)
+                      "--max-restarts", "2", "--stall-timeout", "4",
+                      "--grace-period", "1", "--", "python3", "-c", PROGRAM, str(folder), str(TOTAL), str(len(FAULTS)),
+                      cwd=tmp_path)
 
     def checkpoint() -> tuple[int, int]:
         try:
