@@ -1,10 +1,11 @@
 """Spares made ready as the first start's hosts are, in one run on five hosts in network namespaces
 that share no workdir (each sshd has a tmpfs of its own over PRIVATE_DIR): h1 and h2 run the tasks,
 h3, h4 and h5 are spares, tried in that order. The first attempt fails on h2 and makes it fail its
-health check, so h2 is left out before the restart. h3 fails its checks (its task's port is taken) and
-h4 its health check: each is named with why and skipped, h4 quarantined; h5 takes h2's task, with
-its own copy of the --sync folder and the --setup's mark in it before its task starts (the task is
-the synced program, which fails without the mark)."""
+health check, so h2 is left out before the restart, though the failure is charged to its task. h3
+fails its checks (its task's port is taken) and h4 its health check: each is named with why and
+skipped, h4 quarantined; h5 takes h2's task, with its own copy of the --sync folder and the
+--setup's mark in it before its task starts (the task is the synced program, which fails without
+the mark)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ def test_spares_that_fail_are_named_and_skipped_and_the_one_taken_gets_sync_and_
     assert "spare host h5 failed" not in out, out[-4000:]
     assert "h2 left out for the rest of the run (health-check: the health check exited with code 3: GPU 1: NCCL " \
            "all-reduce 0.3 GB/s); h5 took worker:1" in out, out[-4000:]
+    assert "restarting all tasks without h2 (restart 1 of 1)" in out, out[-4000:]
     record = json.loads((tmp_path / "mgpu-runs" / run_id / "run.json").read_text())
     first, second = record["attempts"]
     assert (first["cause"], first["task"], first["host"]) == ("program-error", "worker:1", "h2"), first
