@@ -18,6 +18,7 @@ import signal
 from operator import methodcaller
 from typing import BinaryIO, Callable, NamedTuple, Sequence
 
+from launcher.host.beside_task import Ran
 from launcher.host.py_spy import Answer
 from launcher.plan.planner import TaskPlan
 
@@ -81,6 +82,11 @@ class TaskProcess(abc.ABC):
         (host/py_spy.py); py-spy may be beside the task's interpreter (its argv[0]). None when this
         backend cannot run it there."""
         return None
+
+    def run_beside(self, command: str, task: TaskPlan, timeout: float, limit: int) -> Ran:
+        """The /bin/sh `command` where the task runs, in its folder, with its PATH
+        (host/beside_task.py): its exit status and stdout cut to `limit` bytes, within `timeout`."""
+        return Ran(None, problem="this backend cannot run a command beside its tasks")
 
     def cpu_seconds(self) -> float | None:
         """CPU time the task's live processes have used (user and system); None when this backend

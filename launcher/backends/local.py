@@ -11,7 +11,7 @@ import time
 import psutil
 
 from launcher import protocol
-from launcher.host import proctree, py_spy
+from launcher.host import beside_task, proctree, py_spy
 from launcher.errors import TaskFailed
 from launcher.plan.planner import TaskPlan
 from launcher.host.memory_cgroup import memory_cgroup
@@ -81,6 +81,9 @@ class LocalTaskProcess(TaskProcess):
             return py_spy.Answer(None, problem="the task has ended")
         pids = [p.pid for p in (self._root, *proctree.descendants(self._root))]
         return py_spy.run_here(pids, native, task.argv[0] if task.argv else None, timeout, task.workdir)
+
+    def run_beside(self, command: str, task: TaskPlan, timeout: float, limit: int) -> beside_task.Ran:
+        return beside_task.run_here(command, timeout, limit, task.workdir, task.env)
 
     def listens_on(self, port: int) -> bool:
         return self.joined(port, None)

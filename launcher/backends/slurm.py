@@ -23,6 +23,7 @@ import ctypes
 import os
 import re
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from typing import BinaryIO, Sequence
 
 from launcher import protocol
 from launcher.config.hostlist import expand_entry
-from launcher.host import py_spy
+from launcher.host import beside_task, py_spy
 from launcher.errors import TaskFailed, UsageError
 from launcher.plan.planner import TaskPlan
 from launcher.plan.render import slurm_step_document
@@ -310,6 +311,16 @@ class SlurmTaskProcess(TaskProcess):
         except OSError as exc:
             return py_spy.Answer(None, problem=f"cannot run srun: {exc.strerror or exc}")
         return py_spy.parse_answer(done.stdout, nonce)
+
+    def run_beside(self, command: str, task: TaskPlan, timeout: float, limit: int) -> beside_task.Ran:
+        """In a step beside the tasks' (`--overlap`) on the task's node."""
+        if self._step.step_id is None or self.poll() is not None:
+            return beside_task.Ran(None, problem="the task is not running")
+        argv = ["srun", "--overlap", "--quiet", "--input=none", "--gres=none", f"--nodelist={task.host}",
+                "--nodes=1", "--ntasks=1", *([f"--chdir={task.workdir}"] if task.workdir else []),
+                "sh", "-c", beside_task.with_task_path(command, task.env)]
+        ran = beside_task.run_here(shlex.join(argv), timeout, limit, None, {})
+        return ran if ran.problem is None else beside_task.Ran(None, problem=f"srun: {ran.problem}")
 
     def close(self) -> None:
         close_pipe_readers(self.stdout, self.stderr)

@@ -5,7 +5,8 @@ is said once and keeps neither the others nor the stop from happening (Attempt.c
 
 On a stall, py-spy reads every task's stacks first, the tasks going on (SpyStacks); SIGABRT, which
 makes faulthandler print them and ends the task, goes only to the tasks py-spy could not read
-(AskForStacks); once they are stopped, the stall's folder is written (KeepStacks, stall_bundle.py)."""
+(AskForStacks); before that, each host's `nvidia-smi -q` (gpu_state.py); once they are stopped, the
+stall's folder is written (KeepStacks, stall_bundle.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import concurrent.futures
 import time
 
 from launcher.host import py_spy
-from launcher.supervise import flight_recorder, policy, spy_stacks, stacks, stall_bundle
+from launcher.supervise import flight_recorder, gpu_state, policy, spy_stacks, stacks, stall_bundle
 from launcher.supervise.attempt import Attempt, AttemptTask, EvidenceAction, wait_until
 from launcher.supervise.status import STALLED, START_TIMEOUT
 
@@ -142,7 +143,7 @@ def while_alive(stop: policy.Stop) -> list[EvidenceAction]:
     if stop.status == START_TIMEOUT:
         return [NoteJoins(stop.missing)]
     if stop.status == STALLED:
-        return [SpyStacks(), flight_recorder.DumpFlightRecorder(), AskForStacks()]
+        return [SpyStacks(), flight_recorder.DumpFlightRecorder(), gpu_state.GpuState(), AskForStacks()]
     return []
 
 

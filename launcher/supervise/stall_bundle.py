@@ -1,6 +1,7 @@
-"""A stalled attempt's folder in the run dir, stall-<attempt>/: every task's stacks and a README of
-what is there and how to read it. The stacks are also stacks-<attempt>.txt in the run dir (a
-second name of the same file, where the file system allows it)."""
+"""A stalled attempt's folder in the run dir, stall-<attempt>/: every task's stacks, the flight
+recorder's dumps (flight_recorder.py), each host's `nvidia-smi -q` (gpu_state.py), and a README of
+what is there and how to read it. The stacks are also stacks-<attempt>.txt in the run dir (a second
+name of the same file, where the file system allows it)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ flight-recorder/  Where the tasks use torch.distributed and run torch's worker s
             ran), torch's analyzer's output on them (analyzer.txt), whose verdict (which
             ranks did not join which collective) is in the stall report and run.json. Read
             them again with: python -m torch.distributed.flight_recorder.fr_trace.
+
+nvidia-smi/  Where a host has nvidia-smi on the tasks' PATH: `nvidia-smi -q` run there while the
+            tasks stalled (memory, utilisation, clocks, ECC errors, throttling, the processes
+            on each GPU), one file per host (<host>.txt). A first line "# nvidia-smi -q ..."
+            says it failed or did not end in time.
 
 How to read it: in a synchronous job, the tasks that wait in a collective (frames of
 tensorflow, torch, jax, gloo or nccl) wait for the one that is elsewhere: a task in its own

@@ -17,11 +17,14 @@ from supervisor_helpers import (LeapingClock, assert_run_gone, make_plans, recor
 
 FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}  # the planner sets it for every task
 CORE_LIMIT_TASK = pathlib.Path(__file__).parents[1] / "programs" / "core_limit_task.py"
+FAKE_GPU_BIN = pathlib.Path(__file__).parents[1] / "programs" / "fake_gpu_bin"
 
 
 def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_id, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_PY_SPY, "")  # no py-spy: the stacks come from SIGABRT and faulthandler
-    plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env=FAULTHANDLER)
+    # The tasks' PATH has an nvidia-smi that prints a recorded `nvidia-smi -q`; mgpu's own has none.
+    task_path = f"{FAKE_GPU_BIN}:{os.environ['PATH']}"
+    plans = make_plans(run_id, ["--ready", "--forever"], waits_for_ready=True, env={**FAULTHANDLER, "PATH": task_path})
     result = supervise_plans(plans, run_id, tmp_path, stall_timeout=2.0, grace_period=1.0)
     assert isinstance(result.error, TaskFailed)
     lines = str(result.error).splitlines()
@@ -40,6 +43,11 @@ def test_a_run_where_no_task_prints_or_computes_is_stopped_with_every_stack(run_
     record = result.run
     assert record["status"] == "stalled" and record["attempts"][0]["outcome"] == "stalled"
     assert {t["signal"] for t in record["attempts"][0]["tasks"].values()} == {"SIGABRT"}
+    # Both tasks are on one host: one query, kept under the host's name, named in the README.
+    assert [p.name for p in (result.run_dir / "stall-0" / "nvidia-smi").iterdir()] == ["127.0.0.1.txt"]
+    kept = (result.run_dir / "stall-0" / "nvidia-smi" / "127.0.0.1.txt").read_text()
+    assert kept == (FAKE_GPU_BIN / "nvidia_smi_q.txt").read_text()
+    assert "nvidia-smi/" in (result.run_dir / "stall-0" / "README").read_text()
     assert_run_gone(run_id)
 
 

@@ -12,6 +12,7 @@ remote_command.py.
 
 from __future__ import annotations
 
+import shlex
 import socket
 import threading
 from typing import Iterable
@@ -19,7 +20,7 @@ from typing import Iterable
 import paramiko
 
 from launcher.errors import ConnectError, MgpuError
-from launcher.host import py_spy
+from launcher.host import beside_task, py_spy
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
@@ -136,6 +137,16 @@ class SshTaskProcess(TaskProcess):
         except MgpuError as e:
             return py_spy.Answer(None, problem=str(e))
         return py_spy.parse_answer(out, nonce)
+
+    def run_beside(self, command: str, task: TaskPlan, timeout: float, limit: int) -> beside_task.Ran:
+        """On the task's host, over the task's connection."""
+        if task.workdir:
+            command = f"cd {shlex.quote(task.workdir)} || exit 1\n{command}"
+        try:
+            status, out, _ = self._conn.run(beside_task.with_task_path(command, task.env), timeout, limit=limit)
+        except MgpuError as e:
+            return beside_task.Ran(None, problem=str(e))
+        return beside_task.Ran(status, out[:limit])
 
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""
