@@ -6,7 +6,7 @@ frames below them (where a collective of TensorFlow, gloo or NCCL waits). The pr
 
 One shell script does it on every host, on this machine as over SSH: it says where py-spy is (the
 program MGPU_PY_SPY names, else py-spy on PATH, else beside the task's Python), the host's Yama
-ptrace_scope, and for each process (a list of ids, or a process group's members) py-spy's JSON
+ptrace_scope, and for each process (a list of ids, or a task's tree on its host) py-spy's JSON
 dump and exit status, each under `timeout`, each cut to DUMP_LIMIT bytes, between marker lines of
 a random word that no dump carries. What comes back is read as untrusted text (parse_answer);
 standard library only.
@@ -61,9 +61,20 @@ def listing_of_pids(pids: Sequence[int]) -> str:
     return "echo " + " ".join(str(int(p)) for p in pids[:MAX_PROCESSES])
 
 
-def listing_of_group(pgid: int) -> str:
-    """The shell words that list the members of a process group (a task over SSH)."""
-    return f"pgrep -g {int(pgid)} 2>/dev/null | head -n {MAX_PROCESSES}"
+def listing_of_tree(pgid: int) -> str:
+    """The shell words that list a task's whole tree on its host (a task over SSH): the members of
+    its process group and, by parent pid, every descendant of theirs, those that started a session
+    or group of their own too, as a task on this machine is read. Where ps is missing, the group's
+    members alone (pgrep)."""
+    g = int(pgid)
+    # A pass adds each process whose parent is in the tree; at most as many passes as processes.
+    tree = ("ps -e -o pid= -o ppid= -o pgid= 2>/dev/null | awk -v g=" + str(g) + " '"
+            "{ pid[NR] = $1; ppid[NR] = $2; if ($3 == g) inside[$1] = 1 } "
+            "END { do { more = 0; for (i = 1; i <= NR; i++) "
+            "if (!(pid[i] in inside) && (ppid[i] in inside)) { inside[pid[i]] = 1; more = 1 } } while (more); "
+            "for (i = 1; i <= NR; i++) if (pid[i] in inside) print pid[i] }'")
+    return (f"{{ l=$({tree}); [ -n \"$l\" ] || l=$(pgrep -g {g} 2>/dev/null); printf '%s\\n' $l; }}"
+            f" | head -n {MAX_PROCESSES}")
 
 
 def listing_of_slurm_task(step_id: str, rank: int) -> str:

@@ -124,14 +124,15 @@ class SshTaskProcess(TaskProcess):
         return self._conn.lost_reason or "SSH connection lost"
 
     def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
-        """The members of the task's process group, dumped on its host over the task's connection."""
+        """The task's whole tree (its process group and their descendants), dumped on its host over
+        the task's connection."""
         if self.poll() is not None:
             return py_spy.Answer(None, problem="the task has ended")
         nonce = py_spy.new_nonce()
         python = task.argv[0] if task.argv else ""
         if task.workdir and not python.startswith("/"):  # relative to the task's folder, as it ran
             python = f"{task.workdir.rstrip('/')}/{python}"
-        command = py_spy.script(py_spy.listing_of_group(self.pid), native, [python], nonce, py_spy.configured())
+        command = py_spy.script(py_spy.listing_of_tree(self.pid), native, [python], nonce, py_spy.configured())
         try:
             _, out, _ = self._conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
         except MgpuError as e:
