@@ -199,7 +199,7 @@ class Attempt:
             added[protocol.ENV_TORCHELASTIC_ERROR_FILE] = str(path)
         here = self.backend.writes_here(plan)
         added.update(flight_env.start_env(plan, self.run_dir.path if here else None, self.number,
-                                          os.environ if here else {}))
+                                          os.environ if here else {}, run_id=self.run_id))
         return dataclasses.replace(plan, env=collections.ChainMap(added, plan.env))
 
     def roles(self) -> list[policy.TaskRole]:

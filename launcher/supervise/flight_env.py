@@ -33,17 +33,28 @@ def socket_path(run_dir: pathlib.Path, attempt: int, rank: int) -> pathlib.Path:
     return (run_dir / f"fr-{attempt}-{rank}.sock").absolute()
 
 
+def remote_socket_name(run_id: str, attempt: int, rank: int) -> str | None:
+    """The worker server's socket of a task on another host: in the task's own folder there (a
+    relative path: the socket is where the task runs), named after the run; None where the name
+    is too long for a socket."""
+    name = f".mgpu-fr-{run_id}-{attempt}-{rank}.sock"
+    return name if len(os.fsencode(name)) <= SOCKET_PATH_LIMIT else None
+
+
 def start_env(plan: TaskPlan, run_dir: pathlib.Path | None, attempt: int,
-              inherited: Mapping[str, str]) -> dict[str, str]:
+              inherited: Mapping[str, str], run_id: str = "") -> dict[str, str]:
     """What a task of the job is given to keep its recorder (`run_dir` None: the task is on another
-    host, where the run's folder is not); what the user set, in the plan or in `inherited` (the
-    environment the task inherits), is left alone."""
+    host, where the run's folder is not: its worker server's socket is in its folder there); what
+    the user set, in the plan or in `inherited` (the environment the task inherits), is left alone."""
     rank = rank_of(plan)
     if rank is None:
         return {}
     given = lambda *names: any(n in plan.env or n in inherited for n in names)  # noqa: E731
     env = {} if given(ENV_BUFFER, ENV_BUFFER_BEFORE) else {ENV_BUFFER: BUFFER_ENTRIES}
     if run_dir is None:
+        remote = remote_socket_name(run_id, attempt, rank) if run_id else None
+        if remote is not None and not given(ENV_SOCKET):
+            env[ENV_SOCKET] = remote
         return env
     if not given(ENV_DUMP_FILE, ENV_DUMP_FILE_BEFORE):
         env[ENV_DUMP_FILE] = str((run_dir / f"{FOLDER}-{attempt}-rank-").absolute())

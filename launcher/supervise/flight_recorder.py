@@ -10,7 +10,9 @@ torch's worker server (TORCH_WORKER_SERVER_SOCKET), in the run's folder. torch l
 for from outside the process only through that server, which the program starts
 (`torch.distributed.elastic.control_plane.worker_main()`); it answers from a thread of its own,
 so ranks blocked in a collective or in Python answer alike, gloo's and NCCL's. A program without
-it has no dump on a stall, and the report says so where its stacks show torch.
+it has no dump on a stall, and the report says so where its stacks show torch. A task on another
+host has the server's socket in its folder there, and is asked there with the tasks' Python
+(fr_remote.py), through the run's connection to it; its dump is then analysed with the others.
 
 The analyzer runs with the tasks' Python (fr_analyze.py, a program of its own): mgpu never imports
 torch. What a task's server answers is bounded in size and time, and the analyzer's output is read
@@ -22,14 +24,16 @@ import concurrent.futures
 import http.client
 import os
 import pathlib
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
 
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import ENV_TORCH_WORLD_SIZE
-from launcher.supervise import fr_verdict, stall_bundle
-from launcher.supervise.flight_env import FOLDER, rank_of, socket_path
+from launcher.supervise import fr_remote, fr_verdict, stall_bundle
+from launcher.supervise.flight_env import ENV_SOCKET, FOLDER, rank_of, remote_socket_name, socket_path
 from launcher.supervise.attempt import Attempt, AttemptTask, EvidenceAction
 
 DUMP_LIMIT = 64 << 20  # bytes of one rank's dump read
@@ -85,20 +89,31 @@ class DumpFlightRecorder(EvidenceAction):
     def collect(self, attempt: Attempt) -> None:
         ranks = {t.plan.name: rank_of(t.plan) for t in attempt.tasks}
         asked: list[tuple[AttemptTask, int, str]] = []
+        remote: list[tuple[AttemptTask, int, str]] = []  # on another host: asked there (fr_remote.py)
         for task in attempt.running():
             rank = ranks[task.plan.name]
-            path = socket_path(attempt.run_dir.path, attempt.number, rank) if rank is not None else None
-            if path is not None and attempt.backend.writes_here(task.plan) and path.is_socket():
+            if rank is None:
+                continue
+            if not attempt.backend.writes_here(task.plan):
+                name = remote_socket_name(attempt.run_id, attempt.number, rank)
+                if name is not None and ENV_SOCKET not in task.plan.env:  # the user's own socket: not asked
+                    remote.append((task, rank, name))
+                continue
+            path = socket_path(attempt.run_dir.path, attempt.number, rank)
+            if path.is_socket():
                 asked.append((task, rank, str(path)))
         world = next((int(t.plan.env[ENV_TORCH_WORLD_SIZE]) for t in attempt.tasks
                       if t.plan.env.get(ENV_TORCH_WORLD_SIZE, "").isdigit()), 0)
         attempt.flight = {"task_of": {r: n for n, r in ranks.items() if r is not None}, "world": world, "dumps": 0}
-        if not asked:
+        if not asked and not remote:
             return
         folder = _stall_folder(attempt)
-        with concurrent.futures.ThreadPoolExecutor(min(len(asked), 32), thread_name_prefix="fr") as pool:
+        nonce = secrets.token_hex(8)
+        with concurrent.futures.ThreadPoolExecutor(min(len(asked) + len(remote), 32), thread_name_prefix="fr") as pool:
             answers = list(pool.map(lambda one: ask_dump(one[2]), asked))
-        for (task, rank, _), answer in zip(asked, answers):
+            answers += list(pool.map(lambda one: fr_remote.ask_remote_dump(one[0], one[2], DUMP_LIMIT, DUMP_TIMEOUT,
+                                                                           nonce), remote))
+        for (task, rank, _), answer in zip(asked + remote, answers):
             if isinstance(answer, str):
                 attempt.output.notice(f"{task.plan.name}: flight recorder: {answer}")
                 continue
@@ -108,9 +123,10 @@ class DumpFlightRecorder(EvidenceAction):
 
 
 def analyzer_python(plans: list[TaskPlan]) -> str:
-    """The tasks' Python: a script's interpreter, as the plan runs it; else mgpu's own."""
+    """The tasks' Python: a script's interpreter, as the plan runs it, where it is on this machine
+    too (a remote task's may not be); else mgpu's own."""
     for plan in plans:
-        if plan.argv and os.path.basename(plan.argv[0]).startswith("python"):
+        if plan.argv and os.path.basename(plan.argv[0]).startswith("python") and shutil.which(plan.argv[0]):
             return plan.argv[0]
     return sys.executable
 

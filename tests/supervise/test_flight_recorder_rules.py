@@ -95,3 +95,11 @@ def test_each_case_without_an_analysis_is_one_line():
     assert "only 1 of 2 ranks" in lines[3][0] and "exit 1" in lines[4][0] and "KeyError" in lines[4][0]
     assert fr_verdict.read(2, 0, b"nothing missing\n", world=2).lines(TASK_OF) == [
         "flight recorder: every rank joined every collective recorded (2 dumps)"]
+
+
+def test_a_remote_rank_gets_its_worker_servers_socket_in_its_own_folder_there():
+    assert flight_env.start_env(plan(MEMBER), None, 1, {}, run_id="r1") == {
+        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_WORKER_SERVER_SOCKET": ".mgpu-fr-r1-1-1.sock"}
+    assert "TORCH_WORKER_SERVER_SOCKET" not in flight_env.start_env(plan(MEMBER), None, 1, {}, run_id="r" * 128)
+    mine = {**MEMBER, "TORCH_WORKER_SERVER_SOCKET": "/run/me.sock"}
+    assert "TORCH_WORKER_SERVER_SOCKET" not in flight_env.start_env(plan(mine), None, 1, {}, run_id="r1")
