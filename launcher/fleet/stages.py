@@ -190,6 +190,8 @@ def sync(state: Preparing) -> None:
     """The --sync folder to each remote host not yet made ready: all at once at the first start,
     each spare on its own (one that cannot take it is skipped)."""
     todo = [plan for plan in state.remote() if plan.host not in state.fleet.made_ready]
+    if not todo:  # no remote host: the SSH side (paramiko) is never loaded
+        return
     for group in ([todo] if state.first else by_host(todo)):
         try:
             sync_to_hosts(group, state.fleet.ssh)

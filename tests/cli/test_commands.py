@@ -114,6 +114,17 @@ def test_the_cli_imports_pyyaml_and_python_dotenv_only_to_read_or_write_their_fi
     assert dotenv_loaded.exists(), done.stderr
 
 
+def test_a_run_on_this_machine_alone_never_imports_paramiko(tmp_path):
+    """The SSH side (paramiko, a tenth of a second with its cryptography) is for remote hosts: a
+    stand-in leaves a file when imported."""
+    loaded = tmp_path / "paramiko-loaded"
+    env = dict(os.environ, PYTHONPATH=stand_in(tmp_path, "paramiko", loaded, importable=False))
+    done = subprocess.run([installed_mgpu(), "launch", "--local", "1", "--log-dir", str(tmp_path / "runs"), "--",
+                           sys.executable, "-c", "pass"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not loaded.exists(), done.stderr
+
+
 def test_installed_cli_bad_input_exit_2_no_traceback():
     done = subprocess.run([installed_mgpu(), "launch", "--workers", "h1:0", "--dry-run"],
                           capture_output=True, text=True, timeout=60)
