@@ -85,6 +85,10 @@ def _cut(text: object) -> str:
     return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"
 
 
+def _counted(number: int, thing: str) -> str:
+    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"
+
+
 def _slack_safe(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -132,7 +136,7 @@ class Notifier:
 
     def run_started(self, tasks: int, hosts: list[str], detached: bool) -> None:
         """`hosts`: the first MAX_HOSTS of them, so that the event fits in one environment variable."""
-        self._event(RUN_STARTED, f"run {self.run_id} started: {tasks} tasks on {len(hosts)} hosts",
+        self._event(RUN_STARTED, f"run {self.run_id} started: {_counted(tasks, 'task')} on {_counted(len(hosts), 'host')}",
                     tasks=tasks, hosts=[_cut(host) for host in hosts[:MAX_HOSTS]], host_count=len(hosts),
                     detached=detached)
 

@@ -189,3 +189,13 @@ def test_a_run_on_fewer_hosts_and_a_host_taken_back_are_told_with_the_sizes_and_
     assert (back["event"], back["host"], back["text"]) == ("host-taken-back", "h2", "run r1: h2 taken back")
     assert (bigger["event"], bigger["hosts_to"], bigger["back"]) == ("size-changed", 3, ["h2"])
     assert bigger["text"] == "run r1: now on 3 of 3 hosts, from 2: h2 taken back"
+
+
+def test_run_started_counts_its_tasks_and_hosts_in_words_that_agree(tmp_path):
+    said = tmp_path / "events"
+    notifier = Notifier("r1", command=f'printf "%s\\n" "$MGPU_EVENT" >> {said}')
+    notifier.run_started(2, ["127.0.0.1"], detached=True)
+    notifier.run_started(1, ["h1", "h2"], detached=False)
+    assert notifier.close().sent == 2
+    texts = [json.loads(line)["text"] for line in said.read_text().splitlines()]
+    assert texts == ["run r1 started: 2 tasks on 1 host", "run r1 started: 1 task on 2 hosts"]
