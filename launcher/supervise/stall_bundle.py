@@ -13,8 +13,9 @@ STACKS = "stacks.txt"
 README = "README"
 
 README_TEXT = """\
-What mgpu collected when attempt {attempt} of run {run_id} stalled (no training task made progress
-for the stall timeout), before it stopped the tasks.
+What mgpu collected when attempt {counted} of run {run_id} stalled (no training task made progress
+for the stall timeout), before it stopped the tasks: the console's "attempt {counted} failed: stalled".
+The folder is named after run.json's number of that attempt, which counts from 0 (attempts[{attempt}]).
 
 stacks.txt  Every task's stacks, one section per task ("===== worker:1 on host ... =====").
             Sections "(read by py-spy ...)" come from the live processes: every thread of
@@ -45,13 +46,14 @@ def folder_name(attempt: int) -> str:
 
 
 def write(run_dir: RunDir, attempt: int, stacks_text: str, stacks_name: str) -> None:
-    """The folder, its README and stacks.txt; `stacks_name` in the run dir names the stacks too."""
+    """The folder, its README and stacks.txt; `stacks_name` in the run dir names the stacks too.
+    `attempt` is run.json's number, from 0; the README also says it as the console counts, from 1."""
     folder = folder_name(attempt)
     try:
         os.mkdir(folder, 0o700, dir_fd=run_dir.fd)
     except FileExistsError:  # made already for the flight recorder's dumps
         pass
-    for name, text in ((README, README_TEXT.format(attempt=attempt, run_id=run_dir.path.name)),
+    for name, text in ((README, README_TEXT.format(attempt=attempt, counted=attempt + 1, run_id=run_dir.path.name)),
                        (STACKS, stacks_text)):
         with open(run_dir.create(f"{folder}/{name}"), "w", encoding="utf-8", errors="replace") as f:
             f.write(text)
