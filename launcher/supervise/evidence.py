@@ -62,6 +62,9 @@ def live(attempt: Attempt, task: str | None, native: bool) -> tuple[str, list[st
     if not tasks:
         return "", [], [f"{task or 'no task'} is not running (attempt {attempt.number + 1})"]
     found = spy(tasks, native)
+    for one in tasks:
+        if not found[one.plan.name].collected and one.proc.stopped():
+            found[one.plan.name] = spy_stacks.stopped(found[one.plan.name])
     read = [name for name, spied in found.items() if spied.collected]
     problems = [spied.problem for spied in found.values() if spied.problem]
     return spy_stacks.report(list(found.values())), read, problems

@@ -48,7 +48,8 @@ class TaskStacks:
 
     def text(self) -> str:
         """As kept in the run dir and shown by `mgpu stacks`: innermost frame first."""
-        lines = [f"===== {self.task} on {self.host} =====", "(read by py-spy, the task running)"]
+        lines = [f"===== {self.task} on {self.host} =====",
+                 "(read by py-spy, the task running)" if self.processes else "(not read by py-spy)"]
         if self.problem is not None:
             lines.append(self.problem)
         for process in self.processes:
@@ -136,6 +137,14 @@ def read(task: str, host: str, answer: Answer | None) -> TaskStacks:
         problems.append(f"{task} on {host}: no Python process of the task was found running")
     return TaskStacks(task, host, tuple(processes), "\n".join(problems) or None,
                       refused=refused and not processes)
+
+
+def stopped(spied: TaskStacks) -> TaskStacks:
+    """A task seen stopped whose stacks py-spy could not read: py-spy waits on a stopped process
+    and gives up, so its own words ("Failed to get stack traces") would hide why."""
+    return dataclasses.replace(spied, problem=(
+        f"{spied.task} on {spied.host} is stopped (SIGSTOP, or a debugger), and py-spy cannot read a stopped "
+        f"process: continue it (kill -CONT), or the stall watchdog takes its stack with SIGABRT after --stall-timeout"))
 
 
 def report(collected: Sequence[TaskStacks]) -> str:

@@ -2,7 +2,9 @@
 run going on to succeed; where the host forbids attaching, one line that says so, at once."""
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -50,6 +52,16 @@ def test_stacks_of_a_live_run_show_each_tasks_functions_and_the_run_then_succeed
     assert "[native]" in one.stdout and " in waits_for_go\n" in one.stdout
     wrong = runs.mgpu("stacks", run_id, "--task", "worker:7")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no task 'worker:7'" in wrong.stderr
+    pid = runs.record(run_id)["attempts"][0]["tasks"]["worker:1"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        held = runs.mgpu("stacks", run_id, "--task", "worker:1")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert held.returncode == 1, held.stdout + held.stderr
+    assert held.stdout.startswith("===== worker:1 on 127.0.0.1 =====\n(not read by py-spy)\n"), held.stdout
+    assert ("mgpu: worker:1 on 127.0.0.1 is stopped (SIGSTOP, or a debugger), and py-spy cannot read a stopped "
+            "process: continue it (kill -CONT)") in held.stderr, held.stderr
     go.touch()
     wait_for(lambda: runs.record(run_id).get("status") != "running", 60, what="the run's end")
     record = runs.record(run_id)
