@@ -212,7 +212,7 @@ def cause(lines: Sequence[str], fallback_lines: int = 20, stderr: Sequence[str] 
     What the task wrote to its error file, if it did; else, from its output: the last Python
     exception with its frame (from `stderr`, the task's stderr lines, when they hold a traceback:
     a stdout line that arrived amid it is not its exception); else the first error line; else
-    the last `fallback_lines` meaningful lines (title "last N lines").
+    the last `fallback_lines` meaningful lines (title "last N lines", or "last line").
     """
     if error is not None:
         frame = [f"at {error.frame}"] if error.frame and error.exit == "exception" else []
@@ -227,7 +227,7 @@ def cause(lines: Sequence[str], fallback_lines: int = 20, stderr: Sequence[str] 
         if _ERROR_LINE.search(line) or _record_level(line) in ("E", "F"):
             return "first error line", [_cut(line)]
     tail = kept[-fallback_lines:] if fallback_lines else []
-    return f"last {len(tail)} lines", [_cut(line) for line in tail]
+    return "last line" if len(tail) == 1 else f"last {len(tail)} lines", [_cut(line) for line in tail]
 
 
 def last_words(lines: Sequence[str], count: int = 3) -> list[str]:

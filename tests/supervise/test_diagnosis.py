@@ -64,6 +64,7 @@ def test_the_users_frame_is_the_deepest_outside_libraries():
 def test_without_a_traceback_the_first_error_line_is_the_cause():
     assert diagnosis.cause(NOISE + ["step 1", CAUSES[0], "step 2"]) == ("first error line", [CAUSES[0]])
     assert diagnosis.cause(NOISE + ["a", "b"], fallback_lines=20) == ("last 2 lines", ["a", "b"])
+    assert diagnosis.cause(NOISE + ["bad configuration"]) == ("last line", ["bad configuration"])
 
 
 # What worker:0 printed when worker:1 was stopped with SIGSTOP in a 2-worker run of the built-in
