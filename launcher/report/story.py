@@ -84,6 +84,11 @@ class Stall:
     verdict: tuple[str, ...] = ()
 
 
+def _counted(number_: Any) -> Any:
+    """An attempt's number as people are told it (the console, notices: from 1); run.json's counts from 0."""
+    return number_ + 1 if isinstance(number_, int) and not isinstance(number_, bool) else number_
+
+
 def _stall(number_: Any, attempt: dict) -> Stall | None:
     if attempt.get("outcome") != "stalled" or not isinstance(number_, int) or isinstance(number_, bool) \
             or not 0 <= number_ < 10**6:
@@ -93,7 +98,7 @@ def _stall(number_: Any, attempt: dict) -> Stall | None:
         if isinstance(missing, dict):
             tasks = ", ".join(text(t, 200) for t in _list(missing.get("tasks"))[:64])
             verdict.append(f"{tasks} did not join {text(missing.get('collective'), 120)} #{text(missing.get('sequence'), 20)}")
-    return Stall(number_, f"stall-{number_}", tuple(verdict))
+    return Stall(number_ + 1, f"stall-{number_}", tuple(verdict))  # the console's count; the folder's name is run.json's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +312,10 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
     ends = [t for t in (_since(start, record.get("ended_at")),) if t is not None]
     for i, attempt in enumerate(attempts):
         number_ = attempt.get("attempt") if isinstance(attempt.get("attempt"), int) else i
+        shown = _counted(number_)  # as the console counts attempts, from 1 (run.json counts from 0)
         begun = _since(start, attempt.get("started_at"))
         if begun is not None:
-            starts.append((number_, begun))
+            starts.append((shown, begun))
         fault = text(attempt.get("task"), 200)
         for name, task in _dict(attempt.get("tasks")).items():
             name = text(name, 200)
@@ -323,18 +329,18 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
             end = _since(start, task.get("ended_at"))
             ends.extend(t for t in (end, task_start) if t is not None)
             state, ok = _state(task)
-            bars.append(Bar(name, number_, text(task.get("host"), 200), task_start,
+            bars.append(Bar(name, shown, text(task.get("host"), 200), task_start,
                             _since(start, task.get("ready_at")), end, state, ok,
                             bool(attempt.get("cause")) and name == fault,
                             number(_dict(task.get("busy")).get("share")), _progress(task)))
         if attempt.get("cause") is not None:
-            restarts.append(Restart(number_, _since(start, attempt.get("ended_at")), text(attempt.get("cause"), 100),
+            restarts.append(Restart(shown, _since(start, attempt.get("ended_at")), text(attempt.get("cause"), 100),
                                     fault, text(attempt.get("host"), 200), text(attempt.get("detail"))))
         stall = _stall(number_, attempt)
         if stall is not None:
             stalls.append(stall)
         progress = _dict(attempt.get("progress"))
-        rows.append({"attempt": text(number_), "outcome": text(attempt.get("outcome"), 100),
+        rows.append({"attempt": text(shown), "outcome": text(attempt.get("outcome"), 100),
                      "last step": _figure(progress.get("last_step")) or "-",
                      "new steps": _figure(progress.get("gained")) or "-",
                      **_flat(attempt, _ATTEMPT_SHOWN)})
@@ -371,5 +377,6 @@ def story(record: dict, checks: list | None = None, samples: Sequence[Any] = ())
         busy_over_time=busy_rows(samples, start, names),
         launched_with=text(shlex.join(given), MAX_TEXT * 4) if given else "",
         lost=Table(*lost_by_cause) if (lost_by_cause := lost_time.table(costs, [
-            (f"attempt {text(a.get('attempt'), 20) or i}", a) for i, a in enumerate(attempts)])) else None,
+            (f"attempt {text(_counted(a.get('attempt') if isinstance(a.get('attempt'), int) else i), 20)}", a)
+            for i, a in enumerate(attempts)])) else None,
         time_split=lost_time.split(costs))

@@ -32,7 +32,7 @@ def test_the_page_and_the_trace_go_into_the_run_s_folder_with_links_beside_them(
     text = (folder / "report.html").read_text()
     assert '<a href="worker-0.log">worker:0</a>' in text and '<a href="trace.json" id="trace">' in text
     assert [e["name"] for e in json.loads((folder / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"] \
-        == ["attempt 0"]
+        == ["attempt 1"]
     assert oct((folder / "report.html").stat().st_mode & 0o777) == "0o600"
     assert sorted(os.listdir(folder)) == ["report.html", "run.json", "trace.json", "worker-0.log"]
 
@@ -95,7 +95,8 @@ def test_a_stalled_attempt_s_folder_is_linked_with_the_flight_recorder_s_verdict
     (folder / "stall-0").symlink_to(tmp_path)  # not the supervisor's folder: not linked
     assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs")).exit_code == 0
     text = (folder / "report.html").read_text()
-    assert 'attempt 1: <a href="stall-1/">stall-1/</a>' in text and 'href="stall-0/"' not in text
+    # The console's count (attempt 2) beside the folder named by run.json's (stall-1).
+    assert 'attempt 2: <a href="stall-1/">stall-1/</a>' in text and 'href="stall-0/"' not in text
     assert "flight recorder: worker:1 did not join gloo:all_reduce&lt;b&gt; #9" in text
     assert mgpu("report", "last", "--log-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "r.html")).exit_code == 0
     assert f'<a href="{(folder / "stall-1").as_uri()}/">stall-1/</a>' in (tmp_path / "r.html").read_text()

@@ -93,4 +93,4 @@ def test_the_report_of_a_run_with_a_restart_in_chromium(tmp_path):
         assert SECRET not in (run_dir / name).read_text(), name
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     spans = sorted((e["name"], e["tid"]) for e in events if e["ph"] == "X")
-    assert spans == [("attempt 0", 1), ("attempt 0", 2), ("attempt 1", 1), ("attempt 1", 2)]
+    assert spans == [("attempt 1", 1), ("attempt 1", 2), ("attempt 2", 1), ("attempt 2", 2)]

@@ -96,13 +96,13 @@ def test_the_page_tells_the_run():
     assert "2 tasks on 3 hosts; 1 restart" in words
     assert [b.task for b in told.bars].count("worker:1") == 2  # a bar per attempt
     bars = {(b.task, b.attempt): b for b in told.bars}
-    assert bars["worker:1", 0].at_fault and not bars["worker:0", 0].at_fault
-    failed = bars["worker:1", 0]
+    assert bars["worker:1", 1].at_fault and not bars["worker:0", 1].at_fault
+    failed = bars["worker:1", 1]
     assert (failed.start, failed.ready, failed.end) == pytest.approx((0.5, 2.5, 7.9))
     assert told.wall == 20.0
     assert told.hosts.rows == (("h1", "worker:0", "10.0.0.1", "0"), ("h3", "worker:1", "10.0.0.3", "0"),
                                ("h2", "worker:1", "", ""))  # the host left out, from the attempt it ran in
-    assert ">#0 h2</text>" in text and ">#1 h3</text>" in text  # who ran each attempt, on the bar
+    assert ">#1 h2</text>" in text and ">#2 h3</text>" in text  # who ran each attempt (as the console counts), on the bar
     assert text.count('class="bar ') == 4 and text.count('class="share"') == 4
     assert sorted(shown.links[:2]) == ["worker-0.log", "worker-1.log"] and "trace.json" in shown.links
     assert "script" not in shown.tags and "img" not in shown.tags  # nothing runs, nothing is fetched
@@ -146,10 +146,10 @@ def test_the_trace_has_an_event_per_task_attempt():
     told = story.story(record())
     events = json.loads(trace.trace_json(told))["traceEvents"]
     attempts = [(e["args"]["host"], e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
-    assert sorted(attempts) == [("h1", "attempt 0", 500000, 7500000), ("h1", "attempt 1", 10000000, 9000000),
-                                ("h2", "attempt 0", 500000, 7400000), ("h3", "attempt 1", 10000000, 9400000)]
+    assert sorted(attempts) == [("h1", "attempt 1", 500000, 7500000), ("h1", "attempt 2", 10000000, 9000000),
+                                ("h2", "attempt 1", 500000, 7400000), ("h3", "attempt 2", 10000000, 9400000)]
     restarts = [e for e in events if e.get("cat") == "restart"]
-    assert [(e["name"], e["args"]["task"]) for e in restarts] == [("attempt 0 failed: program-error", "worker:1")]
+    assert [(e["name"], e["args"]["task"]) for e in restarts] == [("attempt 1 failed: program-error", "worker:1")]
     names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert names == {"worker:0", "worker:1"}
 
@@ -245,7 +245,7 @@ def test_the_time_lost_is_a_table_by_cause_as_the_docs_name_them_for_the_run_and
                                        "finish": 0.5})
     told, text = render(data)
     rows = {row[0]: row for row in told.lost.rows}
-    assert told.lost.columns == ("cause", "what it counts", "run", "share of the wall time", "attempt 0", "attempt 1")
+    assert told.lost.columns == ("cause", "what it counts", "run", "share of the wall time", "attempt 1", "attempt 2")
     assert list(rows) == [*CATEGORIES, "time lost", "new steps"]
     assert rows["redone"][2:] == ("3.00 s", "15.0%", "0.00 s", "3.00 s")
     assert rows["restart"][2:] == ("2.00 s", "10.0%", "0.00 s", "2.00 s")  # an attempt's: the time before it
