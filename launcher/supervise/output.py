@@ -4,7 +4,7 @@ Each of a task's two streams has a reader (stream_reader.py) that drains it to i
 a task never blocks on a full pipe, whatever it prints. Every byte goes, exactly as read, to
 <run dir>/<type>-<index>.log, in whole lines so that the two streams' lines never mix
 (task_log.py); after a restart the same file continues below a
-"----- mgpu: attempt N started <time> -----" line. Every line also goes to the task's
+"----- mgpu: attempt N started <time> (MGPU_ATTEMPT=N-1) -----" line. Every line also goes to the task's
 watchers (watchers.py): the ready line, bind failures, the tail kept for the failure
 summary, and the console view. A watcher that fails is reported once and never stops the
 reader or the log.
@@ -217,7 +217,8 @@ class TaskOutput:
         self._threads: list[threading.Thread] = []
         if attempt > 0:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            header = f"----- mgpu: attempt {attempt} started {started} -----\n"
+            # Counted as the console counts attempts, from 1; the program sees MGPU_ATTEMPT, from 0.
+            header = f"----- mgpu: attempt {attempt + 1} started {started} (MGPU_ATTEMPT={attempt}) -----\n"
             self._log.write_own((("\n" if after_partial_line else "") + header).encode())
 
     @property

@@ -81,7 +81,7 @@ def test_backup_and_restore_resumes_after_kill_9_of_a_worker(tmp_path):
     assert attempts[0]["tasks"]["worker:1"]["signal"] == "SIGKILL"
     # The second attempt starts after the last epoch the first one backed up, and finishes.
     log = (run_dir / "worker-0.log").read_text(errors="replace")
-    first, second = log.split("----- mgpu: attempt 1 started")
+    first, second = log.split("----- mgpu: attempt 2 started")
     done_before = max(int(line.split()[2]) for line in first.splitlines() if line.startswith("fit: epoch "))
     assert done_before < first_epochs, "the kill came after training had finished"
     resumed_at = int(second.split("fit: starting at epoch ")[1].split()[0])

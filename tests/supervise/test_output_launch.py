@@ -101,4 +101,4 @@ def test_after_a_last_line_without_newline_a_restart_header_starts_its_own_line(
     result = supervise_plans([plan], run_id, tmp_path, max_restarts=1)
     assert result.error is None, result.console
     log = (result.run_dir / "worker-0.log").read_bytes()
-    assert log.startswith(b"partial\n----- mgpu: attempt 1 started ") and log.endswith(b" -----\npartial")
+    assert log.startswith(b"partial\n----- mgpu: attempt 2 started ") and log.endswith(b" -----\npartial")

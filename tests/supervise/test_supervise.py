@@ -131,8 +131,8 @@ def test_restart_succeeds_on_the_second_attempt(run_id, record_dir, tmp_path):
                         r"logs and run.json in " + re.escape(str(result.run_dir)) + "/", closing), closing
     assert records(record_dir)["worker:0".replace(":", "-") + ".attempt1"]["env"]["MGPU_ATTEMPT"] == "1"
     log = result.log("worker:1")
-    assert log.index("worker:1 attempt 0 exiting with 3") < log.index("----- mgpu: attempt 1 started")
-    assert log.index("----- mgpu: attempt 1") < log.index("worker:1 attempt 1 exiting with 0")
+    assert log.index("worker:1 attempt 0 exiting with 3") < log.index("----- mgpu: attempt 2 started")
+    assert log.index("----- mgpu: attempt 2") < log.index("worker:1 attempt 1 exiting with 0")
 
 
 def test_restarts_run_out(run_id, tmp_path):

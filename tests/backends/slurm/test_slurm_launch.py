@@ -170,7 +170,7 @@ def test_restart_runs_a_new_step(slurm, tmp_path):
     assert record["attempts"][0]["tasks"]["worker:1"]["exit_code"] == 1
     assert record["attempts"][1]["tasks"]["worker:1"]["exit_code"] == 0
     log = (tmp_path / "runs" / rid / "worker-1.log").read_text()
-    assert log.count("SEEN") == 2 and "----- mgpu: attempt 1 started" in log
+    assert log.count("SEEN") == 2 and "----- mgpu: attempt 2 started" in log
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
