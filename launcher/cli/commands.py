@@ -242,6 +242,9 @@ tasks import them at once); the reachability test runs for every launch, local
 tasks included, and the speed probe for a launch on more than one host
 (--no-check skips them all). A host of this user's quarantine (`mgpu hosts`)
 is warned about, and a spare host checked in its place where one is given.
+With --health-check, the launch's health check runs on every host too (the
+built-in GPU checks, then the command): a HEALTH column, and a host that fails
+it fails the check, named with the command's last lines.
 
 \b
 Examples:
@@ -250,6 +253,7 @@ Examples:
   mgpu check --workers h1,h2 -- python train.py
   mgpu check --workers h1,h2 --legacy-keras -- python train.py
   mgpu check --workers h1,h2,h3 --json -- python train.py
+  mgpu check --workers h1,h2 --health-check 'test -r /data/train.tfrecord'
 
 Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 """
@@ -258,6 +262,8 @@ Exit codes: 0 every host is ready, 1 a host failed, 2 bad input.
 @cli.command("check", help=CHECK_HELP)
 @spare_hosts_option
 @quarantine_option
+@health_check_option
+@health_check_timeout_option
 @cluster_options(no_value_with=None)
 @click.option("--workdir", metavar="DIR", help="Working directory of every task.")
 @click.option("--python", metavar="PATH", help="Interpreter that runs the built-in trainer.")
@@ -290,6 +296,11 @@ def check_command(**opts) -> None:
         reports, reachability, speeds = check_hosts_and_reach([*plans, *spare_plans], plans, ssh_backend,
                                                               local_tensorflow_version(), speed=True,
                                                               import_tensorflow=True)
+        if health_check := opts["health_check"] or spec.health_check:
+            from launcher.preflight.check_health import add_health_checks
+
+            add_health_checks(reports, [*plans, *spare_plans], health_check, ssh_backend,
+                              opts["health_check_timeout"] or spec.health_check_timeout)
         if not all(r.ok for r in reports) or reachability.problems:
             speeds = []
     finally:

@@ -287,6 +287,8 @@ def render_table(reports: Sequence[HostReport]) -> str:
     columns = list(COLUMNS)
     if any(r.tf_keras != "-" for r in reports):  # only runs with --legacy-keras check it
         columns.insert(5, ("TF_KERAS", "tf_keras"))
+    if any(r.health != "-" for r in reports):  # only with --health-check
+        columns.insert(len(columns) - 1, ("HEALTH", "health"))
     if any(r.speed != "-" for r in reports):  # only once the speed probe has run
         columns.insert(len(columns) - 1, ("SPEED", "speed"))
     rows = [[title for title, _ in columns]]
@@ -306,7 +308,7 @@ def table_json(reports: Sequence[HostReport]) -> list[dict]:
     """The table's rows as JSON objects (`mgpu check --json`): the columns, and problems for RESULT."""
     return [{"host": r.host, "tasks": list(r.tasks), "ssh": r.ssh, "python": r.python, "tensorflow": r.tensorflow,
              "tf_keras": r.tf_keras, "ports": r.ports, "gpus": r.gpus, "py_spy": r.py_spy,
-             "interpreter": r.interpreter, "ok": r.ok,
+             "interpreter": r.interpreter, "health": r.health, "ok": r.ok,
              "problems": list(r.problems)}
             for r in reports]
 

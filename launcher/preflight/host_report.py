@@ -23,6 +23,7 @@ class HostReport:
     ports: str = "-"
     gpus: str = "-"
     py_spy: str | None = None  # where py-spy is (`mgpu stacks`); "": not there; None: not asked
+    health: str = "-"  # the --health-check's verdict: "ok" or "failed"; "-": not asked, or not reached
     speed: str = "-"  # the speed probe's figures, with the slow ones named (mgpu check)
     problems: list[str] = dataclasses.field(default_factory=list)
     error: MgpuError | None = None  # a connection error, kept to re-raise with its type
