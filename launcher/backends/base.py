@@ -109,6 +109,11 @@ class TaskProcess(abc.ABC):
         vanished without an exit status), in a few words; None when it was not lost."""
         return None
 
+    def answers(self) -> bool | None:
+        """Whether the task's host answers now, within a bound of the backend's own; one that does
+        not is judged lost (`lost` then says why). None where there is no connection to ask."""
+        return None
+
     def out_of_memory(self) -> tuple[str, bool] | None:
         """Once the task has ended: its memory cgroup, and whether the kernel's OOM killer ended a
         process there since the task started. None where the backend cannot see it (another host)."""

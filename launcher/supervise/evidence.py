@@ -3,10 +3,11 @@ which takes its train actions as a list): each is one class with a `collect(atte
 collector is adding one here and naming it in `while_alive` or `after_stop`. A collector that fails
 is said once and keeps neither the others nor the stop from happening (Attempt.collect).
 
-On a stall, py-spy reads every task's stacks first, the tasks going on (SpyStacks); SIGABRT, which
-makes faulthandler print them and ends the task, goes only to the tasks py-spy could not read
-(AskForStacks); before that, each host's `nvidia-smi -q` (gpu_state.py); once they are stopped, the
-stall's folder is written (KeepStacks, stall_bundle.py)."""
+On a stall, each remote host is asked first whether it answers (AskHosts: one cut off is judged
+lost, and nothing is waited for from its tasks); then py-spy reads every task's stacks, the tasks
+going on (SpyStacks); SIGABRT, which makes faulthandler print them and ends the task, goes only to
+the tasks py-spy could not read (AskForStacks); before that, each host's `nvidia-smi -q`
+(gpu_state.py); once they are stopped, the stall's folder is written (KeepStacks, stall_bundle.py)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,25 @@ def live(attempt: Attempt, task: str | None, native: bool) -> tuple[str, list[st
     read = [name for name, spied in found.items() if spied.collected]
     problems = [spied.problem for spied in found.values() if spied.problem]
     return spy_stacks.report(list(found.values())), read, problems
+
+
+class AskHosts(EvidenceAction):
+    """Whether each running task's host still answers, all at once, before anything is asked of the
+    tasks: a host cut off answers nothing, so its tasks' stacks would be waited for in vain (py-spy's
+    and SIGABRT's waits) until its connection's keepalives ran out. One that does not answer is judged
+    lost now; its tasks are no longer running, and the stall is charged to it (blame.py)."""
+    what = "ask whether the tasks' hosts answer"
+
+    def collect(self, attempt: Attempt) -> None:
+        running = attempt.running()
+        if not running:
+            return
+        with concurrent.futures.ThreadPoolExecutor(min(len(running), MAX_SPIES_AT_ONCE), thread_name_prefix="ask") as pool:
+            answers = list(pool.map(lambda task: task.proc.answers(), running))
+        silent = sorted({task.plan.host for task, answered in zip(running, answers) if answered is False})
+        if silent:
+            attempt.output.notice(f"{', '.join(silent)} not answering: not waiting for the stacks of its tasks")
+        attempt.reap()
 
 
 class SpyStacks(EvidenceAction):
@@ -146,7 +166,7 @@ def while_alive(stop: policy.Stop) -> list[EvidenceAction]:
     if stop.status == START_TIMEOUT:
         return [NoteJoins(stop.missing)]
     if stop.status == STALLED:
-        return [SpyStacks(), flight_recorder.DumpFlightRecorder(), gpu_state.GpuState(), AskForStacks()]
+        return [AskHosts(), SpyStacks(), flight_recorder.DumpFlightRecorder(), gpu_state.GpuState(), AskForStacks()]
     return []
 
 

@@ -123,6 +123,12 @@ class SshTaskProcess(TaskProcess):
             return None
         return self._conn.lost_reason or "SSH connection lost"
 
+    def answers(self) -> bool | None:
+        """A keepalive answered within the connect timeout (Connection.answers)."""
+        if self.poll() is not None:
+            return None if self._conn.active else False
+        return self._conn.answers(self._options.connect_timeout)
+
     def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
         """The task's whole tree (its process group and their descendants), dumped on its host over
         the task's connection."""

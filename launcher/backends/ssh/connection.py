@@ -110,6 +110,31 @@ class Connection:
                 self.transport.close()
                 return
 
+    def answers(self, timeout: float) -> bool:
+        """Whether the host answers a keepalive within `timeout` seconds. One that does not is judged
+        gone at once and the connection closed, as the keepalives would close it later: asked when a
+        job has stalled, where a host cut off never sends its tasks' stacks and its keepalives may take
+        up to four of their intervals to run out."""
+        if not self.active:
+            return False
+        answered = threading.Event()
+
+        def ping():
+            try:
+                self.transport.global_request("keepalive@openssh.com", wait=True)
+                if self.transport.is_active():
+                    answered.set()
+            except Exception:  # noqa: BLE001 - a connection that fails to ask is one that does not answer
+                pass
+
+        threading.Thread(target=ping, daemon=True, name=f"ssh-answers {self.target.alias}").start()
+        if answered.wait(timeout):
+            return True
+        if self.active:
+            self.lost_reason = f"no answer over SSH within {timeout:g} s while its tasks stalled"
+            self.transport.close()
+        return False
+
     @property
     def active(self) -> bool:
         return self.transport is not None and self.transport.is_active()
