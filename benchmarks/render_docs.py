@@ -215,14 +215,19 @@ def _soak(data: dict) -> list[str]:
              f"One run of PyTorch DDP (gloo, a checkpoint every 20 steps, {data['steps']} steps) over SSH on "
              f"{data['workers']} hosts with {data['spares']} spares, each a network namespace of this machine with its "
              f"own sshd; faults from seed {data['seed']}, `--stall-timeout {data['stall_timeout_s']:g}`, cut links "
-             f"down for {data['cut_s']:g} s. Detected: from the fault to the end of the attempt it hit; first new "
-             "step: from the fault to the next attempt's first step.", "",
+             f"down for {data['cut_s']:g} s. Detected: from the fault to the end of the attempt it hit (for a "
+             "CPU-starved host, to its task named the slowest); first new step: from the fault to the next attempt's "
+             "first step. A slowed link, the launcher's SIGHUP, a full log disk and a starved CPU last "
+             f"{data.get('hold_s', 30):g} s and must end no attempt: the run went on.", "",
              "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
     for fault in faults:
         charged = fault.get("charged") or {}
         said = f"{charged.get('cause')} ({charged.get('task')} on {charged.get('host')})" if charged else "-"
+        if charged.get("cause") == "went on":  # a lasting fault: no attempt ended; the task named the slowest
+            said = "went on" + (f" (slowest: {charged['task']} on {charged.get('host')})" if charged.get("task") else "")
+        task = f"{fault['task']} ({fault['host']})" if fault.get("task") else "the launcher"
         right = {True: "yes", False: "no"}.get(fault.get("right"), "-")
-        lines.append(f"| {fault['kind']} | {fault['task']} ({fault['host']}) | {said} | {right} | "
+        lines.append(f"| {fault['kind']} | {task} | {said} | {right} | "
                      f"{_cell(fault.get('detected_s'))} | {_cell(fault.get('first_step_s'))} |")
     lines += ["", f"Charged right: {data['charged_right']} of {len(faults)}; exit code {data['exit_code']} "
               f"({data['status']}) after {data['wall_s']:g} s; {data['restarts']} restarts, "
