@@ -49,6 +49,11 @@ class Answer:
     ptrace_scope: int | None = None  # kernel.yama.ptrace_scope; None: no Yama
     uid: int | None = None  # the user py-spy ran as
     problem: str | None = None  # why nothing came back (a timeout, a lost connection)
+    states: tuple[tuple[int, str], ...] = ()  # (pid, state letter of /proc/PID/stat): said with or without py-spy
+
+    def stopped(self) -> bool:
+        """Whether a process of the task is stopped: state T (SIGSTOP) or t (a debugger)."""
+        return any(state in ("T", "t") for _, state in self.states)
 
 
 def configured() -> str | None:
@@ -106,6 +111,11 @@ def _script(listing: str, find: str, flags: str, mark: str) -> str:
         find,
         f"printf '{mark} scope %s\\n' \"$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo -)\"",
         f"printf '{mark} uid %s\\n' \"$(id -u)\"",
+        # Each process's state (the letter after the command's closing parenthesis), py-spy or not:
+        # a stopped task is named as the one the others wait for.
+        f"for p in $({listing}); do",
+        f"  printf '{mark} state %s %s\\n' \"$p\" \"$(sed -n 's/.*) \\(.\\).*/\\1/p' /proc/$p/stat 2>/dev/null)\"",
+        "done",
         f'if [ -z "$spy" ] || ! [ -x "$spy" ]; then printf \'{mark} missing\\n\'; exit 0; fi',
         f"printf '{mark} spy %s\\n' \"$spy\"",
         f't=; command -v timeout >/dev/null 2>&1 && t="timeout -s KILL {DUMP_TIMEOUT}"',
@@ -143,6 +153,7 @@ def parse_answer(out: bytes, nonce: str) -> Answer:
     missing = False
     scope = uid = None
     dumps: list[Dump] = []
+    states: list[tuple[int, str]] = []
     current: tuple[int, int, int | None] | None = None
     body: list[str] = []
 
@@ -164,6 +175,8 @@ def parse_answer(out: bytes, nonce: str) -> Answer:
         elif kind in ("end", "pid"):
             end_dump()
             current, body = None, []
+        elif kind == "state" and len(args) == 2 and _number(args[0]) is not None and re.fullmatch("[A-Za-z]", args[1]):
+            states.append((_number(args[0]), args[1]))
         elif kind == "scope" and args:
             scope = _number(args[0])
         elif kind == "uid" and args:
@@ -174,8 +187,8 @@ def parse_answer(out: bytes, nonce: str) -> Answer:
             missing = True
     end_dump()
     if missing or spy is None:
-        return Answer(None, ptrace_scope=scope, uid=uid)
-    return Answer(spy, tuple(dumps[:MAX_PROCESSES]), scope, uid)
+        return Answer(None, ptrace_scope=scope, uid=uid, states=tuple(states[:MAX_PROCESSES]))
+    return Answer(spy, tuple(dumps[:MAX_PROCESSES]), scope, uid, states=tuple(states[:MAX_PROCESSES]))
 
 
 def run_here(pids: Sequence[int], native: bool, python: str | None, timeout: float, workdir: str | None = None) -> Answer:

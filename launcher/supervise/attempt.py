@@ -243,8 +243,10 @@ class Attempt:
         return events
 
     def _see_stopped(self, task: AttemptTask) -> None:
+        self.note_stopped(task, task.proc.stopped())
+
+    def note_stopped(self, task: AttemptTask, stopped: bool | None) -> None:
         """Note a task seen stopped, and say so once: a stall is then charged to it (causes.py)."""
-        stopped = task.proc.stopped()
         if stopped and task.stopped_at is None:
             task.stopped_at = time.time()
             self.output.notice(f"{task.plan.name} on {task.plan.host} is stopped (SIGSTOP, or a debugger): "

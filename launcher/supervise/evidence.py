@@ -99,7 +99,10 @@ class SpyStacks(EvidenceAction):
         if py_spy.configured() == "":  # MGPU_PY_SPY set empty: SIGABRT alone
             return
         attempt.spied = spy(attempt.running(), native=True)
+        by_name = attempt.by_name
         for spied in attempt.spied.values():
+            if spied.stopped:  # where the backend does not follow the tasks' state (Slurm), its host said so now
+                attempt.note_stopped(by_name[spied.task], True)
             if spied.problem and not spied.collected:
                 attempt.output.notice(f"{spied.problem.splitlines()[0]}; asking {spied.task} with SIGABRT")
 

@@ -38,6 +38,7 @@ class TaskStacks:
     processes: tuple[ProcessStacks, ...] = ()
     problem: str | None = None  # one line: why there are no stacks (py-spy missing, refused, timed out)
     refused: bool = False  # the host forbade attaching: SIGABRT is the way left
+    stopped: bool = False  # a process of the task was stopped (state T or t) as its host answered
 
     @property
     def collected(self) -> bool:
@@ -111,6 +112,11 @@ def refused_line(task: str, host: str, answer: Answer, dump: Dump) -> str:
 
 def read(task: str, host: str, answer: Answer | None) -> TaskStacks:
     """A host's answer for a task, read; None: its backend cannot run py-spy beside it."""
+    read = _read(task, host, answer)
+    return dataclasses.replace(read, stopped=True) if answer is not None and answer.stopped() else read
+
+
+def _read(task: str, host: str, answer: Answer | None) -> TaskStacks:
     if answer is None:
         return TaskStacks(task, host, problem=f"{task} on {host}: its backend cannot attach py-spy")
     if answer.problem is not None:

@@ -69,6 +69,18 @@ def test_an_answer_is_read_only_between_its_own_marker_lines():
     assert py_spy.parse_answer(f"{mark}scope -\n{mark}missing\n".encode(), nonce) == Answer(None)
 
 
+def test_each_process_state_is_read_with_or_without_py_spy_and_only_as_one_letter():
+    nonce = "0123abcd"
+    mark = f"\x1emgpu-spy-{nonce} "
+    states = (f"{mark}state 42 T\n{mark}state 43 S\n{mark}state 44 \n{mark}state 45 TT\n{mark}state x T\n"
+              f"\x1emgpu-spy-ffffffff state 46 T\n")
+    answer = py_spy.parse_answer(f"{mark}scope -\n{states}{mark}missing\n".encode(), nonce)
+    assert answer.spy is None and answer.states == ((42, "T"), (43, "S")) and answer.stopped()
+    running = py_spy.parse_answer(f"{mark}state 43 S\n{mark}spy /usr/bin/py-spy\n{mark}end\n".encode(), nonce)
+    assert not running.stopped()
+    assert spy_stacks.read("worker:1", "h2", answer).stopped and not spy_stacks.read("worker:1", "h2", running).stopped
+
+
 def test_hostile_or_cut_json_is_no_stack_and_no_crash():
     for text in ("[" * 100000, "{}", '[{"frames": "x"}]', '[{"frames": [{"name": 1}]}]', "[" + "1," * 10 + "1]",
                  '[{"frames": [{"name": "f", "filename": "x", "line": true}]}]', "x" * py_spy.DUMP_LIMIT):

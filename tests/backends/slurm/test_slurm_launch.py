@@ -518,6 +518,20 @@ def test_a_silent_step_is_stopped_as_stalled_with_its_stacks(slurm, tmp_path):
     assert_nothing_left(slurm, rid)
 
 
+def test_a_stopped_task_of_a_step_is_named_and_charged_with_the_stall(slurm, tmp_path):
+    """Slurm's backend does not follow its tasks' state, so the stall's request for stacks, run on
+    each task's node, also reads each process's state there: worker:1, stopped (SIGSTOP), is the one
+    the others waited for."""
+    rid = run_id("stopped")
+    program = 'echo up; if [ "$SLURM_PROCID" = 1 ]; then kill -STOP $$; fi; exec sleep 60'
+    done = in_allocation(slurm, tmp_path, launch_argv(tmp_path, rid, "--stall-timeout", "2", "--", "sh", "-c", program))
+    assert done.returncode == 1, done.stdout + done.stderr
+    attempt = run_record(tmp_path, rid)["attempts"][0]
+    assert (attempt["cause"], attempt["task"], attempt["host"]) == ("stalled", "worker:1", NODE), done.stderr
+    assert f"worker:1 on {NODE} is stopped (SIGSTOP, or a debugger)" in done.stdout + done.stderr
+    assert_nothing_left(slurm, rid)
+
+
 def test_asking_a_stalled_step_for_its_stacks_leaves_no_core_file(slurm, tmp_path):
     """With core dumps on in the tasks, the SIGABRT that asks for their stacks would leave a core file
     of every process in the task's folder: mgpu lowers their core limit to 0 first, on every node.
