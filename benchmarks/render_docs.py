@@ -218,13 +218,15 @@ def _soak(data: dict) -> list[str]:
              f"down for {data['cut_s']:g} s. Detected: from the fault to the end of the attempt it hit (for a "
              "CPU-starved host, to its task named the slowest); first new step: from the fault to the next attempt's "
              "first step. A slowed link, the launcher's SIGHUP, a full log disk and a starved CPU last "
-             f"{data.get('hold_s', 30):g} s and must end no attempt: the run went on.", "",
+             f"{data.get('hold_s', 30):g} s and must end no attempt: the run went on. SIGTERM of the launcher "
+             "comes last: every task stopped, the run `interrupted`, exit code 143 (detected: to the launcher's "
+             "exit); the same launch under a new run id then resumes from the checkpoint.", "",
              "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
     for fault in faults:
         charged = fault.get("charged") or {}
-        said = f"{charged.get('cause')} ({charged.get('task')} on {charged.get('host')})" if charged else "-"
-        if charged.get("cause") == "went on":  # a lasting fault: no attempt ended; the task named the slowest
-            said = "went on" + (f" (slowest: {charged['task']} on {charged.get('host')})" if charged.get("task") else "")
+        said = f"{charged.get('cause')}" + (f" ({charged['task']} on {charged.get('host')})" if charged.get("task") else "")
+        if charged.get("cause") == "went on" and charged.get("task"):  # a lasting fault; the task named the slowest
+            said = f"went on (slowest: {charged['task']} on {charged.get('host')})"
         task = f"{fault['task']} ({fault['host']})" if fault.get("task") else "the launcher"
         right = {True: "yes", False: "no"}.get(fault.get("right"), "-")
         lines.append(f"| {fault['kind']} | {task} | {said} | {right} | "
@@ -233,6 +235,11 @@ def _soak(data: dict) -> list[str]:
               f"({data['status']}) after {data['wall_s']:g} s; {data['restarts']} restarts, "
               f"{_cell(None if data.get('time_lost_s') is None else round(data['time_lost_s']))} lost, goodput {data['goodput']}; equal weights on every rank: "
               f"{'yes' if data['equal_weights'] else 'no'}; processes of the run left: {data['processes_left']}.", ""]
+    first = data.get("first_run")
+    if first:  # SIGTERM stopped the run; the figures above are its resumed launch's
+        lines[-1:-1] = ["", f"SIGTERM of the launcher stopped the first launch ({first['status']}, exit code "
+                            f"{first['exit_code']}, goodput {first['goodput']} until then, processes left: "
+                            f"{first['processes_left']}); the figures above are those of the launch that resumed it."]
     if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "soak.png").exists():
         lines += ["![Detection and time to the first new step per fault](soak.png)", ""]
     return lines

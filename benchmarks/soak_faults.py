@@ -1,10 +1,12 @@
 """The soak's faults that last a while and are then undone (benchmarks/soak.py): a link slowed with
 tc's netem, a full log disk (a small tmpfs under --log-dir, filled), a CPU-starved host (a CPU
 cgroup's quota over every process of its namespace). Each `start_*` injects the fault and returns
-what undoes it; undoing twice is harmless. Root only."""
+what undoes it; undoing twice is harmless. Root only. Such a fault is right when the run went on
+(judge_went_on)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
 import subprocess
@@ -15,6 +17,7 @@ Undo = Callable[[], None]
 CGROUP_V1_CPU = pathlib.Path("/sys/fs/cgroup/cpu")
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+WENT_ON = "went on"  # what a lasting fault is charged with when no attempt ended
 
 
 def _netns(namespace: str, *argv: str) -> subprocess.CompletedProcess:
@@ -90,3 +93,30 @@ def start_cpu_starved(namespace: str, share: float, name: str) -> Undo:
         except OSError:  # a process still there: it keeps no quota
             pass
     return undo
+
+
+def epoch(text: str | None) -> float | None:
+    return datetime.datetime.fromisoformat(text).timestamp() if text else None
+
+
+def judge_went_on(fault, hit: dict, console_log: pathlib.Path) -> None:
+    """Right when the attempt it hit did not end because of it (and after SIGHUP, the console went
+    on in the run's console.log); for a CPU-starved host, the task named the slowest is said.
+    `fault`: soak.Fault; `hit`: the attempt it hit, in run.json."""
+    if hit.get("ended_at") is not None:
+        fault.charged = {"cause": hit.get("cause"), "task": hit.get("task"), "host": hit.get("host")}
+        fault.right = False
+        return
+    slowest = hit.get("slowest") or {}
+    named = epoch(slowest.get("at"))
+    if fault.kind == "cpu-starved" and named is not None and named >= fault.injected_at:
+        fault.charged = {"cause": WENT_ON, "task": slowest.get("task"), "host": slowest.get("host")}
+        fault.detected_s = round(named - fault.injected_at, 1)
+    else:
+        fault.charged = {"cause": WENT_ON, "task": None, "host": None}
+    fault.right = True
+    if fault.kind == "launcher-sighup":
+        try:
+            fault.right = "the terminal hung up" in console_log.read_text(errors="replace")
+        except OSError:
+            fault.right = False

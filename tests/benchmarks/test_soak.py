@@ -76,3 +76,10 @@ def test_the_page_shows_each_fault_and_the_run():
     assert "| cpu-starved | worker:1 (h2) | went on (slowest: worker:1 on h2) | yes | 12 s | - |" in page
     assert "| sigstop | worker:2 (h3) | stalled (worker:2 on h3) | yes | 21.5 s | 40.2 s |" in page
     assert "Charged right: 3 of 3;" in page and "goodput 0.4;" in page and "equal weights on every rank: yes" in page
+    result["faults"].append({"kind": "launcher-sigterm", "task": None, "host": None, "right": True, "detected_s": 3.5,
+                             "first_step_s": 9.0, "charged": {"cause": "interrupted", "task": None, "host": None}})
+    result["first_run"] = {"run_id": "soak-55-1", "exit_code": 143, "status": "interrupted", "goodput": 0.5,
+                           "processes_left": 0}
+    page = "\n".join(render_docs._soak(result))
+    assert "| launcher-sigterm | the launcher | interrupted | yes | 3.5 s | 9 s |" in page
+    assert "stopped the first launch (interrupted, exit code 143, goodput 0.5 until then, processes left: 0)" in page
