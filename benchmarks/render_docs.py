@@ -224,10 +224,13 @@ def _soak(data: dict) -> list[str]:
              "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
     for fault in faults:
         charged = fault.get("charged") or {}
-        said = f"{charged.get('cause')}" + (f" ({charged['task']} on {charged.get('host')})" if charged.get("task") else "")
+        said = str(charged.get("cause"))
+        if charged.get("task"):
+            said += f" ({charged['task']} on {charged.get('host')})"
         if charged.get("cause") == "went on" and charged.get("task"):  # a lasting fault; the task named the slowest
             said = f"went on (slowest: {charged['task']} on {charged.get('host')})"
-        task = f"{fault['task']} ({fault['host']})" if fault.get("task") else "the launcher"
+        task = f"{fault['task']} ({fault['host']})" if fault.get("task") else (
+            "the log dir" if fault["kind"] == "log-disk-full" else "the launcher")
         right = {True: "yes", False: "no"}.get(fault.get("right"), "-")
         lines.append(f"| {fault['kind']} | {task} | {said} | {right} | "
                      f"{_cell(fault.get('detected_s'))} | {_cell(fault.get('first_step_s'))} |")

@@ -354,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     directory = pathlib.Path(tempfile.mkdtemp(prefix="mgpu-soak-"))
     lab = make_lab(args.workers + args.spares, directory)
-    unmount = soak_faults.mount_small_disk(directory / "runs", args.disk_mib) if "log-disk-full" in args.faults else None
+    unmount = None
+    if "log-disk-full" in args.faults:
+        unmount = soak_faults.mount_small_disk(directory / "runs", args.disk_mib)
     try:
         result = Soak(args, lab, directory).run()
     finally:

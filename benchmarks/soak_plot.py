@@ -18,12 +18,12 @@ def plot(result: dict) -> None:
         print("soak: no matplotlib: no plot", file=sys.stderr)
         return
     faults = result["faults"]
-    names = [f"{f['kind']}\n{f['task'] or 'launcher'}" for f in faults]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = [f"{f['kind']}\n{f['task'] or ('log dir' if f['kind'] == 'log-disk-full' else 'launcher')}" for f in faults]
+    fig, ax = plt.subplots(figsize=(11, 4))
     xs = range(len(faults))
     ax.bar([x - 0.2 for x in xs], [f["detected_s"] or 0 for f in faults], 0.4, label="detected (s)")
     ax.bar([x + 0.2 for x in xs], [f["first_step_s"] or 0 for f in faults], 0.4, label="first new step (s)")
-    ax.set_xticks(list(xs), names, fontsize=8)
+    ax.set_xticks(list(xs), names, fontsize=8, rotation=30, ha="right")
     ax.set_ylabel("seconds after the fault")
     ax.set_title(f"Soak, seed {result['seed']}: goodput {result['goodput']}, "
                  f"{result['charged_right']} of {len(faults)} charged right")
