@@ -82,7 +82,8 @@ class AskHosts(EvidenceAction):
         running = attempt.running()
         if not running:
             return
-        with concurrent.futures.ThreadPoolExecutor(min(len(running), MAX_SPIES_AT_ONCE), thread_name_prefix="ask") as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(len(running), MAX_SPIES_AT_ONCE),
+                                                   thread_name_prefix="ask") as pool:
             answers = list(pool.map(lambda task: task.proc.answers(), running))
         silent = sorted({task.plan.host for task, answered in zip(running, answers) if answered is False})
         if silent:
