@@ -93,6 +93,9 @@ def ssh_options(func):
         click.option("--keepalive", type=params.Seconds(0.1), default=None, metavar="SECONDS",
                      help="Seconds between SSH keepalives; a host that answers none of 3 in a row counts as lost. "
                           "[default: 15]"),
+        click.option("--host-agent", is_flag=True,
+                     help="One SSH session per host starts all of its tasks, in every attempt: the session of its "
+                          "checks goes on as the host's agent (no login per task, none at a restart)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -184,6 +187,7 @@ def ssh_options_from(opts: dict) -> SshOptions:
         ssh_config=opts.get("ssh_config") or None,
         connect_timeout=float(opts.get("connect_timeout") or defaults.connect_timeout),
         keepalive=float(opts.get("keepalive") or defaults.keepalive),
+        host_agent=bool(opts.get("host_agent")),
         debug=debug_flag(click.get_current_context(silent=True)),
     )
 

@@ -25,6 +25,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
 from launcher.backends.ssh import remote_command
+from launcher.backends.ssh.agent import HostAgents
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
 from launcher.backends.ssh.handover import HANDOVER, Handover, task_line
 from launcher.backends.ssh.options import SshOptions
@@ -186,6 +187,7 @@ class SshBackend(Backend):
         self._connections: dict[SshTarget, list[Connection]] = {}
         # Sessions the checks handed over to start tasks (take_handovers), by task name.
         self._handovers: dict[str, Handover] = {}
+        self._agents = HostAgents(self) if options.host_agent else None  # --host-agent: agent.py
 
     def target(self, task: TaskPlan) -> SshTarget:
         return resolve_target(task.host, task.ssh, self._config)
@@ -254,7 +256,7 @@ class SshBackend(Backend):
         for handover in replaced:
             handover.close()
 
-    def _handover_for(self, task: TaskPlan) -> Handover | None:
+    def handover_for(self, task: TaskPlan) -> Handover | None:
         """The session handed over to start `task`, if one was (it may have ended since: `start` then
         opens another)."""
         with self._lock:
@@ -263,6 +265,12 @@ class SshBackend(Backend):
             handover.close()
             return None
         return handover
+
+    def handovers_to(self, target: SshTarget) -> list[Handover]:
+        """The sessions handed over to start tasks on `target`, taken: the caller owns them."""
+        with self._lock:
+            names = [name for name, handover in self._handovers.items() if handover.target == target]
+            return [self._handovers.pop(name) for name in names]
 
     def task_env(self, task: TaskPlan, attempt: int) -> dict[str, str]:
         # Only what the plan adds (forwarded variables included): never the launcher's whole environment.
@@ -281,7 +289,9 @@ class SshBackend(Backend):
         reporter = remote_command.join_report_command("$$", task.port, task.coordinator_port, nonce)
         remote = remote_command.task_command(task.argv, self.task_env(task, attempt), task.workdir,
                                              self.grace_period, reporter)
-        handover = self._handover_for(task)
+        if self._agents is not None:
+            return self._agents.start(task, attempt)
+        handover = self.handover_for(task)
         if handover is not None:
             try:
                 return self._begin(remote, nonce, task, handover.connection, handover.channel)
@@ -349,6 +359,8 @@ class SshBackend(Backend):
             handovers, self._handovers = list(self._handovers.values()), {}
         for handover in handovers:
             handover.close()
+        if self._agents is not None:
+            self._agents.close()
         for pool in pools:
             for conn in pool:
                 conn.close()
