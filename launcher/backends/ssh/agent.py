@@ -78,6 +78,10 @@ class _Inbox:
             self._cond.notify_all()
             return len(self._data) <= STREAM_WINDOW
 
+    def held(self) -> int:
+        with self._cond:
+            return len(self._data)
+
     def end(self) -> None:
         with self._cond:
             self._ended = True
@@ -283,6 +287,10 @@ class AgentTaskProcess(TaskProcess):
         else:
             return False
         return True
+
+    def unread(self) -> int:
+        """Bytes of the task's output the launcher holds that no reader has taken yet."""
+        return sum(inbox.held() for inbox in self._inboxes.values())
 
     def agent_gone(self) -> None:
         self.started.set()

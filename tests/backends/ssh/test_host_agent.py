@@ -3,12 +3,18 @@ attempt (backends/ssh/agent.py, host_agent.py), against real sshd servers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 
 import pytest
 
 import lab_mgpu
-from ssh_helpers import PYTHON, unique_run_id
+from launcher.backends.ssh.agent import STREAM_WINDOW
+from launcher.backends.ssh.backend import SshBackend
+from launching import wait_for
+from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
+from test_ssh_backend import drain, plan
 from test_launch_over_ssh import forced_host, pick_free_ports
 
 pytestmark = pytest.mark.ssh
@@ -36,3 +42,58 @@ def test_one_session_per_host_for_its_checks_and_every_task_and_none_at_a_restar
             for attempt in range(2):
                 assert f"task {index} attempt {attempt}" in out.decode(), out.decode() + err.decode()
         assert sessions.read_text().count("session") == 1, (sessions.read_text(), err.decode())
+
+
+# 1 MiB on stdout and 250 KiB on stderr, each task its own bytes, in blocks of 4 KiB and 1000 bytes.
+FLOOD = ("import hashlib, sys\n"
+         "for n in range(256):\n"
+         "    block = hashlib.sha256(b'%s %d' % (sys.argv[1].encode(), n)).digest() * 128\n"
+         "    sys.stdout.buffer.write(block); sys.stderr.buffer.write(block[:1000])\n")
+
+
+def flood_of(index: int) -> tuple[bytes, bytes]:
+    blocks = [hashlib.sha256(b"%d %d" % (index, n)).digest() * 128 for n in range(256)]
+    return b"".join(blocks), b"".join(block[:1000] for block in blocks)
+
+
+def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_own_host(ssh_lab):
+    """Eight tasks flood one host's agent; task 0 is not read until the others have ended: they are
+    not held up by it, it waits on its host with at most its window unread here, and then every
+    byte of every task arrives, stdout and stderr apart. A task's arguments and variables arrive
+    byte-exact, a signal reaches its group, and closing the backend ends what is left (the hang-up
+    guard), a process that left the task's group too."""
+    run_id = unique_run_id("agent-flood")
+    backend = SshBackend(ssh_lab.options(host_agent=True))
+    try:
+        procs = [backend.start(plan("sshd-a", [PYTHON, "-c", FLOOD, str(i)], run_id=run_id, index=i), 0)
+                 for i in range(8)]
+        for i, proc in enumerate(procs[1:], 1):
+            assert drain(proc) == flood_of(i), f"task {i}"
+            assert wait_for(lambda: proc.poll() is not None, 10) and proc.poll() == 0
+        assert procs[0].poll() is None, "task 0 ended though its output was not read"
+        assert 0 < procs[0].unread() <= 2 * STREAM_WINDOW
+        assert drain(procs[0]) == flood_of(0)
+        assert wait_for(lambda: procs[0].poll() is not None, 10) and procs[0].poll() == 0
+
+        echo = backend.start(plan("sshd-a", [PYTHON, "-c", ECHO_PROGRAM, *TRICKY], {"TRICKY": TRICKY[5] + TRICKY[7]},
+                                  run_id=run_id, index=8), 0)
+        seen = json.loads(drain(echo)[0])
+        assert seen["argv"] == TRICKY
+        env = backend.start(plan("sshd-a", [PYTHON, "-c", "import os; print(repr(os.environ['TRICKY']))"],
+                                 {"TRICKY": TRICKY[5] + TRICKY[7]}, run_id=run_id, index=9), 0)
+        assert drain(env)[0].decode().strip() == repr(TRICKY[5] + TRICKY[7])
+
+        sleeper = backend.start(plan("sshd-a", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                                     run_id=run_id, index=10), 0)
+        assert sleeper.stdout.readline() == b"up\n"
+        sleeper.signal_tree(signal.SIGTERM)
+        assert wait_for(lambda: sleeper.poll() is not None, 10) and sleeper.poll() == -signal.SIGTERM
+
+        # A task with a child in a session of its own: only the task's tags find it.
+        left = backend.start(plan("sshd-a", ["/bin/sh", "-c", "setsid sleep 60 & echo started; exec sleep 60"],
+                                  run_id=run_id, index=11), 0)
+        assert left.stdout.readline() == b"started\n"
+        assert wait_for(lambda: len(run_processes(run_id)) >= 2, 10)
+    finally:
+        backend.close()
+    assert wait_for(lambda: not run_processes(run_id), 20), run_processes(run_id)
