@@ -143,8 +143,8 @@ class Agent:
             env = dict(self.base_env)
             env.update({os.fsencode(k): os.fsencode(v) for k, v in spec["env"].items()})
             workdir = spec.get("workdir")
-            if workdir:
-                env[b"PWD"] = os.fsencode(workdir)
+            if workdir:  # as the `cd` of a session's shell leaves them
+                env[b"OLDPWD"], env[b"PWD"] = os.getcwdb(), os.fsencode(workdir)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             self.fail(ident, "mgpu host agent: a task it cannot read: %s\n" % e, 255)
             return

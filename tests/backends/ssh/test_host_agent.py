@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 
 import pytest
@@ -15,7 +16,7 @@ from launcher.backends.ssh.backend import SshBackend
 from launching import wait_for
 from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
 from test_ssh_backend import drain, plan
-from test_launch_over_ssh import forced_host, pick_free_ports
+from test_launch_over_ssh import _PER_LAUNCH, SESSION_COMMAND, forced_host, pick_free_ports
 
 pytestmark = pytest.mark.ssh
 
@@ -97,3 +98,25 @@ def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_
     finally:
         backend.close()
     assert wait_for(lambda: not run_processes(run_id), 20), run_processes(run_id)
+
+
+def test_a_task_the_agent_starts_gets_what_a_session_of_its_own_gives_it(ssh_lab, tmp_path):
+    """The agent (here after the checks, in a --workdir) starts a task with the environment, folder,
+    signal dispositions and process group a session of its own gives it (without the checks or the
+    agent: one session per task)."""
+    for workdir in ([], ["--workdir", str(tmp_path)]):
+        seen = {}
+        for mode in (["--host-agent"], ["--no-check"]):
+            (port,) = pick_free_ports(1)
+            result = lab_mgpu.run(tmp_path, "launch", "--workers", f"sshd-a:{port}", *mode, *workdir,
+                                  *lab_mgpu.ssh_files(ssh_lab), "--connect-timeout", "5",
+                                  "--run-id", unique_run_id("agent-session"), "--", *SESSION_COMMAND)
+            assert result.returncode == 0, result.stderr
+            line = next(line for line in result.stdout.splitlines() if "SESSION " in line)
+            seen[mode[0]] = json.loads(line.split("SESSION ", 1)[1])
+        by_agent, own = seen["--host-agent"], seen["--no-check"]
+        for name in _PER_LAUNCH:
+            by_agent["env"].pop(name, None), own["env"].pop(name, None)
+        assert {k: (v, own["env"].get(k)) for k, v in by_agent["env"].items() if own["env"].get(k) != v} == {}
+        assert by_agent == own, workdir
+        assert by_agent["leader"] and by_agent["cwd"] == (workdir[1] if workdir else os.path.expanduser("~" + ssh_lab.user))
