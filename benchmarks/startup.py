@@ -51,6 +51,10 @@ from ssh_helpers import Netns, keygen, start_sshd  # noqa: E402
 
 PYTHON = sys.executable  # the hosts share this machine's filesystem, so its interpreter
 TRIVIAL = [PYTHON, "-c", "print(1)"]
+# Task 0 fails in the first attempt: the run restarts once. What that costs beside a launch that
+# does not restart is the restart's time (every task stopped, started again and ended).
+FAILS_ONCE = [PYTHON, "-c", "import os, sys; print(1); sys.exit(3 if os.environ['MGPU_ATTEMPT'] == '0' "
+              "and os.environ['MGPU_TASK_INDEX'] == '0' else 0)"]
 TRAINER_ARGS = ["--dataset", "synthetic", "--model", "cnn", "--train-steps", "1", "--eval-steps", "1",
                 "--threads", "1"]
 PORT = 2222
@@ -148,6 +152,10 @@ def floor(lab: Lab, hosts: list[str], per_host: int, trainer: bool) -> float:
                        PYTHON, "-m", "launcher.trainer", *TRAINER_ARGS]
         else:
             program = TRIVIAL
+        if index % per_host:
+            continue  # one session per host starts all of its processes at once
+        if per_host > 1 and not trainer:
+            program = ["sh", "-c", " ".join([shlex.join(program) + " &"] * per_host) + " wait"]
         commands.append(["ssh", "-F", str(lab.ssh_config), host, shlex.join(program)])
     started = time.perf_counter()
     procs = [subprocess.Popen(c, env=lab.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -164,23 +172,26 @@ def floor(lab: Lab, hosts: list[str], per_host: int, trainer: bool) -> float:
 
 
 def mgpu(lab: Lab, command: str, hosts: list[str], per_host: int, trainer: bool, check: bool = True,
-         checkout: pathlib.Path = REPO) -> tuple[float, float]:
+         checkout: pathlib.Path = REPO, agent: bool = False, restart: bool = False) -> tuple[float, float]:
     """`mgpu COMMAND` of `checkout` (this one, or the baseline's) on `hosts`, to its end."""
     argv = [PYTHON, "-m", "launcher", command, "--hosts", ",".join(f"{h}:{per_host}" for h in hosts),
             "--port", str(PORT), "--ssh-config", str(lab.ssh_config), "--known-hosts", str(lab.known_hosts)]
     if command == "launch":
         argv += ["--log-dir", str(lab.dir / "runs")] + ([] if check else ["--no-check"])
+        argv += (["--host-agent"] if agent else []) + (["--max-restarts", "1"] if restart else [])
     if trainer:
         argv += ["--python", PYTHON]
         if command == "launch":
             argv += ["--env", f"PYTHONPATH={REPO}"]
         argv += ["--", *TRAINER_ARGS]
     else:
-        argv += ["--", *TRIVIAL]
+        argv += ["--", *(FAILS_ONCE if restart else TRIVIAL)]
     return timed(argv, {**lab.env, "PYTHONPATH": str(checkout)}, lab.dir)
 
 
-MEASURES = ("floor", "check", "launch_no_check", "launch")
+MEASURES = ("floor", "check", "launch_no_check", "launch", "launch_agent", "restart", "restart_agent")
+# With --host-agent, and a launch that restarts once (without it and with it): the trivial program only.
+TRIVIAL_ONLY = ("launch_agent", "restart", "restart_agent")
 BASELINE_MEASURES = ("baseline_check", "baseline_launch")  # with --baseline: its checks, and its launch with them
 
 
@@ -193,6 +204,8 @@ def measure_once(lab: Lab, what: str, hosts: list[str], per_host: int, trainer: 
         checkout, what = baseline, what.removeprefix("baseline_")
     if what == "check":
         return mgpu(lab, "check", hosts, per_host, trainer, checkout=checkout)
+    if what in TRIVIAL_ONLY:
+        return mgpu(lab, "launch", hosts, per_host, trainer, agent=what.endswith("agent"), restart=what != "launch_agent")
     return mgpu(lab, "launch", hosts, per_host, trainer, check=what == "launch", checkout=checkout)
 
 
@@ -211,6 +224,8 @@ def run(counts: list[int], trainer_counts: list[int], per_host: int, repeats: in
         for repeat in range(repeats):  # interleaved: drifting load hits every measure alike
             for n, trainer in cases:
                 for what in measures:
+                    if trainer and what in TRIVIAL_ONLY:
+                        continue
                     label = f"# repeat {repeat} {n:>3} hosts {'trainer' if trainer else 'trivial'} {what:<16}"
                     try:
                         seconds, rss = measure_once(hosts_lab, what, hosts_lab.names(n), per_host, trainer, baseline)
@@ -246,11 +261,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = {"floor": "OpenSSH, every host at once", "check": "mgpu check", "launch_no_check": "mgpu launch --no-check",
-              "launch": "mgpu launch (with its checks)"}
+              "launch": "mgpu launch (with its checks)", "launch_agent": "mgpu launch --host-agent"}
     if result.get("baseline"):
         labels["baseline_launch"] = f"mgpu launch (with its checks), {result['baseline']}"
     fig, ax = plt.subplots(figsize=(6, 4))
-    for what, style in zip((*MEASURES, "baseline_launch"), ("k:", "s--", "^-.", "o-", "x:")):
+    for what, style in zip(("floor", "check", "launch_no_check", "launch", "launch_agent", "baseline_launch"),
+                           ("k:", "s--", "^-.", "o-", "D-", "x:")):
         rows = [r for r in result["rows"] if r["program"] == "trivial" and r["measure"] == what and r["median_s"]]
         ax.plot([r["hosts"] for r in rows], [r["median_s"] for r in rows], style, label=labels.get(what))
         if what == "floor":

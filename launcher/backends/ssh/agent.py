@@ -268,12 +268,12 @@ class AgentTaskProcess(TaskProcess):
         if kind in (wire.OUT, wire.ERR):
             return self._inboxes[1 if kind == wire.OUT else 2].feed(payload)
         text = payload.decode("ascii", "replace")
-        if kind == wire.STARTED and text.isdigit():
-            self.pid = int(text)
+        if kind == wire.STARTED and text.isdigit() and len(text) <= 10 and self.pid is None:
+            self.pid = int(text)  # 0: the agent could not start it, and its EXIT follows
             self.started.set()
         elif kind == wire.EOF and text in ("1", "2"):
             self._inboxes[int(text)].end()
-        elif kind == wire.EXIT and text.lstrip("-").isdigit():
+        elif kind == wire.EXIT and text.lstrip("-").isdigit() and -128 <= int(text[:5]) <= 255:
             self._status = int(text)
         elif kind == wire.REPORT:
             if text == remote_command.LISTENING:

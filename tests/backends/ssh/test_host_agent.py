@@ -84,6 +84,10 @@ def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_
                                  {"TRICKY": TRICKY[5] + TRICKY[7]}, run_id=run_id, index=9), 0)
         assert drain(env)[0].decode().strip() == repr(TRICKY[5] + TRICKY[7])
 
+        missing = backend.start(plan("sshd-a", ["/nonexistent/program"], run_id=run_id, index=12), 0)
+        out, err = drain(missing)
+        assert missing.poll() == 127 and b"/nonexistent/program: No such file or directory" in err, err
+
         sleeper = backend.start(plan("sshd-a", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"],
                                      run_id=run_id, index=10), 0)
         assert sleeper.stdout.readline() == b"up\n"
