@@ -114,6 +114,7 @@ class HostAgent:
         self._tasks: dict[int, AgentTaskProcess] = {}
         self._next = 1
         self._stderr = bytearray()
+        self._preamble: bytes | None = None  # what the login shell said on stderr before the agent, for the first task
 
     @classmethod
     def start(cls, conn: Connection, chan: paramiko.Channel | None, timeout: float, start_timeout: float
@@ -136,6 +137,7 @@ class HostAgent:
             agent = cls(conn, chan)
             threading.Thread(target=agent._drain_stderr, daemon=True, name=f"agent-stderr {conn.target.alias}").start()
             agent._wait_ready(f"mgpu-agent-ready {nonce}\n".encode(), start_timeout)
+            agent._preamble = bytes(agent._stderr)
         except (paramiko.SSHException, EOFError, OSError) as e:
             if chan is not None:
                 chan.close()
@@ -228,6 +230,10 @@ class HostAgent:
             ident, self._next = self._next, self._next + 1
             process = AgentTaskProcess(self, ident, task)
             self._tasks[ident] = process
+        with self._lock:
+            preamble, self._preamble = self._preamble, None
+        if preamble:  # a start-up file's words stay where a session of its own puts them: in the task's stderr
+            process.stderr.unread(preamble)
         payload = json.dumps(spec).encode("utf-8", "surrogateescape")
         if not self.alive or not self.send(wire.START, ident, payload):
             raise ConnectError(f"{self.conn.target.label}: mgpu's host agent has ended")
@@ -300,6 +306,9 @@ class AgentTaskProcess(TaskProcess):
     def _eof_note(self) -> bytes:
         if self._status is not None or self._agent.alive:
             return b""
+        if not self._agent.conn.active:
+            return (f"mgpu: lost the SSH connection to {self._agent.conn.target.label}; "
+                    f"the remote task is killed when sshd notices\n").encode()
         return f"mgpu: lost the host agent on {self._agent.conn.target.label}: {self.lost()}\n".encode()
 
     def poll(self) -> int | None:
