@@ -205,6 +205,41 @@ its checks pays the login, one session (the probe's, then the task's), two Pytho
 real hosts each host pays its own share in parallel;""".splitlines()
 
 
+def _startup_agent(data: dict) -> list[str]:
+    """Several tasks per host: the launch with and without --host-agent, and what a restart adds."""
+    rows = {(r["hosts"], r["measure"]): r for r in data["rows"] if r["program"] == "trivial"}
+    each = data["tasks_per_host"]
+    lines = ["", f"## {each} tasks per host, and a restart (`benchmarks/startup.py --tasks-per-host {each}`, {data['date']})",
+             "", data["machine"] + (f"; 1-minute load {data['load'][0]:g}-{data['load'][1]:g} during the run (a shared "
+                                    "machine)" if data.get("load") else ""), "",
+             f"As above, with {each} tasks of `python -c 'print(1)'` per host; medians of {data['repeats']} interleaved "
+             f"repeats. The floor is one OpenSSH session per host starting its {each} processes, every host at once. "
+             "A restart: task 0 exits 3 in the first attempt and the run restarts once (`--max-restarts 1`); what "
+             "that launch takes beyond the launch without a restart is the restart's time (every task stopped, "
+             "started again and run to its end).", "",
+             "| hosts | OpenSSH floor | `launch` | `launch --host-agent` | goal | restart | restart, `--host-agent` |",
+             "|---|---|---|---|---|---|---|"]
+    for hosts in sorted({hosts for hosts, _ in rows}):
+        def cell(measure: str) -> str:
+            return _seconds(rows.get((hosts, measure)))
+
+        def extra(restart: str, launch: str) -> str:
+            a, b = rows.get((hosts, restart)), rows.get((hosts, launch))
+            return f"{a['median_s'] - b['median_s']:.1f} s" if a and b and a["median_s"] and b["median_s"] else "-"
+        floor = rows[(hosts, "floor")]["median_s"]
+        lines.append(f"| {hosts} | {cell('floor')} | {cell('launch')} | {cell('launch_agent')} | "
+                     f"{f'{2 * floor + 1.5:.1f} s' if floor is not None else '-'} | {extra('restart', 'launch')} | "
+                     f"{extra('restart_agent', 'launch_agent')} |")
+    lines.append("")
+    if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "startup-agent.png").exists():
+        lines += [f"![Start-up time against hosts, {each} tasks per host](startup-agent.png)", ""]
+    return lines + [
+        "With `--host-agent` a host's checks and all of its tasks, in every attempt, take one SSH session: the "
+        "tasks start at once from the agent, with no login shell each, and a restart starts them again through "
+        "the same agent, with no login at all. Without it each further task of a host opens a session of its own "
+        "(a login shell and the user's start-up files each time), and a restart pays them all again."]
+
+
 def _cell(value, unit: str = " s") -> str:
     return "-" if value is None else f"{value:g}{unit}"
 
@@ -251,7 +286,7 @@ def _soak(data: dict) -> list[str]:
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),
             ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
             ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")),
-            ("startup.json", _startup), ("soak.json", _soak))
+            ("startup.json", _startup), ("startup-agent.json", _startup_agent), ("soak.json", _soak))
 
 
 def render() -> str:

@@ -275,7 +275,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     hosts = sorted({r["hosts"] for r in result["rows"] if r["program"] == "trivial"})
     ax.set_xscale("log", base=2)
     ax.set_xticks(hosts, [str(h) for h in hosts])
-    ax.set_xlabel(f"hosts ({result['tasks_per_host']} task each; network namespaces on one machine)")
+    each = result["tasks_per_host"]
+    ax.set_xlabel(f"hosts ({each} task{'s' if each > 1 else ''} each; network namespaces on one machine)")
     ax.set_ylabel("seconds, start to end of `python -c 'print(1)'`")
     ax.set_ylim(bottom=0)
     ax.legend()
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks-per-host", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="startup", help="results file name, without suffix")
-    parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT.relative_to(REPO)}")
+    parser.add_argument("--no-plot", action="store_true",
+                        help=f"do not write {PLOT.relative_to(REPO)} (docs/NAME.png for another --name)")
     parser.add_argument("--baseline-label", default="before", help="what the baseline is, for the page")
     parser.add_argument("--baseline", type=pathlib.Path, metavar="CHECKOUT",
                         help="another mgpu checkout (e.g. `git worktree add /tmp/base v1.0`) whose check and launch "
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.no_plot:
-        plot(result, PLOT)
+        plot(result, PLOT if args.name == "startup" else REPO / "docs" / f"{args.name}.png")
     for row in rows:
         print(f"{row['hosts']:>3} hosts {row['program']:<8} {row['measure']:<16} {row['median_s'] or 0:7.2f} s"
               + (f"  {row['peak_rss_mb']:.0f} MB" if row["peak_rss_mb"] else "")
