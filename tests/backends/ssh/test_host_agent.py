@@ -28,21 +28,24 @@ FAILS_ONCE = ("import os, sys\n"
 
 
 def test_one_session_per_host_for_its_checks_and_every_task_and_none_at_a_restart(ssh_lab, tmp_path):
+    """Four tasks on one host, one of which fails in the first attempt: sshd's ForceCommand counts
+    one session for the checks, the four tasks and their restart (and one without the checks)."""
     sessions = tmp_path / "sessions"
     force = f'echo session "$(printf %s "$SSH_ORIGINAL_COMMAND" | head -c 300 | tr "\\n" " ")" >> {sessions}; eval "$SSH_ORIGINAL_COMMAND"'
     with forced_host(ssh_lab, tmp_path, "counted", force) as (known, config):
-        ports = pick_free_ports(4)
-        sessions.write_text("")
-        proc = lab_mgpu.start(tmp_path, "launch", "--workers", ",".join(f"counted:{p}" for p in ports),
-                              "--host-agent", "--max-restarts", "1", "--ssh-config", str(config),
-                              "--known-hosts", str(known), "--connect-timeout", "5",
-                              "--run-id", unique_run_id("agent"), "--", PYTHON, "-c", FAILS_ONCE)
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err.decode()
-        for index in range(4):
-            for attempt in range(2):
-                assert f"task {index} attempt {attempt}" in out.decode(), out.decode() + err.decode()
-        assert sessions.read_text().count("session") == 1, (sessions.read_text(), err.decode())
+        for checks in ([], ["--no-check"]):  # without the checks, the agent has a session of its own
+            ports = pick_free_ports(4)
+            sessions.write_text("")
+            proc = lab_mgpu.start(tmp_path, "launch", "--workers", ",".join(f"counted:{p}" for p in ports), *checks,
+                                  "--host-agent", "--max-restarts", "1", "--ssh-config", str(config),
+                                  "--known-hosts", str(known), "--connect-timeout", "5",
+                                  "--run-id", unique_run_id("agent"), "--", PYTHON, "-c", FAILS_ONCE)
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err.decode()
+            for index in range(4):
+                for attempt in range(2):
+                    assert f"task {index} attempt {attempt}" in out.decode(), out.decode() + err.decode()
+            assert sessions.read_text().count("session") == 1, (checks, sessions.read_text(), err.decode())
 
 
 # 1 MiB on stdout and 250 KiB on stderr, each task its own bytes, in blocks of 4 KiB and 1000 bytes.
