@@ -3,40 +3,58 @@ which starts every task of the host, in every attempt, and frames their output b
 
 A host's agent starts in the session its checks ran in (a handover: handover.py), or without the
 checks in a session of its own, at the host's first task; it stays for the run, so a restart starts
-its tasks with no new login. Each task is an `AgentTaskProcess`, which answers as an
-`SshTaskProcess` does: its two streams (read through the same ChannelStream, fed by the agent's
-frames), its status, the join reporter's words, signals to its group, py-spy on the run's connection.
+its tasks with no new login. Each task is an `AgentTaskProcess` (agent_task.py), which answers as an
+`SshTaskProcess` does: its two streams, its status, the join reporter's words, signals to its group,
+py-spy on the run's connection.
 
-What the launcher holds of a task's output is bounded by the credit it grants each stream
-(STREAM_WINDOW): the agent reads a task's pipe only while its stream has credit, so a task that
-writes faster than the launcher reads waits on its host, and the others' output passes it by. A
-host's agent session then holds at most its tasks' windows and the channel's own window.
+The agent is sent as source on its session's stdin (`agent_source`: host_agent_proc.py, then
+host_agent.py) after a short program that reads it and runs it with the host's python3; before that
+program, the session's shell's environment (the login's, before any interpreter shim) goes to its
+stdin with `env -0`. Then its descriptor 3 is the session's stdin, the launcher's frames, and its
+stdout the session's stdout, its frames. A frame is a header (kind, task id, payload length:
+host_agent.FRAME) and its payload. The launcher says START (a task: JSON), SIGNAL (a signal number),
+CREDIT (stream 1 or 2 and a byte count) and CLOSE; the agent says STARTED (the task's process group),
+OUT and ERR (the task's bytes, as they came), EOF (stream 1 or 2 has ended), REPORT (a line in the
+join reporter's words, remote_command.py), and EXIT (the status; -N for signal N).
+
+What a task's own session did beside it, the agent does for every task of the host:
+- each task gets its own session and process group (setsid), stdin from /dev/null, and the signal
+  dispositions of a fresh program (Python's own ignored signals restored);
+- the hang-up guard: when the launcher's stream ends (the launcher, or its connection, gone), when
+  the launcher closes a task, and when a task ends, the task's group and the processes of this user
+  that carry its tags get SIGTERM, the grace period, then SIGKILL;
+- back-pressure: a task's pipe is read only while the launcher has granted the stream credit
+  (agent_task.STREAM_WINDOW), so a task that writes faster than the launcher reads waits on its
+  host while the others' output passes it by, and a host's agent session holds at most its tasks'
+  windows and the channel's own window here;
+- the join reporter (LISTENING, CONNECTED), CPU samples (USAGE) and the stopped state (STOPPED,
+  RUNNING), in the per-task reporter's words;
+- signals to the whole group; before SIGABRT (the request for stacks) the group's core limit is
+  set to 0, and after it the group is continued.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import secrets
 import shlex
 import socket
-import struct
 import threading
 import time
 
 import paramiko
 
-from launcher.backends.base import CpuUsage, TaskProcess
-from launcher.backends.ssh import host_agent as wire, remote_command
-from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection
+from launcher.backends.ssh import host_agent as wire, host_agent_proc, remote_command
+from launcher.backends.ssh.agent_task import STREAM_WINDOW, AgentTaskProcess
+from launcher.backends.ssh.connection import Connection
 from launcher.backends.ssh.remote_command import RemoteTask
-from launcher.backends.ssh.stream import ChannelStream
-from launcher.errors import ConnectError, MgpuError
-from launcher.host import py_spy
+from launcher.errors import ConnectError
 from launcher.plan.planner import TaskPlan
 
-STREAM_WINDOW = 64 * 1024  # bytes of a task's stdout, and of its stderr, the launcher may hold unread
-_CREDIT_AT = STREAM_WINDOW // 4  # bytes read before the credit is given back
+# host_agent.py's imports of host_agent_proc.py: left out of the one source, which defines those names above.
+_SHIPPED_IMPORT = re.compile(r"^from launcher\.backends\.ssh\.host_agent_proc import [\w, ]+\n", re.MULTILINE)
 _PREAMBLE_LIMIT = 1 << 20  # what a login shell may print on stdout before the agent's first line
 _STDERR_TAIL = 4096  # of the agent's own stderr, kept for the reason it ended
 _START_TIMEOUT = 30.0  # seconds for a running agent to start a task
@@ -49,7 +67,10 @@ _BOOT = ("import os,sys\nn=int(sys.argv[1]);b=bytearray()\nwhile len(b)<n:\n c=o
 
 
 def agent_source() -> bytes:
-    return pathlib.Path(wire.__file__).read_bytes()
+    """The agent as one source: host_agent_proc.py, then host_agent.py less its imports of it."""
+    proc = pathlib.Path(host_agent_proc.__file__).read_text(encoding="utf-8")
+    agent = _SHIPPED_IMPORT.sub("", pathlib.Path(wire.__file__).read_text(encoding="utf-8"))
+    return (proc + "\n\n" + agent).encode("utf-8")
 
 
 def agent_command(nonce: str) -> RemoteTask:
@@ -58,47 +79,6 @@ def agent_command(nonce: str) -> RemoteTask:
     source = agent_source()
     command = (f"exec 3<&0; env -0 2>/dev/null | exec python3 -c {shlex.quote(_BOOT)} {len(source)} {nonce}")
     return RemoteTask(command, source)
-
-
-class _Inbox:
-    """One stream of a task as the agent's frames bring it: `recv` for ChannelStream, which gives
-    credit back to the agent as it is read."""
-
-    def __init__(self, agent: "HostAgent", ident: int, stream: int):
-        self._agent, self._ident, self._stream = agent, ident, stream
-        self._data = bytearray()
-        self._ended = False
-        self._read = 0  # read since credit was last given back
-        self._cond = threading.Condition()
-
-    def feed(self, data: bytes) -> bool:
-        """False when the agent sent more than the stream's credit allowed."""
-        with self._cond:
-            self._data += data
-            self._cond.notify_all()
-            return len(self._data) <= STREAM_WINDOW
-
-    def held(self) -> int:
-        with self._cond:
-            return len(self._data)
-
-    def end(self) -> None:
-        with self._cond:
-            self._ended = True
-            self._cond.notify_all()
-
-    def recv(self, size: int) -> bytes:
-        with self._cond:
-            while not self._data and not self._ended:
-                self._cond.wait()
-            data = bytes(self._data[:size])
-            del self._data[:size]
-            self._read += len(data)
-            give = self._read if self._read >= _CREDIT_AT or (not self._data and self._read) else 0
-            self._read -= give
-        if give and not self._ended:
-            self._agent.send(wire.CREDIT, self._ident, struct.pack("!BI", self._stream, give))
-        return data
 
 
 class HostAgent:
@@ -249,125 +229,6 @@ class HostAgent:
         """End the agent: at the end of its stdin it ends every task it still has (the hang-up guard)."""
         self.chan.close()
         self.conn.release()
-
-
-class AgentTaskProcess(TaskProcess):
-    """A task its host's agent started (see the module docstring)."""
-
-    def __init__(self, agent: HostAgent, ident: int, task: TaskPlan):
-        self._agent = agent
-        self._ident = ident
-        self._own_port = task.port
-        self._coordinator_port = task.coordinator_port
-        self.pid = None  # the process group, once the agent says it started
-        self.started = threading.Event()
-        self._status: int | None = None
-        self._closed = False
-        self._inboxes = {1: _Inbox(agent, ident, 1), 2: _Inbox(agent, ident, 2)}
-        self.stdout = ChannelStream(self._inboxes[1].recv)
-        self.stderr = ChannelStream(self._inboxes[2].recv, on_eof=self._eof_note)
-        self._listening = self._connected = self._stopped = False
-        self._usage: CpuUsage | None = None
-
-    def take(self, kind: int, payload: bytes) -> bool:
-        """A frame of the agent's about this task; False for one it cannot be."""
-        if kind in (wire.OUT, wire.ERR):
-            return self._inboxes[1 if kind == wire.OUT else 2].feed(payload)
-        text = payload.decode("ascii", "replace")
-        if kind == wire.STARTED and text.isdigit() and len(text) <= 10 and self.pid is None:
-            self.pid = int(text)  # 0: the agent could not start it, and its EXIT follows
-            self.started.set()
-        elif kind == wire.EOF and text in ("1", "2"):
-            self._inboxes[int(text)].end()
-        elif kind == wire.EXIT and text.lstrip("-").isdigit() and -128 <= int(text[:5]) <= 255:
-            self._status = int(text)
-        elif kind == wire.REPORT:
-            if text == remote_command.LISTENING:
-                self._listening = True
-            elif text == remote_command.CONNECTED:
-                self._connected = True
-            elif text in (remote_command.STOPPED, remote_command.RUNNING):
-                self._stopped = text == remote_command.STOPPED
-            elif (usage := remote_command.parse_usage(text)) is not None:
-                self._usage = CpuUsage(*usage)
-        else:
-            return False
-        return True
-
-    def unread(self) -> int:
-        """Bytes of the task's output the launcher holds that no reader has taken yet."""
-        return sum(inbox.held() for inbox in self._inboxes.values())
-
-    def agent_gone(self) -> None:
-        self.started.set()
-        for inbox in self._inboxes.values():
-            inbox.end()
-
-    def _eof_note(self) -> bytes:
-        if self._status is not None or self._agent.alive:
-            return b""
-        if not self._agent.conn.active:
-            return (f"mgpu: lost the SSH connection to {self._agent.conn.target.label}; "
-                    f"the remote task is killed when sshd notices\n").encode()
-        return f"mgpu: lost the host agent on {self._agent.conn.target.label}: {self.lost()}\n".encode()
-
-    def poll(self) -> int | None:
-        if self._status is not None:
-            return self._status
-        return None if self._agent.alive else EXIT_CONNECTION_LOST
-
-    def lost(self) -> str | None:
-        """Lost: the agent's session ended before the task's exit status came."""
-        if self._status is not None or self._agent.alive:
-            return None
-        if not self._agent.conn.active:
-            return self._agent.conn.lost_reason or "SSH connection lost"
-        return self._agent.problem or "mgpu's host agent ended"
-
-    def usage(self) -> CpuUsage | None:
-        return self._usage
-
-    def stopped(self) -> bool | None:
-        return self._stopped
-
-    def listens_on(self, port: int) -> bool | None:
-        return self._listening if port == self._own_port else None
-
-    def joined(self, own_port: int | None, coordinator_port: int | None) -> bool | None:
-        if (own_port, coordinator_port) == (None, None):
-            return None
-        if own_port not in (None, self._own_port) or coordinator_port not in (None, self._coordinator_port):
-            return None
-        return (own_port is not None and self._listening) or (coordinator_port is not None and self._connected)
-
-    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
-        """The members of the task's process group, dumped on its host over the agent's connection."""
-        if self.poll() is not None:
-            return py_spy.Answer(None, problem="the task has ended")
-        nonce = py_spy.new_nonce()
-        python = task.argv[0] if task.argv else ""
-        if task.workdir and not python.startswith("/"):
-            python = f"{task.workdir.rstrip('/')}/{python}"
-        command = py_spy.script(py_spy.listing_of_group(self.pid), native, [python], nonce, py_spy.configured())
-        try:
-            _, out, _ = self._agent.conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
-        except MgpuError as e:
-            return py_spy.Answer(None, problem=str(e))
-        return py_spy.parse_answer(out, nonce)
-
-    def signal_tree(self, signum: int) -> None:
-        if self.poll() is None:
-            self._agent.send(wire.SIGNAL, self._ident, str(int(signum)).encode())
-
-    def close(self) -> None:
-        """The task's end, as its session's would be: the agent's guard ends what is left of it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._agent.send(wire.CLOSE, self._ident)
-        for inbox in self._inboxes.values():
-            inbox.end()
-        self._agent.forget(self._ident)
 
 
 class HostAgents:

@@ -1,32 +1,10 @@
-"""mgpu's host agent: the one program per remote host that starts and keeps all of the host's tasks.
+"""mgpu's host agent (`--host-agent`): one per remote host, it starts and keeps all of the host's
+tasks, in every attempt, and does for each what its own SSH session did beside it.
 
-Standard library only, and it imports nothing of mgpu: its source is shipped to the host on the
-session that starts it (agent.py's `agent_command`), as the probe's is, and runs with the host's
-python3. With `--host-agent`, the session that ran a host's checks goes on to run it (or, without
-the checks, a session of its own), and every task of the host, in every attempt, is started by it:
-one login per host for the whole run.
-
-Its stdin is the environment of the shell that started it (`env -0`, the login's environment, read
-to its end): each task starts with it and the task's own variables, as a session of its own would.
-Its descriptor 3 is the session's stdin, the launcher's frames; its stdout the session's stdout,
-its frames to the launcher. A frame is a header (kind, task id, payload length: FRAME) and its
-payload. The launcher says START (a task: JSON), SIGNAL (a signal number), CREDIT (stream 1 or 2 and
-a byte count) and CLOSE; the agent says STARTED (the task's process group), OUT and ERR (the task's
-bytes, as they came), EOF (stream 1 or 2 has ended), REPORT (a line of the join reporter's words,
-remote_command.py), and EXIT (the status; -N for signal N).
-
-What a task's session did beside it, the agent does for every task of the host:
-- each task gets its own session and process group (setsid), stdin from /dev/null, and the signal
-  dispositions of a fresh program (Python's own ignored signals restored);
-- the hang-up guard: when the launcher's stream ends (the launcher, or its connection, gone), when
-  the launcher closes a task, and when a task ends, the task's group and the processes of this user
-  that carry its tags get SIGTERM, the grace period, then SIGKILL;
-- back-pressure: a task's pipe is read only while the launcher has granted the stream credit (its
-  window), so a flooding task waits on its own host, and what the launcher holds unread is bounded;
-- the join reporter (LISTENING, CONNECTED), CPU samples (USAGE) and the stopped state (STOPPED,
-  RUNNING), in the same words as the per-task reporter;
-- signals: to the whole group; before SIGABRT (the request for stacks) the group's core limit is
-  set to 0, and after it the group is continued.
+Standard library only, importing nothing of mgpu: its source is shipped on the session that runs
+it, as the probe's is. Its stdin is the starting shell's environment (`env -0`), descriptor 3 the
+launcher's frames, stdout its own frames: the protocol, and what it does for each task, are in
+agent.py's docstring, the launcher's end.
 """
 
 import json
@@ -39,6 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+
+from launcher.backends.ssh.host_agent_proc import by_session, end_task, kill_group, listdir, processes_of
+from launcher.backends.ssh.host_agent_proc import read_text, socket_inodes, sockets, uptime_cs
 
 FRAME = struct.Struct("!BII")
 START, SIGNAL, CREDIT, CLOSE = b"S"[0], b"K"[0], b"C"[0], b"X"[0]
@@ -273,137 +254,6 @@ class Agent:
             if stopped != task.stopped:
                 task.stopped = stopped
                 self.send(REPORT, task.ident, b"stopped" if stopped else b"running")
-
-
-def read_text(path, limit=65536):
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("ascii", "replace")
-    except OSError:
-        return ""
-
-
-def listdir(path):
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
-def processes_of(keep):
-    """The pids whose /proc stat fields (after the command's name) `keep` keeps."""
-    pids = []
-    for name in listdir("/proc"):
-        if name.isdigit():
-            fields = read_text("/proc/%s/stat" % name).rpartition(")")[2].split()
-            if len(fields) > 3 and keep(fields):
-                pids.append(int(name))
-    return pids
-
-
-def by_session():
-    """{session id: [(pid, state)]} of every process."""
-    sessions = {}
-    for name in listdir("/proc"):
-        if name.isdigit():
-            fields = read_text("/proc/%s/stat" % name).rpartition(")")[2].split()
-            if len(fields) > 3:
-                sessions.setdefault(fields[3], []).append((name, fields[0]))
-    return sessions
-
-
-def sockets(tasks):
-    """{task id: [("listening" | "connected", socket inode)]}: sockets on a task's own port that
-    listen, and those connected to its coordinator's port, whoever holds them."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in read_text(table, 1 << 24).splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            for task in tasks:
-                if task.own is not None and state == "0A" and local.endswith(":%04X" % task.own):
-                    found.setdefault(task.ident, []).append(("listening", inode))
-                if task.coord is not None and state == "01" and remote.endswith(":%04X" % task.coord):
-                    found.setdefault(task.ident, []).append(("connected", inode))
-    return found
-
-
-def socket_inodes(members):
-    held = set()
-    for pid, _ in members:
-        for fd in listdir("/proc/%s/fd" % pid):
-            try:
-                link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                held.add(link[8:-1])
-    return held
-
-
-def uptime_cs():
-    first = read_text("/proc/uptime").split()
-    try:
-        return int(round(float(first[0]) * 100))
-    except (IndexError, ValueError):
-        return 0
-
-
-def kill_group(pgid, signum):
-    try:
-        os.killpg(pgid, signum)
-    except OSError:
-        pass
-
-
-def tagged(tags):
-    """This user's processes whose environment carries every one of `tags` (none without tags)."""
-    if not tags:
-        return []
-    wanted = [tag.encode("utf-8", "surrogateescape") for tag in tags]
-    me, found = os.getuid(), []
-    for name in listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            if os.stat("/proc/" + name).st_uid != me:
-                continue
-            with open("/proc/%s/environ" % name, "rb") as f:
-                environ = set(f.read(1 << 20).split(b"\0"))
-        except OSError:
-            continue
-        if all(tag in environ for tag in wanted):
-            found.append(int(name))
-    return found
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except OSError:
-        return False
-
-
-def end_task(pgid, grace, tags):
-    """The hang-up guard: TERM to the task's group and its tagged processes, the grace period, KILL."""
-    kill_group(pgid, signal.SIGTERM)
-    for pid in tagged(tags):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (group_alive(pgid) or tagged(tags)):
-        time.sleep(0.2)
-    for pid in tagged(tags):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    kill_group(pgid, signal.SIGKILL)
 
 
 def read_environment():

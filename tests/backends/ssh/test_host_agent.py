@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import lab_mgpu
-from launcher.backends.ssh.agent import STREAM_WINDOW
+from launcher.backends.ssh.agent_task import STREAM_WINDOW
 from launcher.backends.ssh.backend import SshBackend
 from launching import wait_for
 from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
@@ -31,7 +31,9 @@ def test_one_session_per_host_for_its_checks_and_every_task_and_none_at_a_restar
     """Four tasks on one host, one of which fails in the first attempt: sshd's ForceCommand counts
     one session for the checks, the four tasks and their restart (and one without the checks)."""
     sessions = tmp_path / "sessions"
-    force = f'echo session "$(printf %s "$SSH_ORIGINAL_COMMAND" | head -c 300 | tr "\\n" " ")" >> {sessions}; eval "$SSH_ORIGINAL_COMMAND"'
+    # Each session's line names its command's start: what opened a session it should not have.
+    force = (f'echo session "$(printf %s "$SSH_ORIGINAL_COMMAND" | head -c 300 | tr "\\n" " ")" >> {sessions}; '
+             'eval "$SSH_ORIGINAL_COMMAND"')
     with forced_host(ssh_lab, tmp_path, "counted", force) as (known, config):
         for checks in ([], ["--no-check"]):  # without the checks, the agent has a session of its own
             ports = pick_free_ports(4)
@@ -126,4 +128,15 @@ def test_a_task_the_agent_starts_gets_what_a_session_of_its_own_gives_it(ssh_lab
             by_agent["env"].pop(name, None), own["env"].pop(name, None)
         assert {k: (v, own["env"].get(k)) for k, v in by_agent["env"].items() if own["env"].get(k) != v} == {}
         assert by_agent == own, workdir
-        assert by_agent["leader"] and by_agent["cwd"] == (workdir[1] if workdir else os.path.expanduser("~" + ssh_lab.user))
+        home = os.path.expanduser("~" + ssh_lab.user)
+        assert by_agent["leader"] and by_agent["cwd"] == (workdir[1] if workdir else home)
+
+
+def test_the_agent_is_shipped_as_one_source_of_the_standard_library():
+    """What a host runs: host_agent_proc.py and host_agent.py as one source, importing nothing of mgpu."""
+    from launcher.backends.ssh.agent import agent_source
+
+    source = agent_source().decode()
+    compile(source, "mgpu-host-agent", "exec")
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert imports and not [line for line in imports if "launcher" in line], imports
