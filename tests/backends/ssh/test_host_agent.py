@@ -3,6 +3,7 @@ attempt (backends/ssh/agent.py, host_agent.py), against real sshd servers."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 import lab_mgpu
 from launcher.backends.ssh.agent_task import STREAM_WINDOW
 from launcher.backends.ssh.backend import SshBackend
-from launching import wait_for
+from launching import free_port, wait_for
 from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
 from test_ssh_backend import drain, plan
 from test_launch_over_ssh import _PER_LAUNCH, SESSION_COMMAND, forced_host, pick_free_ports
@@ -93,9 +94,20 @@ def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_
         out, err = drain(missing)
         assert missing.poll() == 127 and b"/nonexistent/program: No such file or directory" in err, err
 
-        sleeper = backend.start(plan("sshd-a", [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"],
-                                     run_id=run_id, index=10), 0)
+        # The join reporter's duties: a task that listens on its port has joined; its CPU use is
+        # sampled; a stopped task is said to be stopped, and then running again.
+        port = free_port()
+        listens = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
+                   "print('up', flush=True); time.sleep(60)" % port)
+        sleeper = backend.start(dataclasses.replace(plan("sshd-a", [PYTHON, "-c", listens], run_id=run_id, index=10),
+                                                    port=port), 0)
         assert sleeper.stdout.readline() == b"up\n"
+        assert wait_for(lambda: sleeper.joined(port, None), 10)
+        assert wait_for(sleeper.usage, 10).cpu_seconds > 0
+        sleeper.signal_tree(signal.SIGSTOP)
+        assert wait_for(lambda: sleeper.stopped() is True, 10)
+        sleeper.signal_tree(signal.SIGCONT)
+        assert wait_for(lambda: sleeper.stopped() is False, 10)
         sleeper.signal_tree(signal.SIGTERM)
         assert wait_for(lambda: sleeper.poll() is not None, 10) and sleeper.poll() == -signal.SIGTERM
 
