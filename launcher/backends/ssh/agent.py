@@ -215,6 +215,10 @@ class HostAgent:
         if preamble:  # a start-up file's words stay where a session of its own puts them: in the task's stderr
             process.stderr.unread(preamble)
         payload = json.dumps(spec).encode("utf-8", "surrogateescape")
+        if len(payload) > wire.MAX_FRAME:  # the agent would take it for a broken launcher and end every task
+            self.forget(ident)
+            raise ConnectError(f"{task.name}: its command line and environment take {len(payload)} bytes; "
+                               f"mgpu's host agent takes at most {wire.MAX_FRAME}")
         if not self.alive or not self.send(wire.START, ident, payload):
             raise ConnectError(f"{self.conn.target.label}: mgpu's host agent has ended")
         if not process.started.wait(_START_TIMEOUT) or process.pid is None:
