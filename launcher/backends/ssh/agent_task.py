@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 from launcher.backends.base import CpuUsage, TaskProcess
 from launcher.backends.ssh import host_agent as wire, remote_command
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST
+from launcher.backends.ssh.on_task_host import OnTaskHost
 from launcher.backends.ssh.stream import ChannelStream
-from launcher.errors import MgpuError
-from launcher.host import py_spy
 from launcher.plan.planner import TaskPlan
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class _Inbox:
         return data
 
 
-class AgentTaskProcess(TaskProcess):
+class AgentTaskProcess(OnTaskHost, TaskProcess):
     """A task its host's agent started (see the module docstring)."""
 
     def __init__(self, agent: HostAgent, ident: int, task: TaskPlan):
@@ -153,20 +152,9 @@ class AgentTaskProcess(TaskProcess):
             return None
         return (own_port is not None and self._listening) or (coordinator_port is not None and self._connected)
 
-    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
-        """The members of the task's process group, dumped on its host over the agent's connection."""
-        if self.poll() is not None:
-            return py_spy.Answer(None, problem="the task has ended")
-        nonce = py_spy.new_nonce()
-        python = task.argv[0] if task.argv else ""
-        if task.workdir and not python.startswith("/"):
-            python = f"{task.workdir.rstrip('/')}/{python}"
-        command = py_spy.script(py_spy.listing_of_group(self.pid), native, [python], nonce, py_spy.configured())
-        try:
-            _, out, _ = self._agent.conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
-        except MgpuError as e:
-            return py_spy.Answer(None, problem=str(e))
-        return py_spy.parse_answer(out, nonce)
+    @property
+    def _conn(self):  # what OnTaskHost runs its commands on: the agent's connection
+        return self._agent.conn
 
     def signal_tree(self, signum: int) -> None:
         if self.poll() is None:

@@ -12,15 +12,13 @@ remote_command.py.
 
 from __future__ import annotations
 
-import shlex
 import socket
 import threading
 from typing import Iterable
 
 import paramiko
 
-from launcher.errors import ConnectError, MgpuError
-from launcher.host import beside_task, py_spy
+from launcher.errors import ConnectError
 from launcher.plan.planner import TaskPlan
 from launcher.protocol import attempt_env
 from launcher.backends.base import DEFAULT_GRACE_PERIOD, Attempt, Backend, CpuUsage, TaskByTask, TaskProcess
@@ -28,6 +26,7 @@ from launcher.backends.ssh import remote_command
 from launcher.backends.ssh.agent import HostAgents
 from launcher.backends.ssh.connection import EXIT_CONNECTION_LOST, Connection, connect
 from launcher.backends.ssh.handover import HANDOVER, Handover, task_line
+from launcher.backends.ssh.on_task_host import OnTaskHost
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.ssh.stream import ChannelStream
 from launcher.backends.ssh.target import SshTarget, load_ssh_config, resolve_target
@@ -37,7 +36,7 @@ _SESSIONS_PER_CONNECTION = 8
 SHELL_START_TIMEOUT = 60.0  # seconds for the remote login shell to start a task and answer
 
 
-class SshTaskProcess(TaskProcess):
+class SshTaskProcess(OnTaskHost, TaskProcess):
     def __init__(self, conn: Connection, chan: paramiko.Channel, stderr: ChannelStream, pgid: int, options: SshOptions,
                  own_port: int | None = None, coordinator_port: int | None = None, marker: bytes | None = None):
         self._conn = conn
@@ -129,32 +128,6 @@ class SshTaskProcess(TaskProcess):
         if self.poll() is not None:
             return None if self._conn.active else False
         return self._conn.answers(self._options.connect_timeout)
-
-    def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
-        """The task's whole tree (its process group and their descendants), dumped on its host over
-        the task's connection."""
-        if self.poll() is not None:
-            return py_spy.Answer(None, problem="the task has ended")
-        nonce = py_spy.new_nonce()
-        python = task.argv[0] if task.argv else ""
-        if task.workdir and not python.startswith("/"):  # relative to the task's folder, as it ran
-            python = f"{task.workdir.rstrip('/')}/{python}"
-        command = py_spy.script(py_spy.listing_of_tree(self.pid), native, [python], nonce, py_spy.configured())
-        try:
-            _, out, _ = self._conn.run(command, timeout, limit=py_spy.MAX_PROCESSES * (py_spy.DUMP_LIMIT + 4096))
-        except MgpuError as e:
-            return py_spy.Answer(None, problem=str(e))
-        return py_spy.parse_answer(out, nonce)
-
-    def run_beside(self, command: str, task: TaskPlan, timeout: float, limit: int) -> beside_task.Ran:
-        """On the task's host, over the task's connection."""
-        if task.workdir:
-            command = f"cd {shlex.quote(task.workdir)} || exit 1\n{command}"
-        try:
-            status, out, _ = self._conn.run(beside_task.with_task_path(command, task.env), timeout, limit=limit)
-        except MgpuError as e:
-            return beside_task.Ran(None, problem=str(e))
-        return beside_task.Ran(status, out[:limit])
 
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""

@@ -136,7 +136,7 @@ def test_a_task_the_agent_starts_gets_what_a_session_of_its_own_gives_it(ssh_lab
             line = next(line for line in result.stdout.splitlines() if "SESSION " in line)
             seen[mode[0]] = json.loads(line.split("SESSION ", 1)[1])
         by_agent, own = seen["--host-agent"], seen["--no-check"]
-        for name in _PER_LAUNCH:
+        for name in _PER_LAUNCH | {"TORCH_WORKER_SERVER_SOCKET"}:  # the worker server's socket: named after the run
             by_agent["env"].pop(name, None), own["env"].pop(name, None)
         assert {k: (v, own["env"].get(k)) for k, v in by_agent["env"].items() if own["env"].get(k) != v} == {}
         assert by_agent == own, workdir
