@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from launcher.backends.base import CpuUsage, TaskProcess
 from launcher.backends.ssh import host_agent as wire, remote_command
@@ -15,8 +15,16 @@ from launcher.backends.ssh.on_task_host import OnTaskHost
 from launcher.backends.ssh.stream import ChannelStream
 from launcher.plan.planner import TaskPlan
 
-if TYPE_CHECKING:
-    from launcher.backends.ssh.agent import HostAgent
+
+class HostAgent(Protocol):
+    """What a task asks of its host's agent (agent.HostAgent)."""
+    conn: Any  # the host's Connection
+    problem: str | None
+    alive: bool
+
+    def send(self, kind: int, ident: int, payload: bytes = b"") -> bool: ...
+
+    def forget(self, ident: int) -> None: ...
 
 STREAM_WINDOW = 64 * 1024  # bytes of a task's stdout, and of its stderr, the launcher may hold unread
 _CREDIT_AT = STREAM_WINDOW // 4  # bytes read before the credit is given back
