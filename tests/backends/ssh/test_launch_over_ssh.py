@@ -437,7 +437,8 @@ SESSION_COMMAND = ["/bin/sh", "-c", 'exec "$0" -c "$1" "$(grep -E "^Sig(Ign|Blk)
 # interface the checks found (none without them); the session's command, which ForceCommand shows.
 _PER_LAUNCH = {"TF_CONFIG", "MGPU_LAUNCH_ID", "MGPU_RUN_ID", "TORCHELASTIC_RUN_ID", "SSH_CLIENT", "SSH_CONNECTION",
                "MASTER_PORT", "MASTER_ADDR", "JAX_COORDINATOR_ADDRESS", "KERAS_DISTRIBUTION_JOB_ADDRESSES",
-               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SSH_ORIGINAL_COMMAND"}
+               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SSH_ORIGINAL_COMMAND",
+               "TORCH_WORKER_SERVER_SOCKET"}  # named after the run (the flight recorder's socket)
 
 
 def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_would(ssh_lab, tmp_path):
