@@ -32,17 +32,8 @@ MAX_SAMPLES_BYTES = 8 << 20  # of samples.jsonl, its end: what a launch writes i
 
 def _checks(folder: int) -> list | None:
     """The host checks' rows of the run's folder; None without them (or where they are not JSON)."""
-    try:
-        fd = run_files.open_file(folder, CHECKS_NAME)
-    except (FileNotFoundError, run_files.Unreadable):
-        return None
-    try:
-        data = os.read(fd, MAX_CHECKS_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CHECKS_BYTES:
+    data = run_files.read_bounded(folder, CHECKS_NAME, MAX_CHECKS_BYTES)
+    if data is None:
         return None
     try:
         rows = json.loads(data)

@@ -110,19 +110,26 @@ def read_record(folder_fd: int) -> dict[str, Any]:
     return record
 
 
-def read_end(folder_fd: int) -> dict[str, Any] | None:
-    """The run's end from END_NAME, its shape checked; None while it holds none (or is not one)."""
+def read_bounded(folder_fd: int, name: str, limit: int) -> bytes | None:
+    """The bytes of file `name` of the run folder, opened as open_file opens it; None where it is
+    missing, unreadable, or over `limit` bytes."""
     try:
-        fd = open_file(folder_fd, END_NAME)
+        fd = open_file(folder_fd, name)
     except (FileNotFoundError, Unreadable):
         return None
     try:
-        data = os.read(fd, MAX_END_BYTES + 1)
+        data = os.read(fd, limit + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if len(data) > MAX_END_BYTES or not data.strip():
+    return data if len(data) <= limit else None
+
+
+def read_end(folder_fd: int) -> dict[str, Any] | None:
+    """The run's end from END_NAME, its shape checked; None while it holds none (or is not one)."""
+    data = read_bounded(folder_fd, END_NAME, MAX_END_BYTES)
+    if data is None or not data.strip():
         return None
     try:
         end = json.loads(data, parse_constant=_no_constant)
