@@ -1,5 +1,8 @@
-"""The trainer's checkpoint resumed by fewer, then more, workers than wrote it, under the real `mgpu launch`,
-with MGPU_WORLD_SIZE_MAX the planned size as the launcher gives it to a run that lost a host."""
+"""The trainer's checkpoint resumed by fewer workers than wrote it, under the real `mgpu launch`, with
+MGPU_WORLD_SIZE_MAX the planned size as the launcher gives it to a run that lost a host, and the run
+finished there: the replicas on two end with the same weights. The same run on three SSH hosts that
+loses one and takes it back (tests/backends/ssh/test_shrink.py) proves the resume on more workers, and
+the stream's position after a change of batch."""
 
 import json
 import re
@@ -38,32 +41,21 @@ def chief_lines(out: str) -> list[str]:
     return [line.removeprefix("[worker:0] ") for line in out.splitlines() if line.startswith("[worker:0] ")]
 
 
-def test_a_checkpoint_of_three_workers_resumes_on_two_then_three_with_the_planned_batch_where_it_divides(tmp_path):
-    first = chief_lines(train(tmp_path, PLANNED, 10))
+def test_a_checkpoint_of_three_workers_resumes_on_two_with_the_nearest_batch_that_divides(tmp_path):
+    first = chief_lines(train(tmp_path, PLANNED, 5))
     assert not [line for line in first if "planned workers" in line or line.startswith("resumed from")], first
     assert f"{PLANNED} worker(s), {PLANNED} replica(s), global batch {GLOBAL_BATCH}," in "\n".join(first)
 
     # Two of the three: the planned batch does not divide among them, and one line says what is used instead.
-    second = chief_lines(train(tmp_path, 2, 20))
+    second = chief_lines(train(tmp_path, 2, 10))
     assert ("on 2 of the 3 planned workers: the planned global batch 45 does not divide among 2 replicas; "
             "global batch 44, 22 per replica") in second, second
     resumed = [line for line in second if line.startswith("resumed from")]
-    assert resumed == [f"resumed from {tmp_path / 'model' / 'ckpt-10'} at step 10, example {10 * 45} of the "
+    assert resumed == [f"resumed from {tmp_path / 'model' / 'ckpt-5'} at step 5, example {5 * 45} of the "
                        "training stream, written by 3 workers, now 2"], second
     shrunk = metrics(tmp_path)
-    assert shrunk["global_step"] == 20 and shrunk["num_replicas"] == 2
+    assert shrunk["global_step"] == 10 and shrunk["num_replicas"] == 2
     assert len(shrunk["replica_fingerprints"]) == 2 and len(set(shrunk["replica_fingerprints"])) == 1, shrunk
-
-    # Three again: the planned batch, from the first example the two did not train on.
-    third = chief_lines(train(tmp_path, PLANNED, 30))
-    assert not [line for line in third if "planned workers" in line], third
-    assert f"{PLANNED} worker(s), {PLANNED} replica(s), global batch {GLOBAL_BATCH}," in "\n".join(third)
-    resumed = [line for line in third if line.startswith("resumed from")]
-    assert resumed == [f"resumed from {tmp_path / 'model' / 'ckpt-20'} at step 20, example {10 * 45 + 10 * 44} of "
-                       "the training stream, written by 2 workers, now 3"], third
-    grown = metrics(tmp_path)
-    assert grown["global_step"] == 30 and grown["num_replicas"] == 3
-    assert len(grown["replica_fingerprints"]) == 3 and len(set(grown["replica_fingerprints"])) == 1, grown
-    # Each start trained from where the one before it ended: its first log line is 5 steps past the checkpoint.
-    assert [int(re.search(r"train step=(\d+)/", line)[1]) for line in second + third if line.startswith("train step=")] \
-        == [15, 20, 25, 30]
+    # The start on two trained from where the one before it ended: its first log line is 5 steps past the checkpoint.
+    assert [int(re.search(r"train step=(\d+)/", line)[1]) for line in second if line.startswith("train step=")] \
+        == [10]

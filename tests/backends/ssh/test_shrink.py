@@ -5,7 +5,11 @@ goes down and every process in its namespace is killed): the plans are made agai
 the coordinator moves to h2, and the run goes on there, resumed from its checkpoint past step 0 at
 WORLD_SIZE 2. Then h1 comes back (its link up, its sshd again): a probe finds it, and right after
 the next checkpoint line the cluster restarts on all three, and finishes there. A `--notify`
-command is told each step: h1 left out, the size changed, h1 taken back, the size changed again."""
+command is told each step: h1 left out, the size changed, h1 taken back, the size changed again.
+
+The built-in trainer does the same on the same hosts (h2 lost, then taken back): it resumes on two
+with the nearest global batch that divides, and on three again with the planned one, from the first
+example the two did not train on, its replicas ending with the same weights."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import re
 import subprocess
 
 import pytest
-from needs import require
+from needs import installed_version, require
 
 from launching import REPO, finish, start_mgpu, wait_for
 from ssh_helpers import PYTHON, ip, lose, run_processes, start_sshd, unique_run_id
@@ -26,10 +30,9 @@ PROGRAM = str(REPO / "tests" / "programs" / "torch_shrink.py")
 
 
 @pytest.fixture
-def lab(lab_of_three):
+def hosts(lab_of_three):
     """The lab; `revive("h1")` brings a host back (its link up, a new sshd with the same host key),
-    as it is after the test whatever happened."""
-    require("torch")
+    as every host is after the test whatever happened."""
     lab, known, config, servers, directory, ssh_lab = lab_of_three
 
     def revive(name: str) -> None:
@@ -39,7 +42,14 @@ def lab(lab_of_three):
                                        netns=lab.namespaces[name])
 
     yield lab, known, config, revive
-    revive("h1")
+    for name in lab.namespaces:
+        revive(name)
+
+
+@pytest.fixture
+def lab(hosts):
+    require("torch")
+    return hosts
 
 
 def record_of(run_dir) -> dict:
@@ -128,3 +138,92 @@ def test_a_lost_host_with_no_spare_leaves_the_run_on_two_hosts_until_it_is_back(
     assert status.returncode == 0, status.stderr
     # Back on all three hosts it was planned on: `mgpu status` has no size to say.
     assert status.stdout.startswith(f"run {run_id}: succeeded") and "size:" not in status.stdout, status.stdout
+
+
+TRAINER = str(REPO / "tests" / "programs" / "paced_trainer.py")
+GLOBAL_BATCH = 45  # divides among 3 replicas, not among 2
+
+
+def attempts_of(log: str) -> list[list[str]]:
+    """A task's log lines, one list per attempt (the launcher heads each attempt after the first)."""
+    return [attempt.splitlines() for attempt in re.split(r"^----- mgpu: attempt \d+ started .*$", log, flags=re.M)]
+
+
+def test_the_trainer_goes_on_on_two_hosts_then_three_with_its_stream_and_batch(hosts, tmp_path):
+    """The built-in trainer, planned on three hosts with a global batch of 45: h2 dies past the first
+    checkpoint, the chief resumes on two (44, the nearest batch that divides), h2 comes back and is
+    taken back right after a checkpoint, and the run ends on three with the planned batch, from the
+    first example the two did not train on, every replica with the same weights."""
+    installed_version("tensorflow", "the train extra")
+    netns, known, config, revive = hosts
+    run_id = unique_run_id("shrink-trainer")
+    run_dir = tmp_path / "mgpu-runs" / run_id
+    model = tmp_path / "model"
+    folder = tmp_path / "pace"
+    folder.mkdir()
+    (folder / "slow").touch()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = start_mgpu("launch", "--workers", "h1:2222,h2:2222,h3:2222", "--min-hosts", "2", "--max-restarts", "2",
+                      "--rejoin-interval", "2", "--ssh-config", str(config), "--known-hosts", str(known),
+                      "--keepalive", "1", "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
+                      "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--start-timeout", "120",
+                      "--", PYTHON, TRAINER, str(folder), "--model", "small", "--dataset", "synthetic", "--threads", "1",
+                      "--global-batch-size", str(GLOBAL_BATCH), "--train-steps", "200", "--log-every", "5",
+                      "--steps-per-loop", "5", "--checkpoint-every", "5", "--eval-steps", "1",
+                      "--model-dir", str(model), cwd=tmp_path, env=env)
+    try:
+        wait_for(lambda: progress(run_dir) >= 10 or proc.poll() is not None, 180, "step 10")
+        lose(netns, "h2")
+        wait_for(lambda: record_of(run_dir).get("size_changes") or proc.poll() is not None, 120, "the size change")
+        revive("h2")
+        wait_for(lambda: len(record_of(run_dir).get("size_changes", ())) == 2 or proc.poll() is not None, 180,
+                 "h2 taken back")
+        (folder / "slow").unlink()
+        code, out = finish(proc, 240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record = record_of(run_dir)
+    assert not run_processes(run_id)
+    assert code == 0, out[-4000:]
+    first, second, third = record["attempts"]
+    assert (first["cause"], first["host"]) == ("host-lost", "h2"), first
+    assert {name: task["host"] for name, task in second["tasks"].items()} == {"worker:0": "h1", "worker:1": "h3"}
+    assert second["outcome"] == "resized", second
+    assert {name: task["host"] for name, task in third["tasks"].items()} == {
+        "worker:0": "h1", "worker:1": "h3", "worker:2": "h2"}
+    # The output names the lost host and the new size.
+    assert "no spare host for h2: the run goes on on 2 of 3 hosts (--min-hosts 2), 2 tasks in place of 3; " \
+           "worker:2 is worker:1 now" in out, out[-4000:]
+    assert "[mgpu] h2 back: the run goes on on 3 of 3 hosts, 3 tasks in place of 2" in out, out[-4000:]
+
+    # The chief, worker:0 on h1 at every size, says how it resumed.
+    on_three, on_two, again_on_three = attempts_of((run_dir / "worker-0.log").read_text())
+    assert not [line for line in on_three if "planned workers" in line or line.startswith("resumed from")], on_three
+    assert f"3 worker(s), 3 replica(s), global batch {GLOBAL_BATCH}," in "\n".join(on_three), on_three
+    # Two of the three: the planned batch does not divide among them, and one line says what is used instead.
+    assert ("on 2 of the 3 planned workers: the planned global batch 45 does not divide among 2 replicas; "
+            "global batch 44, 22 per replica") in on_two, on_two
+    assert "2 worker(s), 2 replica(s), global batch 44," in "\n".join(on_two), on_two
+    shrunk = [line for line in on_two if line.startswith("resumed from")]
+    assert len(shrunk) == 1, on_two
+    step_on_two = int(re.fullmatch(rf"resumed from {re.escape(str(model))}/ckpt-(\d+) at step \1, example (\d+) of "
+                                   r"the training stream, written by 3 workers, now 2", shrunk[0])[1])
+    assert step_on_two >= 5 and f"example {step_on_two * 45} of" in shrunk[0], shrunk
+    # Three again: the planned batch, from the first example the two did not train on.
+    assert not [line for line in again_on_three if "planned workers" in line], again_on_three
+    assert f"3 worker(s), 3 replica(s), global batch {GLOBAL_BATCH}," in "\n".join(again_on_three), again_on_three
+    grown = [line for line in again_on_three if line.startswith("resumed from")]
+    assert len(grown) == 1, again_on_three
+    step_on_three = int(re.fullmatch(rf"resumed from {re.escape(str(model))}/ckpt-(\d+) at step \1, example \d+ of "
+                                     r"the training stream, written by 2 workers, now 3", grown[0])[1])
+    assert step_on_three > step_on_two, (step_on_two, step_on_three)
+    assert f"example {step_on_two * 45 + (step_on_three - step_on_two) * 44} of" in grown[0], grown
+    # Each start trained from where the one before it ended: its first log line is 5 steps past the checkpoint.
+    for lines, resumed_at in ((on_two, step_on_two), (again_on_three, step_on_three)):
+        logged = [int(re.search(r"train step=(\d+)/", line)[1]) for line in lines if line.startswith("train step=")]
+        assert logged[0] == resumed_at + 5, (resumed_at, lines)
+    metrics = json.loads((model / "metrics.json").read_text())
+    assert metrics["global_step"] == 200 and metrics["num_replicas"] == 3, metrics
+    assert len(metrics["replica_fingerprints"]) == 3 and len(set(metrics["replica_fingerprints"])) == 1, metrics
