@@ -168,7 +168,8 @@ def test_the_trainer_goes_on_on_two_hosts_then_three_with_its_stream_and_batch(h
                       "--rejoin-interval", "2", "--ssh-config", str(config), "--known-hosts", str(known),
                       "--keepalive", "1", "--connect-timeout", "6", "--grace-period", "2", "--workdir", str(tmp_path),
                       "--run-id", run_id, "--env", f"PYTHONPATH={REPO}", "--start-timeout", "120",
-                      "--", PYTHON, TRAINER, str(folder), "--model", "small", "--dataset", "synthetic", "--threads", "1",
+                      "--", PYTHON, TRAINER, str(folder), "--model", "small", "--dataset", "synthetic",
+                      "--threads", "1",
                       "--global-batch-size", str(GLOBAL_BATCH), "--train-steps", "200", "--log-every", "5",
                       "--steps-per-loop", "5", "--checkpoint-every", "5", "--eval-steps", "1",
                       "--model-dir", str(model), cwd=tmp_path, env=env)
