@@ -93,9 +93,10 @@ def ssh_options(func):
         click.option("--keepalive", type=params.Seconds(0.1), default=None, metavar="SECONDS",
                      help="Seconds between SSH keepalives; a host that answers none of 3 in a row counts as lost. "
                           "[default: 15]"),
-        click.option("--host-agent", is_flag=True,
+        click.option("--host-agent/--no-host-agent", default=True, show_default=True,
                      help="One SSH session per host starts all of its tasks, in every attempt: the session of its "
-                          "checks goes on as the host's agent (no login per task, none at a restart)."),
+                          "checks goes on as the host's agent (no login per task, none at a restart). "
+                          "--no-host-agent: a login per task, for hosts whose python3 cannot run the agent."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -187,7 +188,7 @@ def ssh_options_from(opts: dict) -> SshOptions:
         ssh_config=opts.get("ssh_config") or None,
         connect_timeout=float(opts.get("connect_timeout") or defaults.connect_timeout),
         keepalive=float(opts.get("keepalive") or defaults.keepalive),
-        host_agent=bool(opts.get("host_agent")),
+        host_agent=bool(opts.get("host_agent", defaults.host_agent)),
         debug=debug_flag(click.get_current_context(silent=True)),
     )
 

@@ -253,13 +253,14 @@ class HostAgents:
             lock = self._locks.setdefault(target, threading.Lock())
         with lock:
             agent = self._agents.get(target)
+            # Whichever of the host's tasks comes first starts the agent in its checks' session; an
+            # agent already there (started for the --setup, before the checks) leaves that session unused.
+            handovers = backend.handovers_to(target)
             if agent is None or not agent.alive:
-                # Whichever of the host's tasks comes first starts the agent in its checks' session.
-                handovers = backend.handovers_to(target)
-                for unused in handovers[1:]:
-                    unused.close()
-                agent = self._begin(task, handovers[0] if handovers else None)
+                agent = self._begin(task, handovers.pop(0) if handovers else None)
                 self._agents[target] = agent
+            for unused in handovers:
+                unused.close()
         return agent.start_task(task, backend.task_env(task, attempt), backend.grace_period)
 
     def _begin(self, task: TaskPlan, handover) -> HostAgent:

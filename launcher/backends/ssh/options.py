@@ -15,5 +15,5 @@ class SshOptions:
     ssh_config: str | None = None  # default ~/.ssh/config
     connect_timeout: float = 10.0
     keepalive: float = 15.0  # seconds between keepalives; 3 unanswered ones drop the connection
-    host_agent: bool = False  # one agent per host starts all of its tasks (backends/ssh/agent.py)
+    host_agent: bool = True  # one agent per host starts all of its tasks (backends/ssh/agent.py); False: a session per task
     debug: bool = False  # show the SSH library's log of mgpu's connections

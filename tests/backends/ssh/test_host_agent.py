@@ -123,11 +123,11 @@ def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_
 
 def test_a_task_the_agent_starts_gets_what_a_session_of_its_own_gives_it(ssh_lab, tmp_path):
     """The agent (here after the checks, in a --workdir) starts a task with the environment, folder,
-    signal dispositions and process group a session of its own gives it (without the checks or the
-    agent: one session per task)."""
+    signal dispositions and process group a session of its own gives it (--no-host-agent and
+    --no-check: one session per task)."""
     for workdir in ([], ["--workdir", str(tmp_path)]):
         seen = {}
-        for mode in (["--host-agent"], ["--no-check"]):
+        for mode in (["--host-agent"], ["--no-host-agent", "--no-check"]):
             (port,) = pick_free_ports(1)
             result = lab_mgpu.run(tmp_path, "launch", "--workers", f"sshd-a:{port}", *mode, *workdir,
                                   *lab_mgpu.ssh_files(ssh_lab), "--connect-timeout", "5",
@@ -135,7 +135,7 @@ def test_a_task_the_agent_starts_gets_what_a_session_of_its_own_gives_it(ssh_lab
             assert result.returncode == 0, result.stderr
             line = next(line for line in result.stdout.splitlines() if "SESSION " in line)
             seen[mode[0]] = json.loads(line.split("SESSION ", 1)[1])
-        by_agent, own = seen["--host-agent"], seen["--no-check"]
+        by_agent, own = seen["--host-agent"], seen["--no-host-agent"]
         for name in _PER_LAUNCH | {"TORCH_WORKER_SERVER_SOCKET"}:  # the worker server's socket: named after the run
             by_agent["env"].pop(name, None), own["env"].pop(name, None)
         assert {k: (v, own["env"].get(k)) for k, v in by_agent["env"].items() if own["env"].get(k) != v} == {}

@@ -675,26 +675,36 @@ def blocked_writing(pid: int) -> bool:
         return False
 
 
-def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(runner):
-    """A task that writes faster than the launcher reads is held back by the channel's window, not
-    buffered here: the launcher holds at most that window of unread output per task."""
-    proc = runner.start(plan("sshd-a", [PYTHON, "-c", FLOOD]), attempt=0)
-    chan = proc._chan
+def written(pid: int) -> int:
+    """The bytes a process has written so far (its wchar): what left it, read here or in flight."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+@pytest.mark.parametrize("host_agent", [True, False], ids=["agent", "no-host-agent"])
+def test_what_a_task_sends_waits_on_the_remote_host_until_it_is_read(ssh_lab, host_agent):
+    """A task that writes faster than the launcher reads waits on its host, blocked writing, with
+    at most 1 MiB of its 4 MiB gone out of it (all that the launcher may hold unread of it), through
+    its host's agent and in a session of its own (--no-host-agent); once read, every byte arrives."""
+    backend = SshBackend(ssh_lab.options(host_agent=host_agent), grace_period=2)
     try:
-        def held_back() -> bool:  # blocked writing, and nothing more arrives here
+        proc = backend.start(plan("sshd-a", [PYTHON, "-c", FLOOD]), attempt=0)
+
+        def held_back() -> bool:  # blocked writing, and nothing more leaves it
             if proc.poll() is not None or not blocked_writing(proc.pid):
                 return proc.poll() is not None
-            before = len(chan.in_buffer)
+            before = written(proc.pid)
             time.sleep(0.5)
-            return blocked_writing(proc.pid) and len(chan.in_buffer) == before
+            return blocked_writing(proc.pid) and written(proc.pid) == before
         wait_for(held_back, 60, "the remote writer held back", interval=0.05)
         assert proc.poll() is None, "the whole 4 MiB was taken in while nothing read it"
-        assert len(chan.in_buffer) <= 1024 * 1024
+        assert written(proc.pid) <= 1024 * 1024
         out, _ = drain(proc)
         assert out == bytes(range(256)) * 16384
         assert wait_exit(proc) == 0
-    finally:
         proc.close()
+    finally:
+        backend.close()
 
 
 def kept_shells(folder) -> list[psutil.Process]:
@@ -746,27 +756,33 @@ def test_a_task_whose_kept_session_has_ended_starts_in_a_session_of_its_own(runn
     proc.close()
 
 
-def test_the_check_returns_its_kept_session_and_the_task_starts_in_it_once_the_backend_is_given_it(runner, tmp_path):
-    """A check for a handover returns the session it kept (the report's handover); the backend starts
-    the host's first task in it only once given it (take_handovers): the task is then in the check's
-    SSH session, and before, in a session of its own."""
+@pytest.mark.parametrize("host_agent", [True, False], ids=["agent", "no-host-agent"])
+def test_the_check_returns_its_kept_session_and_the_task_starts_in_it_once_the_backend_is_given_it(
+        ssh_lab, tmp_path, host_agent):
+    """A launch with checks costs one login per host, counted by sshd's ForceCommand: the session of
+    the host's checks starts its tasks once the backend is given it (take_handovers), all three of
+    them through its agent; with --no-host-agent, the host's first task."""
     from launcher.preflight.check import check_hosts_and_reach, handovers_of
+    from test_launch_over_ssh import forced_host
 
-    task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "import os; print(os.getsid(0))"],
-                                    workdir=str(tmp_path)), port=free_port())
-    reports, _, _ = check_hosts_and_reach([task], [task], runner, handover=True)
-    assert reports[0].ok, reports[0].reason
-    [handover] = handovers_of(reports)
-    assert handover.task == task.name
-    [shell] = kept_shells(tmp_path)
-    checks_session = os.getsid(shell.pid)
-    sessions = []
-    for given in (False, True):
-        if given:
-            runner.take_handovers([handover])
-        proc = runner.start(task, attempt=0)
-        out, _ = drain(proc)
-        assert wait_exit(proc) == 0
-        proc.close()
-        sessions.append(int(out))
-    assert sessions[0] != checks_session and sessions[1] == checks_session, (sessions, checks_session)
+    sessions = tmp_path / "sessions"
+    sessions.write_text("")
+    force = f'echo session >> {sessions}; eval "$SSH_ORIGINAL_COMMAND"'
+    with forced_host(ssh_lab, tmp_path, "counted", force) as (known, config):
+        backend = SshBackend(ssh_lab.options(known_hosts=str(known), ssh_config=str(config), host_agent=host_agent),
+                             grace_period=2)
+        try:
+            run_id = unique_run_id("one-login")
+            tasks = [dataclasses.replace(plan("counted", [PYTHON, "-c", "print('started')"], run_id=run_id, index=i,
+                                              workdir=str(tmp_path)), port=free_port())
+                     for i in range(3 if host_agent else 1)]
+            reports, _, _ = check_hosts_and_reach(tasks, tasks, backend, handover=True)
+            assert reports[0].ok, reports[0].reason
+            backend.take_handovers(handovers_of(reports))
+            for proc in [backend.start(task, attempt=0) for task in tasks]:
+                out, _ = drain(proc)
+                assert wait_exit(proc) == 0 and out == b"started\n"
+                proc.close()
+        finally:
+            backend.close()
+    assert sessions.read_text().count("session") == 1, sessions.read_text()
