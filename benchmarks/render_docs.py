@@ -206,38 +206,43 @@ real hosts each host pays its own share in parallel;""".splitlines()
 
 
 def _startup_agent(data: dict) -> list[str]:
-    """Several tasks per host: the launch with and without --host-agent, and what a restart adds."""
-    rows = {(r["hosts"], r["measure"]): r for r in data["rows"] if r["program"] == "trivial"}
-    each = data["tasks_per_host"]
-    lines = ["", f"## {each} tasks per host, and a restart (`benchmarks/startup.py --tasks-per-host {each}`, {data['date']})",
+    """Several tasks per host: the launch with the host agent (the default) and with --no-host-agent,
+    against the floor and the goal, and what a restart adds with each."""
+    rows = {(r["hosts"], r.get("tasks_per_host", data["tasks_per_host"]), r["measure"]): r for r in data["rows"]
+            if r["program"] == "trivial"}
+    shapes = sorted({(hosts, each) for hosts, each, _ in rows}, key=lambda shape: (shape[1], shape[0]))
+    lines = ["", f"## Several tasks per host, and a restart (`benchmarks/startup.py --hosts "
+                 f"{','.join(f'{h}x{t}' for h, t in shapes)}`, {data['date']})",
              "", data["machine"] + (f"; 1-minute load {data['load'][0]:g}-{data['load'][1]:g} during the run (a shared "
                                     "machine)" if data.get("load") else ""), "",
-             f"As above, with {each} tasks of `python -c 'print(1)'` per host; medians of {data['repeats']} interleaved "
-             f"repeats. The floor is one OpenSSH session per host starting its {each} processes, every host at once. "
-             "A restart: task 0 exits 3 in the first attempt and the run restarts once (`--max-restarts 1`); what "
-             "that launch takes beyond the launch without a restart is the restart's time (every task stopped, "
-             "started again and run to its end).", "",
-             "| hosts | OpenSSH floor | `launch` | `launch --host-agent` | goal | restart | restart, `--host-agent` |",
+             "Hosts x tasks of `python -c 'print(1)'` per host; medians of "
+             f"{data['repeats']} interleaved repeats. The floor is one OpenSSH session per host starting its "
+             "processes, every host at once; `launch` runs its checks and starts the tasks through each host's agent "
+             "(the default), `--no-host-agent` in a session per task. A restart: task 0 exits 3 in the first attempt "
+             "and the run restarts once (`--max-restarts 1`); what that launch takes beyond the launch without a "
+             "restart is the restart's time (every task stopped, started again and run to its end).", "",
+             "| hosts x tasks | OpenSSH floor | `launch` | goal | `launch --no-host-agent` | restart adds | "
+             "restart adds, `--no-host-agent` |",
              "|---|---|---|---|---|---|---|"]
-    for hosts in sorted({hosts for hosts, _ in rows}):
+    for hosts, each in shapes:
         def cell(measure: str) -> str:
-            return _seconds(rows.get((hosts, measure)))
+            return _seconds(rows.get((hosts, each, measure)))
 
         def extra(restart: str, launch: str) -> str:
-            a, b = rows.get((hosts, restart)), rows.get((hosts, launch))
+            a, b = rows.get((hosts, each, restart)), rows.get((hosts, each, launch))
             return f"{a['median_s'] - b['median_s']:.1f} s" if a and b and a["median_s"] and b["median_s"] else "-"
-        floor = rows[(hosts, "floor")]["median_s"]
-        lines.append(f"| {hosts} | {cell('floor')} | {cell('launch')} | {cell('launch_agent')} | "
-                     f"{f'{2 * floor + 1.5:.1f} s' if floor is not None else '-'} | {extra('restart', 'launch')} | "
-                     f"{extra('restart_agent', 'launch_agent')} |")
+        floor = rows[(hosts, each, "floor")]["median_s"] if (hosts, each, "floor") in rows else None
+        lines.append(f"| {hosts} x {each} | {cell('floor')} | {cell('launch')} | "
+                     f"{f'{2 * floor + 1.5:.1f} s' if floor is not None else '-'} | {cell('launch_no_agent')} | "
+                     f"{extra('restart', 'launch')} | {extra('restart_no_agent', 'launch_no_agent')} |")
     lines.append("")
     if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "startup-agent.png").exists():
-        lines += [f"![Start-up time against hosts, {each} tasks per host](startup-agent.png)", ""]
+        lines += ["![Start-up and restart time, several tasks per host](startup-agent.png)", ""]
     return lines + [
-        "With `--host-agent` a host's checks and all of its tasks, in every attempt, take one SSH session: the "
+        "With the host agent a host's checks and all of its tasks, in every attempt, take one SSH session: the "
         "tasks start at once from the agent, with no login shell each, and a restart starts them again through "
-        "the same agent, with no login at all. Without it each further task of a host opens a session of its own "
-        "(a login shell and the user's start-up files each time), and a restart pays them all again."]
+        "the same agent, with no login at all. With `--no-host-agent` each further task of a host opens a session "
+        "of its own (a login shell and the user's start-up files each time), and a restart pays them all again."]
 
 
 def _cell(value, unit: str = " s") -> str:

@@ -172,13 +172,13 @@ def floor(lab: Lab, hosts: list[str], per_host: int, trainer: bool) -> float:
 
 
 def mgpu(lab: Lab, command: str, hosts: list[str], per_host: int, trainer: bool, check: bool = True,
-         checkout: pathlib.Path = REPO, agent: bool = False, restart: bool = False) -> tuple[float, float]:
+         checkout: pathlib.Path = REPO, agent: bool = True, restart: bool = False) -> tuple[float, float]:
     """`mgpu COMMAND` of `checkout` (this one, or the baseline's) on `hosts`, to its end."""
     argv = [PYTHON, "-m", "launcher", command, "--hosts", ",".join(f"{h}:{per_host}" for h in hosts),
             "--port", str(PORT), "--ssh-config", str(lab.ssh_config), "--known-hosts", str(lab.known_hosts)]
     if command == "launch":
         argv += ["--log-dir", str(lab.dir / "runs")] + ([] if check else ["--no-check"])
-        argv += (["--host-agent"] if agent else []) + (["--max-restarts", "1"] if restart else [])
+        argv += ([] if agent else ["--no-host-agent"]) + (["--max-restarts", "1"] if restart else [])
     if trainer:
         argv += ["--python", PYTHON]
         if command == "launch":
@@ -189,9 +189,10 @@ def mgpu(lab: Lab, command: str, hosts: list[str], per_host: int, trainer: bool,
     return timed(argv, {**lab.env, "PYTHONPATH": str(checkout)}, lab.dir)
 
 
-MEASURES = ("floor", "check", "launch_no_check", "launch", "launch_agent", "restart", "restart_agent")
-# With --host-agent, and a launch that restarts once (without it and with it): the trivial program only.
-TRIVIAL_ONLY = ("launch_agent", "restart", "restart_agent")
+MEASURES = ("floor", "check", "launch_no_check", "launch", "launch_no_agent", "restart", "restart_no_agent")
+# With --no-host-agent (a session per task), and a launch that restarts once (with the host agent and
+# without it): the trivial program only.
+TRIVIAL_ONLY = ("launch_no_agent", "restart", "restart_no_agent")
 BASELINE_MEASURES = ("baseline_check", "baseline_launch")  # with --baseline: its checks, and its launch with them
 
 
@@ -205,45 +206,50 @@ def measure_once(lab: Lab, what: str, hosts: list[str], per_host: int, trainer: 
     if what == "check":
         return mgpu(lab, "check", hosts, per_host, trainer, checkout=checkout)
     if what in TRIVIAL_ONLY:
-        return mgpu(lab, "launch", hosts, per_host, trainer, agent=what.endswith("agent"), restart=what != "launch_agent")
+        return mgpu(lab, "launch", hosts, per_host, trainer, agent=not what.endswith("no_agent"),
+                    restart=what.startswith("restart"))
     return mgpu(lab, "launch", hosts, per_host, trainer, check=what == "launch", checkout=checkout)
 
 
-def run(counts: list[int], trainer_counts: list[int], per_host: int, repeats: int,
-        baseline: pathlib.Path | None = None) -> tuple[list[dict], list[float] | None]:
-    """Every measure's rows, and the range of the machine's 1-minute load while they ran."""
-    cases = [(n, False) for n in counts] + [(n, True) for n in trainer_counts]
-    measures = MEASURES + (BASELINE_MEASURES if baseline else ())
-    runs: dict = {(n, t, what): [] for n, t in cases for what in measures}
+def run(counts: list[tuple[int, int]], trainer_counts: list[tuple[int, int]], repeats: int,
+        baseline: pathlib.Path | None = None, only: tuple[str, ...] = MEASURES
+        ) -> tuple[list[dict], list[float] | None]:
+    """Every measure's rows, and the range of the machine's 1-minute load while they ran; each count
+    is (hosts, tasks per host)."""
+    cases = [(n, each, False) for n, each in counts] + [(n, each, True) for n, each in trainer_counts]
+    measures = tuple(what for what in MEASURES if what in only) + (BASELINE_MEASURES if baseline else ())
+    runs: dict = {(n, each, t, what): [] for n, each, t in cases for what in measures}
     failures: dict = {key: [] for key in runs}
     loads: list[float] = []
-    most = max(counts + trainer_counts)
+    most = max(n for n, _, _ in cases)
     with neighbour_room(most), lab(most) as hosts_lab:
         for what in measures:  # a warm-up: the first logins and imports of a fresh lab are slower
-            measure_once(hosts_lab, what, hosts_lab.names(2), per_host, False, baseline)
+            measure_once(hosts_lab, what, hosts_lab.names(2), cases[0][1], False, baseline)
         for repeat in range(repeats):  # interleaved: drifting load hits every measure alike
-            for n, trainer in cases:
+            for n, per_host, trainer in cases:
                 for what in measures:
                     if trainer and what in TRIVIAL_ONLY:
                         continue
-                    label = f"# repeat {repeat} {n:>3} hosts {'trainer' if trainer else 'trivial'} {what:<16}"
+                    label = (f"# repeat {repeat} {n:>3} hosts x {per_host} {'trainer' if trainer else 'trivial'} "
+                             f"{what:<16}")
                     try:
                         seconds, rss = measure_once(hosts_lab, what, hosts_lab.names(n), per_host, trainer, baseline)
                     except RuntimeError as e:  # kept as a failed run: how often a check fails is a result too
-                        failures[(n, trainer, what)].append(str(e).strip().splitlines()[-1][:300])
+                        failures[(n, per_host, trainer, what)].append(str(e).strip().splitlines()[-1][:300])
                         print(f"{label} failed: {e}", file=sys.stderr, flush=True)
                         continue
-                    runs[(n, trainer, what)].append((seconds, rss))
+                    runs[(n, per_host, trainer, what)].append((seconds, rss))
                     loads.append(os.getloadavg()[0])
                     print(f"{label} {seconds:6.2f} s" + (f"  {rss:5.0f} MB" if rss else "")
                           + f"  load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     rows = []
-    for (n, trainer, what), found in runs.items():
+    for (n, per_host, trainer, what), found in runs.items():
         seconds = [s for s, _ in found]
         rss = [r for _, r in found if r is not None]
-        rows.append({"hosts": n, "tasks": n * per_host, "program": "trainer" if trainer else "trivial", "measure": what,
+        rows.append({"hosts": n, "tasks_per_host": per_host, "tasks": n * per_host,
+                     "program": "trainer" if trainer else "trivial", "measure": what,
                      "median_s": round(statistics.median(seconds), 2) if seconds else None,
-                     "runs_s": [round(s, 2) for s in seconds], "failed": failures[(n, trainer, what)],
+                     "runs_s": [round(s, 2) for s in seconds], "failed": failures[(n, per_host, trainer, what)],
                      "peak_rss_mb": round(statistics.median(rss), 1) if rss else None})
     return rows, [round(min(loads), 1), round(max(loads), 1)] if loads else None
 
@@ -260,12 +266,15 @@ def plot(result: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if len({r.get("tasks_per_host", result["tasks_per_host"]) for r in result["rows"]}) > 1:
+        return plot_shapes(result, path, plt)
+
     labels = {"floor": "OpenSSH, every host at once", "check": "mgpu check", "launch_no_check": "mgpu launch --no-check",
-              "launch": "mgpu launch (with its checks)", "launch_agent": "mgpu launch --host-agent"}
+              "launch": "mgpu launch (with its checks)", "launch_no_agent": "mgpu launch --no-host-agent"}
     if result.get("baseline"):
         labels["baseline_launch"] = f"mgpu launch (with its checks), {result['baseline']}"
     fig, ax = plt.subplots(figsize=(6, 4))
-    for what, style in zip(("floor", "check", "launch_no_check", "launch", "launch_agent", "baseline_launch"),
+    for what, style in zip(("floor", "check", "launch_no_check", "launch", "launch_no_agent", "baseline_launch"),
                            ("k:", "s--", "^-.", "o-", "D-", "x:")):
         rows = [r for r in result["rows"] if r["program"] == "trivial" and r["measure"] == what and r["median_s"]]
         ax.plot([r["hosts"] for r in rows], [r["median_s"] for r in rows], style, label=labels.get(what))
@@ -284,13 +293,45 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def plot_shapes(result: dict, path: pathlib.Path, plt) -> None:
+    """Runs of several shapes (hosts x tasks per host): for each, the floor, the goal and the launches
+    side by side, and what a restart adds with the host agent and without it."""
+    rows = {(r["hosts"], r["tasks_per_host"], r["measure"]): r["median_s"] for r in result["rows"]
+            if r["program"] == "trivial"}
+    shapes = sorted({(h, t) for h, t, _ in rows}, key=lambda shape: (shape[1], shape[0]))
+    bars = [("floor", "OpenSSH floor", lambda h, t: rows.get((h, t, "floor"))),
+            ("goal", "goal: 2 x floor + 1.5 s",
+             lambda h, t: rows.get((h, t, "floor")) and 2 * rows[(h, t, "floor")] + 1.5),
+            ("launch", "mgpu launch (host agent)", lambda h, t: rows.get((h, t, "launch"))),
+            ("launch_no_agent", "mgpu launch --no-host-agent", lambda h, t: rows.get((h, t, "launch_no_agent"))),
+            ("restart", "a restart adds (host agent)", lambda h, t: _difference(rows, h, t, "restart", "launch")),
+            ("restart_no_agent", "a restart adds (--no-host-agent)",
+             lambda h, t: _difference(rows, h, t, "restart_no_agent", "launch_no_agent"))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(bars)
+    for i, (_, label, value) in enumerate(bars):
+        ax.bar([x + i * width for x in range(len(shapes))], [value(h, t) or 0 for h, t in shapes], width, label=label)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], [f"{h} hosts x {t}" for h, t in shapes])
+    ax.set_ylabel("seconds, start to end of `python -c 'print(1)'`")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _difference(rows: dict, hosts: int, each: int, measure: str, than: str) -> float | None:
+    a, b = rows.get((hosts, each, measure)), rows.get((hosts, each, than))
+    return a - b if a is not None and b is not None else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", default="2,4,8,16", help="host counts, comma-separated")
+    parser.add_argument("--hosts", default="2,4,8,16",
+                        help="host counts, comma-separated; HxT: H hosts with T tasks each (else --tasks-per-host)")
     parser.add_argument("--trainer-hosts", default="2,4",
                         help="host counts at which the built-in trainer is timed too; none: not at all")
     parser.add_argument("--tasks-per-host", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--measures", default=",".join(MEASURES), help="which of them, comma-separated")
     parser.add_argument("--name", default="startup", help="results file name, without suffix")
     parser.add_argument("--no-plot", action="store_true",
                         help=f"do not write {PLOT.relative_to(REPO)} (docs/NAME.png for another --name)")
@@ -302,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("startup.py needs root (network namespaces and sshd)", file=sys.stderr)
         return 2
-    counts = [int(n) for n in args.hosts.split(",")]
-    trainer_counts = [] if args.trainer_hosts == "none" else [int(n) for n in args.trainer_hosts.split(",")]
+    def shapes(counts: str) -> list[tuple[int, int]]:
+        return [(int(n.partition("x")[0]), int(n.partition("x")[2] or args.tasks_per_host)) for n in counts.split(",")]
+    counts = shapes(args.hosts)
+    trainer_counts = [] if args.trainer_hosts == "none" else shapes(args.trainer_hosts)
     started = time.time()
-    rows, load = run(counts, trainer_counts, args.tasks_per_host, args.repeats, args.baseline and args.baseline.resolve())
+    rows, load = run(counts, trainer_counts, args.repeats, args.baseline and args.baseline.resolve(),
+                     tuple(args.measures.split(",")))
     result = {"date": datetime.date.today().isoformat(), "machine": machine(), "repeats": args.repeats,
               "baseline": args.baseline_label if args.baseline else None, "load": load,
               "tasks_per_host": args.tasks_per_host, "wall_time_s": round(time.time() - started, 1), "rows": rows}
@@ -314,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         plot(result, PLOT if args.name == "startup" else REPO / "docs" / f"{args.name}.png")
     for row in rows:
-        print(f"{row['hosts']:>3} hosts {row['program']:<8} {row['measure']:<16} {row['median_s'] or 0:7.2f} s"
+        print(f"{row['hosts']:>3} hosts x {row['tasks_per_host']} {row['program']:<8} {row['measure']:<16} "
+              f"{row['median_s'] or 0:7.2f} s"
               + (f"  {row['peak_rss_mb']:.0f} MB" if row["peak_rss_mb"] else "")
               + (f"  {len(row['failed'])} failed" if row["failed"] else ""))
     return 0

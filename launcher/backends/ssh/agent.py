@@ -1,5 +1,6 @@
-"""The launcher's end of the host agents (`--host-agent`): one session per host runs host_agent.py,
-which starts every task of the host, in every attempt, and frames their output back.
+"""The launcher's end of the host agents (how SSH tasks start unless `--no-host-agent`): one session
+per host runs host_agent.py, which starts every task of the host, in every attempt, and frames their
+output back.
 
 A host's agent starts in the session its checks ran in (a handover: handover.py), or without the
 checks in a session of its own, at the host's first task; it stays for the run, so a restart starts

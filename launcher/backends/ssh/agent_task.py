@@ -1,4 +1,4 @@
-"""A task that its host's agent started (`--host-agent`, agent.py): `AgentTaskProcess`, which answers
+"""A task that its host's agent started (agent.py): `AgentTaskProcess`, which answers
 as an SshTaskProcess does, from the agent's frames about it; and each of its streams' inbox, which
 gives the agent credit back as the stream is read."""
 

@@ -160,7 +160,7 @@ class SshBackend(Backend):
         self._connections: dict[SshTarget, list[Connection]] = {}
         # Sessions the checks handed over to start tasks (take_handovers), by task name.
         self._handovers: dict[str, Handover] = {}
-        self._agents = HostAgents(self) if options.host_agent else None  # --host-agent: agent.py
+        self._agents = HostAgents(self) if options.host_agent else None  # None: --no-host-agent
 
     def target(self, task: TaskPlan) -> SshTarget:
         return resolve_target(task.host, task.ssh, self._config)
