@@ -52,6 +52,7 @@ from launcher.backends.ssh.agent_task import STREAM_WINDOW, AgentTaskProcess
 from launcher.backends.ssh.connection import Connection
 from launcher.backends.ssh.remote_command import RemoteTask
 from launcher.errors import ConnectError
+from launcher.shell import sh
 from launcher.plan.planner import TaskPlan
 
 # host_agent.py's imports of host_agent_proc.py: left out of the one source, which defines those names above.
@@ -110,10 +111,10 @@ class HostAgent:
         try:
             if chan is None:
                 chan = conn.open_session(timeout)
-            if handed_over:
+            if handed_over:  # the check's shell is /bin/sh already
                 chan.sendall(task_line(remote))
-            else:
-                chan.exec_command(remote.command)
+            else:  # the login shell (csh or fish too) only execs /bin/sh, which runs it as the check's shell would
+                chan.exec_command(sh(remote.command))
                 chan.sendall(remote.stdin)
             agent = cls(conn, chan)
             threading.Thread(target=agent._drain_stderr, daemon=True, name=f"agent-stderr {conn.target.alias}").start()

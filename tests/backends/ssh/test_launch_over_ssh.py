@@ -339,10 +339,14 @@ def read_until(proc, text: bytes) -> bytes:
 
 
 def guards_of(pgid: int) -> list[psutil.Process]:
+    """The hang-up guards of the task whose group is `pgid`: its host's agent, its parent (with
+    --no-host-agent, the shell guard of its session, in its group)."""
     found = []
     for p in psutil.process_iter():
         try:
             if os.getpgid(p.pid) == pgid and "mgpu-guard" in p.cmdline():
+                found.append(p)
+            elif p.pid == psutil.Process(pgid).ppid() and "mgpu-host-agent" in " ".join(p.cmdline()):
                 found.append(p)
         except (psutil.Error, ProcessLookupError):
             continue
@@ -363,14 +367,15 @@ def test_a_run_id_used_again_after_its_launcher_was_killed_keeps_the_new_tasks(s
     new = None
     try:
         old_pgid = int(read_until(old, b"old-up").split()[-1])
-        assert guards_of(old_pgid)
+        old_guards = guards_of(old_pgid)
+        assert old_guards
         old.kill()
         old.wait(10)
         new = lab_mgpu.start(tmp_path, "launch", "--workers", f"sshd-a:{port_new}", *common, "--log-dir", "new", "--",
                              PYTHON, "-c", NEW_TASK, str(done))
         read_until(new, b"new-up")
         release.touch()  # the old task goes; its guard ends (having killed what it found with its tags)
-        wait_for(lambda: not guards_of(old_pgid), 60, "the old guard to end")
+        wait_for(lambda: not [guard for guard in old_guards if guard.is_running()], 60, "the old guard to end")
         done.touch()
         new.wait(60)
         assert new.returncode == 0, new.stdout.read().decode() + new.stderr.read().decode()
@@ -445,13 +450,14 @@ def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_
     """The check's SSH session runs the host's first task, so each login runs the user's start-up
     files once (here sshd's ForceCommand counts the sessions, and leaves a line on stderr
     unfinished, as a chatty start-up file may). The task gets what a session of its own gives it
-    (without the checks, it has one), in the login directory and in a --workdir."""
+    (without the checks, the host's agent has one), in the login directory and in a --workdir, through
+    the host's agent and with --no-host-agent."""
     sessions = tmp_path / "sessions"
     force = f'echo session >> {sessions}; printf "motd, no newline" >&2; eval "$SSH_ORIGINAL_COMMAND"'
     with forced_host(ssh_lab, tmp_path, "counted", force) as (known, config):
         for workdir in ([], ["--workdir", str(tmp_path)]):
             seen = {}
-            for checks in ([], ["--no-check"]):
+            for checks in ([], ["--no-check"], ["--no-host-agent"]):
                 sessions.write_text("")
                 (port,) = pick_free_ports(1)
                 proc = lab_mgpu.start(tmp_path, "launch", "--workers", f"counted:{port}", *checks, *workdir,
@@ -461,12 +467,12 @@ def test_the_checks_session_starts_the_hosts_first_task_as_a_session_of_its_own_
                 assert proc.returncode == 0, err.decode()
                 assert sessions.read_text().count("session") == 1, (checks, sessions.read_text(), err.decode())
                 line = next(line for line in out.decode().splitlines() if "SESSION " in line)
-                seen[bool(checks)] = json.loads(line.split("SESSION ", 1)[1])
-            held, own = seen[False], seen[True]
+                seen[" ".join(checks)] = json.loads(line.split("SESSION ", 1)[1])
+            held, own, no_agent = seen[""], seen["--no-check"], seen["--no-host-agent"]
             assert held["env"]["MGPU_TASK_TYPE"] == "worker" and "TF_CPP_MIN_LOG_LEVEL" not in held["env"]
             for name in _PER_LAUNCH:
-                held["env"].pop(name, None), own["env"].pop(name, None)
-            assert held == own
+                held["env"].pop(name, None), own["env"].pop(name, None), no_agent["env"].pop(name, None)
+            assert held == own == no_agent
             assert held["cwd"] == (workdir[1] if workdir else os.path.expanduser("~" + ssh_lab.user))
             ignored = int(held["signals"].split("SigIgn:")[1].split()[0], 16)
             assert held["leader"] and not ignored & (1 << signal.SIGPIPE - 1 | 1 << signal.SIGXFSZ - 1)
