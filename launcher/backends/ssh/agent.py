@@ -86,9 +86,10 @@ def agent_command(nonce: str) -> RemoteTask:
 class HostAgent:
     """A host's agent: its session, the thread that reads its frames, its tasks."""
 
-    def __init__(self, conn: Connection, chan: paramiko.Channel):
+    def __init__(self, conn: Connection, chan: paramiko.Channel, answer_timeout: float):
         self.conn = conn
         self.chan = chan
+        self.answer_timeout = answer_timeout  # the connect timeout: a keepalive's, asked on a stall
         self.alive = True
         self.problem: str | None = None
         self._send_lock = threading.Lock()
@@ -116,7 +117,7 @@ class HostAgent:
             else:  # the login shell (csh or fish too) only execs /bin/sh, which runs it as the check's shell would
                 chan.exec_command(sh(remote.command))
                 chan.sendall(remote.stdin)
-            agent = cls(conn, chan)
+            agent = cls(conn, chan, timeout)
             threading.Thread(target=agent._drain_stderr, daemon=True, name=f"agent-stderr {conn.target.alias}").start()
             agent._wait_ready(f"mgpu-agent-ready {nonce}\n".encode(), start_timeout)
             agent._preamble = bytes(agent._stderr)

@@ -19,6 +19,7 @@ from launcher.plan.planner import TaskPlan
 class HostAgent(Protocol):
     """What a task asks of its host's agent (agent.HostAgent)."""
     conn: Any  # the host's Connection
+    answer_timeout: float  # how long the host has to answer a keepalive (the connect timeout)
     problem: str | None
     alive: bool
 
@@ -163,6 +164,10 @@ class AgentTaskProcess(OnTaskHost, TaskProcess):
     @property
     def _conn(self):  # what OnTaskHost runs its commands on: the agent's connection
         return self._agent.conn
+
+    @property
+    def answer_timeout(self) -> float:
+        return self._agent.answer_timeout
 
     def signal_tree(self, signum: int) -> None:
         if self.poll() is None:

@@ -42,6 +42,7 @@ class SshTaskProcess(OnTaskHost, TaskProcess):
         self._conn = conn
         self._chan = chan
         self._options = options
+        self.answer_timeout = options.connect_timeout
         self.pid = pgid
         self._closed = False
         self._lock = threading.Lock()
@@ -122,12 +123,6 @@ class SshTaskProcess(OnTaskHost, TaskProcess):
         if self._conn.active or self._status() != EXIT_CONNECTION_LOST or self._chan.exit_status >= 0:
             return None
         return self._conn.lost_reason or "SSH connection lost"
-
-    def answers(self) -> bool | None:
-        """A keepalive answered within the connect timeout (Connection.answers)."""
-        if self.poll() is not None:
-            return None if self._conn.active else False
-        return self._conn.answers(self._options.connect_timeout)
 
     def signal_tree(self, signum: int) -> None:
         """Returns at once; the signal is sent from a background thread."""

@@ -12,7 +12,17 @@ from launcher.plan.planner import TaskPlan
 
 
 class OnTaskHost:
-    """For a TaskProcess whose `_conn` is its host's Connection and `pid` its process group there."""
+    """For a TaskProcess whose `_conn` is its host's Connection, `pid` its process group there, and
+    `answer_timeout` how long its host has to answer (the connect timeout)."""
+
+    answer_timeout: float
+
+    def answers(self) -> bool | None:
+        """A keepalive answered within the connect timeout (Connection.answers): asked on a stall, so
+        that a host cut off is judged lost without waiting for its tasks' stacks."""
+        if self.poll() is not None:
+            return None if self._conn.active else False
+        return self._conn.answers(self.answer_timeout)
 
     def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
         """The task's whole tree (its process group and their descendants), dumped on its host over
