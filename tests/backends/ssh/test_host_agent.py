@@ -152,3 +152,27 @@ def test_the_agent_is_shipped_as_one_source_of_the_standard_library():
     compile(source, "mgpu-host-agent", "exec")
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert imports and not [line for line in imports if "launcher" in line], imports
+
+
+def test_a_checks_session_handed_over_to_a_host_whose_agent_runs_already_ends(ssh_lab, tmp_path):
+    """The --setup starts a host's agent before the checks: the session the checks then hand over
+    starts nothing and ends at the host's next task, not with the run."""
+    from launcher.preflight.check import check_hosts_and_reach, handovers_of
+    from test_ssh_backend import kept_shells
+
+    run_id = unique_run_id("agent-there")
+    backend = SshBackend(ssh_lab.options())
+    try:
+        setup = backend.start(plan("sshd-a", [PYTHON, "-c", "print('setup')"], run_id=run_id, index=1), 0)
+        assert drain(setup)[0] == b"setup\n"
+        task = dataclasses.replace(plan("sshd-a", [PYTHON, "-c", "print('task')"], run_id=run_id,
+                                        workdir=str(tmp_path)), port=free_port())
+        reports, _, _ = check_hosts_and_reach([task], [task], backend, handover=True)
+        assert reports[0].ok, reports[0].reason
+        backend.take_handovers(handovers_of(reports))
+        assert kept_shells(tmp_path)
+        proc = backend.start(task, 0)
+        assert drain(proc)[0] == b"task\n"
+        assert wait_for(lambda: not kept_shells(tmp_path), 20), "the handed-over session still waits"
+    finally:
+        backend.close()
