@@ -189,11 +189,13 @@ STARTUP_NOTES = """How the checks' cost grows:
 - Last in the same session, on more than one host, the speed probe: two compute windows of 0.11 s
   and about 0.15 s of transfer to the next host. On real hosts these run in parallel; here the
   hosts share two cores, so at 16 hosts they add about 0.7 s (16 x 0.22 s of compute on 2 cores).
-- Then the tasks start, all at once, on the connections the checks opened. Each host's first task
-  starts in the session that ran its checks: the probe's shell runs it next, as a session of its
-  own would, so for that task the login shell and the user's start-up files run once, not twice.
-  Every other task of a host gets a session of its own. The reporter of whether a task has joined the cluster (and
-  of its CPU use) starts beside it in its session.
+- Then the tasks start, all at once, on the connections the checks opened. The session that ran a
+  host's checks goes on as its agent, which starts all of the host's tasks at once, so the login
+  shell and the user's start-up files run once per host, not once more per task; the agent also
+  reports whether each task has joined the cluster, and its CPU use. (With `--no-host-agent`, and
+  in the table above, dated before the agent was the default: each host's first task starts in
+  the session that ran its checks, every other task of a host in a session of its own, with the
+  reporter beside it.)
 
 On this 2-core machine every host's sshd, login shell and Python share the same two cores, so the
 OpenSSH floor itself grows with hosts; compare each row's times with its floor. What a host costs
@@ -236,6 +238,9 @@ def _startup_agent(data: dict) -> list[str]:
                      f"{f'{2 * floor + 1.5:.1f} s' if floor is not None else '-'} | {cell('launch_no_agent')} | "
                      f"{extra('restart', 'launch')} | {extra('restart_no_agent', 'launch_no_agent')} |")
     lines.append("")
+    if any("| -" in line for line in lines[-len(shapes) - 1:]):
+        lines += ["A negative figure: the restart's time is below what the machine's load moved a launch by "
+                  "between repeats.", ""]
     if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "startup-agent.png").exists():
         lines += ["![Start-up and restart time, several tasks per host](startup-agent.png)", ""]
     return lines + [
