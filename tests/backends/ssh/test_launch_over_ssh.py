@@ -133,6 +133,8 @@ def test_launch_checks_hosts_first(ssh_lab, tmp_path):
 
 
 def test_check_table(ssh_lab, tmp_path):
+    """The table of `mgpu check` for a program of the user's: the hosts read TensorFlow's version from
+    its package metadata (the built-in trainer and --legacy-keras import it: see the test below)."""
     busy = socket.socket()
     busy.bind(("0.0.0.0", 0))
     busy.listen()
@@ -140,7 +142,7 @@ def test_check_table(ssh_lab, tmp_path):
     free_port = pick_free_ports(1)[0]
     try:
         proc = lab_mgpu.start(tmp_path, "check", "--workers", f"sshd-a:{free_port},sshd-b:{busy_port}",
-                              *ssh_args(ssh_lab), "--python", PYTHON)
+                              *ssh_args(ssh_lab), "--", PYTHON, "train.py")
         out, err = proc.communicate(timeout=180)
     finally:
         busy.close()
@@ -172,7 +174,7 @@ def test_check_reports_unreachable_hosts(ssh_lab, tmp_path):
     config.write_text(ssh_lab.ssh_config.read_text() + "Host nowhere\n  HostName 127.0.0.1\n  Port 1\n")
     port_a, port_b = pick_free_ports(2)
     proc = lab_mgpu.start(tmp_path, "check", "--workers", f"sshd-a:{port_a},nowhere:{port_b}", "--ssh-config",
-                          str(config), "--known-hosts", str(ssh_lab.known_hosts), "--python", PYTHON)
+                          str(config), "--known-hosts", str(ssh_lab.known_hosts), "--", PYTHON, "train.py")
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1
     rows = {line.split()[0]: line for line in out.decode().strip().splitlines()[1:]}
@@ -208,7 +210,8 @@ def test_sigint_during_the_checks_returns_at_once(ssh_lab, tmp_path, command):
     with silent_listener() as listener:
         config = silent_host_config(ssh_lab, tmp_path, listener.port)
         proc = lab_mgpu.start(tmp_path, command, "--workers", "sshd-a:2222,silent:2222", "--ssh-config", str(config),
-                              "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "600", "--python", PYTHON)
+                              "--known-hosts", str(ssh_lab.known_hosts), "--connect-timeout", "600", "--", PYTHON,
+                              "train.py")
         try:
             wait_for(lambda: listener.accepted, 60)  # the check is waiting for the banner
             proc.send_signal(signal.SIGINT)
