@@ -1,6 +1,7 @@
 """Slurm nodes as network namespaces of our own (one slurmd each, slurmctld in the root
-namespace): an sbatch job runs `mgpu launch --slurm` and the built-in trainer across two of them;
-on three, a node left out gives its task to the spare node of the allocation."""
+namespace), three of them, one cluster for the module's jobs: an sbatch job runs `mgpu launch
+--slurm` and the built-in trainer across two of them; on all three, a node left out gives its task
+to the spare node of the allocation, or the run goes on on the nodes left."""
 
 from __future__ import annotations
 
@@ -41,13 +42,10 @@ def _slurm_lab(tmp_path_factory, names: tuple[str, ...]):
         lab.destroy()
 
 
-@pytest.fixture
-def two_nodes(tmp_path_factory):
-    yield from _slurm_lab(tmp_path_factory, ("h1", "h2"))
-
-
-@pytest.fixture
+@pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory):
+    """One Slurm cluster for every test here: each test's job has its own run id and folders, and
+    `sbatch --wait` returns once the job has ended, its nodes idle again for the next."""
     yield from _slurm_lab(tmp_path_factory, ("h1", "h2", "h3"))
 
 
@@ -63,13 +61,13 @@ def sbatch_wait(lab, tmp_path, argv, nodes: int) -> str:
     return output
 
 
-def test_trainer_across_two_nodes(two_nodes, tmp_path):
+def test_trainer_across_two_nodes(three_nodes, tmp_path):
     model_dir, runs = tmp_path / "model", tmp_path / "runs"
     argv = [*MGPU, "launch", "--slurm", "--port", "23600", "--run-id", "two-nodes", "--log-dir", str(runs),
             # Worker 1 prints only TensorFlow's start-up notices: shown, they prove its output is relayed.
             "--threads-per-task", "1", "--show-tf-logs", "--", "--dataset", "synthetic", "--model", "small", "--train-steps", "4",
             "--batch-size-per-replica", "16", "--log-every", "2", "--model-dir", str(model_dir)]
-    output = sbatch_wait(two_nodes, tmp_path, argv, nodes=2)
+    output = sbatch_wait(three_nodes, tmp_path, argv, nodes=2)
     record = json.loads((runs / "two-nodes" / "run.json").read_text())
     assert [plan["host"] for plan in record["plans"]] == ["h1", "h2"]
     assert record["plans"][0]["tf_config"]["cluster"] == {"worker": ["h1:23600", "h2:23600"]}
