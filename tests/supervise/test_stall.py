@@ -87,11 +87,12 @@ def test_output_from_any_training_task_is_progress(run_id, tmp_path):
 
 
 def test_cpu_use_is_progress(run_id, tmp_path):
-    """Both tasks compute silently for longer than the stall timeout: a long evaluation, say. They
-    (and the supervisor, in this process) run with the weight of processes under test
+    """worker:1 computes silently for longer than the stall timeout (a long evaluation, say) while
+    worker:0 waits silently for it: the CPU use of one task is the job's progress. They (and the
+    supervisor, in this process) run with the weight of processes under test
     (cpu_limits.PRIORITY_WEIGHT): other work on a loaded machine could otherwise leave a busy task
     less than the progress share of a core for a whole timeout."""
-    plans = make_plans(run_id, ["--ready", "--busy", "all", "--sleep", "5"], waits_for_ready=True,
+    plans = make_plans(run_id, ["--ready", "--busy", "worker:1", "--sleep", "5"], waits_for_ready=True,
                        env=FAULTHANDLER)
     with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT) as favoured:
         favoured.add(os.getpid())  # the tasks it starts are in the group too
