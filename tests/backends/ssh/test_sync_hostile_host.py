@@ -1,7 +1,11 @@
 """--sync on hosts where another account has been at work: its folders, links, FIFOs and manifests
 in the places the copy goes. Each host's sshd has a tmpfs of its own over NETNS_PRIVATE_DIR (made
 world-writable and sticky here, as /tmp is), so what is planted on h1 is h1's alone. The tasks log
-in as root; the other account is `nobody`."""
+in as root; the other account is `nobody`.
+
+A copy the sync made once (the module's first launch) is what the other account finds in most
+tests: each gets it as its own folder (`cp -a`, the manifest, modes and times kept) rather than
+from a launch of its own, which would make the same copy again."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import json
 import os
 import pathlib
 import stat
+import subprocess
 
 import pytest
 
@@ -43,10 +48,33 @@ def launch(netns, tmp_path, folder, workdir, *extra):
                           "python3", "main.py")
 
 
-def test_a_manifest_path_outside_the_folder_removes_nothing_there(netns, hosts, tmp_path):
+TEMPLATE = f"{NETNS_PRIVATE_DIR}/synced"
+
+
+@pytest.fixture(scope="module")
+def synced(netns, tmp_path_factory):
+    """The project synced to TEMPLATE on h1 and h2, and its task run there, by one launch."""
+    tmp_path = tmp_path_factory.mktemp("synced")
+    lab, *_ = netns
+    for sshd in lab.sshds.values():
+        os.chmod(sshd.private_path(NETNS_PRIVATE_DIR), 0o1777)
+    done = launch(netns, tmp_path, project(tmp_path), TEMPLATE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return TEMPLATE
+
+
+def copy_of_the_sync(hosts, synced: str, workdir: str) -> None:
+    """`workdir` on h1 and h2 as the first sync left it (the module's, made into that folder)."""
+    for name in ("h1", "h2"):
+        target = hosts[name](workdir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", str(hosts[name](synced)), str(target)], check=True, timeout=60)
+
+
+def test_a_manifest_path_outside_the_folder_removes_nothing_there(netns, hosts, synced, tmp_path):
     folder = project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/outside/copy"
-    assert launch(netns, tmp_path, folder, workdir).returncode == 0
+    copy_of_the_sync(hosts, synced, workdir)
     victim = hosts["h1"](f"{NETNS_PRIVATE_DIR}/outside/victim.txt")
     victim.write_text("keep me")
     (hosts["h1"](f"{NETNS_PRIVATE_DIR}/outside/victims")).mkdir()
@@ -65,10 +93,10 @@ def test_a_manifest_path_outside_the_folder_removes_nothing_there(netns, hosts, 
     assert f"mgpu: sync h1:{workdir}: 8 file(s) copied" in done.stderr and ", 0 removed" in done.stderr
 
 
-def test_a_manifest_path_through_a_link_removes_nothing_beyond_it(netns, hosts, tmp_path):
+def test_a_manifest_path_through_a_link_removes_nothing_beyond_it(netns, hosts, synced, tmp_path):
     folder = project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/through/copy"
-    assert launch(netns, tmp_path, folder, workdir).returncode == 0
+    copy_of_the_sync(hosts, synced, workdir)
     elsewhere = hosts["h1"](f"{NETNS_PRIVATE_DIR}/through/elsewhere")
     elsewhere.mkdir()
     (elsewhere / "victim.txt").write_text("keep me")
@@ -83,10 +111,10 @@ def test_a_manifest_path_through_a_link_removes_nothing_beyond_it(netns, hosts, 
     assert "mgpu: warning: sync to h1: lnk/victim.txt was not removed: it lies beyond a link" in done.stderr
 
 
-def test_a_workdir_another_account_made_is_refused_and_its_program_never_runs(netns, hosts, tmp_path):
+def test_a_workdir_another_account_made_is_refused_and_its_program_never_runs(netns, hosts, synced, tmp_path):
     folder = project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/teamproj"
-    assert launch(netns, tmp_path, folder, workdir).returncode == 0
+    copy_of_the_sync(hosts, synced, workdir)
     # The other account takes the folder over (as if it had made it first, manifest and all) and
     # puts its own program in: the manifest still names the user's files.
     for name in ("h1", "h2"):
@@ -107,10 +135,10 @@ def test_a_workdir_another_account_made_is_refused_and_its_program_never_runs(ne
         assert (hosts[name](workdir) / "who").read_text() == "nobody\n"
 
 
-def test_a_link_in_place_of_a_file_is_replaced_never_chmod_through(netns, hosts, tmp_path):
+def test_a_link_in_place_of_a_file_is_replaced_never_chmod_through(netns, hosts, synced, tmp_path):
     folder = project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/linkfile"
-    assert launch(netns, tmp_path, folder, workdir).returncode == 0
+    copy_of_the_sync(hosts, synced, workdir)
     secret = hosts["h1"](f"{NETNS_PRIVATE_DIR}/shadow")
     secret.write_text("hashes")
     secret.chmod(0o600)
@@ -179,10 +207,10 @@ def test_folders_others_can_write_are_refused_unless_sticky_above_the_workdir(ne
     assert not hosts["h1"](f"{workdir}/main.py").exists()
 
 
-def test_a_file_changed_on_the_host_is_copied_again_whatever_the_manifest_says(netns, hosts, tmp_path):
+def test_a_file_changed_on_the_host_is_copied_again_whatever_the_manifest_says(netns, hosts, synced, tmp_path):
     folder = project(tmp_path)
     workdir = f"{NETNS_PRIVATE_DIR}/changed"
-    assert launch(netns, tmp_path, folder, workdir).returncode == 0
+    copy_of_the_sync(hosts, synced, workdir)
     hosts["h1"](f"{workdir}/who").write_text("someone else\n")
     done = launch(netns, tmp_path, folder, workdir)
     assert done.returncode == 0, done.stderr[-3000:]
