@@ -235,23 +235,6 @@ def test_scancel_stops_everything(slurm, tmp_path):
     assert all("got SIGTERM" in log.read_text() for log in logs)
 
 
-@pytest.mark.slow
-def test_two_tasks_train_with_the_built_in_trainer(slurm, tmp_path):
-    rid = run_id("train")
-    model_dir = tmp_path / "model"
-    done = in_allocation(slurm, tmp_path, launch_argv(
-        tmp_path, rid, "--threads-per-task", "1", "--port", str(free_ports_in_a_row(2)), "--",
-        "--dataset", "synthetic", "--model", "small", "--train-steps", "4", "--batch-size-per-replica", "16",
-        "--log-every", "2", "--model-dir", str(model_dir)), timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "all 2 tasks ready" in done.stdout
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["num_replicas"] == 2 and metrics["global_step"] == 4
-    tasks = run_record(tmp_path, rid)["attempts"][0]["tasks"]
-    assert [tasks[f"worker:{i}"]["exit_code"] for i in range(2)] == [0, 0]
-    assert all(tasks[f"worker:{i}"]["ready_at"] for i in range(2))
-
-
 def test_tf_config_from_slurm_in_a_step(slurm, tmp_path):
     done = in_allocation(slurm, tmp_path, ["srun", "--label", *MGPU, "tf-config", "--from-slurm", "--port", "3000",
                                            "--chief", "--format", "env"], tasks=3)

@@ -62,6 +62,8 @@ def sbatch_wait(lab, tmp_path, argv, nodes: int) -> str:
 
 
 def test_trainer_across_two_nodes(three_nodes, tmp_path):
+    """The built-in trainer in a Slurm step, one task on each of two nodes (the one test of the
+    trainer under --slurm: TensorFlow's start is some CPU-seconds a task)."""
     model_dir, runs = tmp_path / "model", tmp_path / "runs"
     argv = [*MGPU, "launch", "--slurm", "--port", "23600", "--run-id", "two-nodes", "--log-dir", str(runs),
             # Worker 1 prints only TensorFlow's start-up notices: shown, they prove its output is relayed.
@@ -75,6 +77,9 @@ def test_trainer_across_two_nodes(three_nodes, tmp_path):
     assert "[worker:1]" in output and "all 2 tasks ready" in output
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2 and metrics["global_step"] == 4
+    tasks = record["attempts"][0]["tasks"]
+    assert [tasks[f"worker:{i}"]["exit_code"] for i in range(2)] == [0, 0]
+    assert all(tasks[f"worker:{i}"]["ready_at"] for i in range(2))
 
 
 def test_a_node_killed_twice_gives_its_task_to_the_spare_node(three_nodes, tmp_path):
