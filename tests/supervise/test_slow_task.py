@@ -56,6 +56,12 @@ def busy(runs: pathlib.Path, run_id: str) -> dict[str, float] | None:
     return shares if shares and None not in shares.values() else None
 
 
+def started_pids(runs: pathlib.Path, run_id: str) -> dict[str, int] | None:
+    """Each task's pid, once both have one."""
+    pids = {name: task.get("pid") for name, task in tasks(runs, run_id).items()}
+    return pids if len(pids) == 2 and all(pids.values()) else None
+
+
 def slowest_lines(console: pathlib.Path) -> list[str]:
     return [line for line in console.read_text(errors="replace").splitlines() if "is the slowest" in line]
 
@@ -113,12 +119,13 @@ def test_the_slow_task_is_named_and_an_even_cluster_is_not(tmp_path):
                           "--slow-window", f"{WINDOW:g}",
                           "--start-timeout", "240", "--", sys.executable, PROGRAM, str(hold), WORK, stdout=out)
     try:
-        wait_for(lambda: busy(runs, run_id), 300, "busy shares in run.json")
-        pids = {name: task["pid"] for name, task in tasks(runs, run_id).items()}
+        # On their core from their start: the time before training shows costs one core, not two.
+        pids = wait_for(lambda: started_pids(runs, run_id), 300, "the tasks' pids in run.json")
         with cpu_limits.cpu_weight(cpu_limits.PRIORITY_WEIGHT, "first") as first:
             for pid in pids.values():
                 first.add_tree(pid)
                 cpu_limits.pin_tree(pid, {core})
+            wait_for(lambda: busy(runs, run_id), 300, "busy shares in run.json")
             even, quota_named, quota_shares, shared_named = phases(proc, runs, run_id, console, pids, first, core)
 
         hold.touch()
