@@ -11,13 +11,15 @@ import time
 import pytest
 from needs import installed_version
 
-from launching import run_mgpu, start_mgpu
+from launching import REPO, run_mgpu, start_mgpu
 from launcher.supervise import diagnosis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 installed_version("tensorflow", "the train extra")
 
 PROLOGUE = "import json, os, socket, sys, time\nimport tensorflow as tf\n"
+SHORT_HEARTBEAT_TRAINER = REPO / "tests" / "programs" / "short_heartbeat_trainer.py"
+HEARTBEAT_MS = 2000
 
 
 def launch(tmp_path, program: str, *args: str, workers: int = 2) -> tuple[int, str, str]:
@@ -39,7 +41,7 @@ def test_a_python_exception_is_summarised_by_its_type_message_and_frame(tmp_path
         def load_shard():
             raise ValueError("shard 7 is missing")
         load_shard()
-    """)
+    """, workers=1)
     assert code == 1
     summary = err[err.index("mgpu: error: "):].splitlines()
     assert summary[0].startswith("mgpu: error: worker:") and summary[0].endswith(" exited with code 1")
@@ -98,8 +100,8 @@ def test_restoring_a_checkpoint_that_is_not_there_yet_gets_the_hint(tmp_path):
 
 
 def launch_trainer(tmp_path, run_id: str, *trainer_args: str, workers: int = 2) -> subprocess.Popen:
-    """`mgpu launch --local N` of the built-in trainer, its stderr going to tmp_path/stderr.txt;
-    the caller reads its stdout and waits for it."""
+    """`mgpu launch --local N` of the built-in trainer (or the program `trainer_args` begin with), its
+    stderr going to tmp_path/stderr.txt; the caller reads its stdout and waits for it."""
     with open(tmp_path / "stderr.txt", "w") as stderr:
         return start_mgpu("launch", "--local", str(workers), "--run-id", run_id, "--log-dir", str(tmp_path / "runs"),
                           "--grace-period", "2", "--", *trainer_args, cwd=tmp_path, stderr=stderr)
@@ -136,7 +138,9 @@ def test_a_frozen_worker_is_named_as_the_task_at_fault(tmp_path, frozen_task, re
     import threading
 
     run_id = f"frozen-{frozen_task.replace(':', '-')}"  # each case its own: nothing of one holds the other's id
-    proc = launch_trainer(tmp_path, run_id, "--model", "small", "--dataset", "synthetic", "--threads", "1",
+    # TensorFlow gives up on a silent task after HEARTBEAT_MS here, not its default 10 s: the same words, sooner.
+    proc = launch_trainer(tmp_path, run_id, sys.executable, str(SHORT_HEARTBEAT_TRAINER), str(HEARTBEAT_MS),
+                          "--model", "small", "--dataset", "synthetic", "--threads", "1",
                           "--train-steps", "1000000", "--log-every", "5")
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [*(lines.put(line) for line in proc.stdout), lines.put(None)], daemon=True).start()
