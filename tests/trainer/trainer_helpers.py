@@ -31,10 +31,12 @@ def cluster_configs(num_workers: int, evaluator: bool = False) -> list[dict]:
 
 
 class Trainer:
-    """One `python -m launcher.trainer` process with its output in a log file."""
+    """One `python -m launcher.trainer` process (or `program`, a script and its first arguments, which
+    runs the trainer) with its output in a log file."""
 
     def __init__(self, args: list[str], log_path: pathlib.Path, tf_config: dict | None = None,
-                 python_options: tuple[str, ...] = (), env: dict[str, str] | None = None):
+                 python_options: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 program: tuple[str, ...] = ("-m", "launcher.trainer")):
         env = {**os.environ, **(env or {})}
         env.pop("TF_CONFIG", None)
         for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
@@ -43,7 +45,7 @@ class Trainer:
             env["TF_CONFIG"] = json.dumps(tf_config)
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, *python_options, "-m", "launcher.trainer", *args],
+        self.proc = subprocess.Popen([sys.executable, *python_options, *program, *args],
                                      cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
