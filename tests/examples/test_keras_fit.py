@@ -18,6 +18,7 @@ installed_version("tensorflow", "the train extra")
 installed_version("tf-keras", "the legacy-keras extra")
 
 EXAMPLE = str(REPO / "examples" / "keras_fit_legacy.py")
+PACED_EXAMPLE = REPO / "tests" / "programs" / "paced_keras_fit.py"
 
 
 def launch(args, tmp_path, python_path=()):
@@ -63,12 +64,13 @@ def test_legacy_keras_fit_trains_a_chief_and_a_worker_with_keras_progress_bar(tm
 
 def test_backup_and_restore_resumes_after_kill_9_of_a_worker(tmp_path):
     model_dir, run_dir = tmp_path / "model", tmp_path / "runs" / "resume"
-    # The restart goes to the same last epoch: however many epochs the first attempt finished before
-    # the kill reached it (a loaded machine lets it run on), the restart has some left to resume.
-    first_epochs, epochs = 40, 40
+    # The first attempt pauses 2 s after each epoch's backup (tests/programs/paced_keras_fit.py): the
+    # kill reaches it seconds after its second epoch, before more than a few others end, and the
+    # restart has some of its 8 epochs left to resume.
+    first_epochs, epochs = 40, 8
+    program = [sys.executable, str(PACED_EXAMPLE), "2", "--model-dir", str(model_dir), "--steps-per-epoch", "5"]
     proc = launch(["--local", "2", "--legacy-keras", "--run-id", "resume", "--max-restarts", "1", "--grace-period", "2",
-                   "--", *per_attempt([sys.executable, EXAMPLE, "--model-dir", str(model_dir), "--steps-per-epoch", "5"],
-                                      "--epochs", first_epochs, epochs)], tmp_path)
+                   "--", *per_attempt(program, "--epochs", first_epochs, epochs)], tmp_path)
     try:
         wait_for_line(run_dir / "worker-0.log", "fit: epoch 2 done", 180, proc)
         record = json.loads((run_dir / "run.json").read_text())
