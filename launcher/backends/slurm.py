@@ -39,6 +39,7 @@ from launcher.plan.planner import TaskPlan
 from launcher.plan.render import slurm_step_document
 from launcher.backends.base import Attempt, Backend, TaskProcess
 from launcher.backends.pipes import close_pipe_readers, pipe_reader
+from launcher.backends.slurm_node import node_gone
 from launcher.bootstrap.slurm_task import plan_environment
 
 BOOTSTRAP_MODULE = "launcher.bootstrap.slurm_task"
@@ -134,6 +135,7 @@ class SlurmStep:
         self._signalled: dict[int, float] = {}
         self._end_order: list[int] = []  # ranks in the order srun reported their ends
         self._reported: set[int] = set()  # ranks whose status poll() has returned
+        self._nodes_lost: dict[str, str | None] = {}  # once the step has ended: why each node is gone
         pipes = [os.pipe() for _ in range(2 * self.count)]
         self.readers = [pipe_reader(read) for read, _ in pipes]  # rank r: stdout 2r, stderr 2r+1
         self._writers = [write for _, write in pipes]
@@ -215,6 +217,11 @@ class SlurmStep:
 
     # -- status and signals ----------------------------------------------------------
 
+    def node_lost(self, node: str) -> str | None:
+        if node not in self._nodes_lost:
+            self._nodes_lost[node] = node_gone(node)
+        return self._nodes_lost[node]
+
     def poll(self, rank: int) -> int | None:
         """The task's status once srun reported it, and once every task that ended before it has
         been reported too: srun may tell of several ends at once, and the first failure must be
@@ -279,9 +286,10 @@ class SlurmStep:
 class SlurmTaskProcess(TaskProcess):
     """One task's view of the step: its own two streams and exit status."""
 
-    def __init__(self, step: SlurmStep, rank: int):
+    def __init__(self, step: SlurmStep, rank: int, node: str | None = None):
         self._step = step
         self._rank = rank
+        self._node = node
         self.pid = step.popen.pid  # srun's: the tasks run under slurmstepd on their nodes
         self.stdout = step.readers[2 * rank]
         self.stderr = step.readers[2 * rank + 1]
@@ -291,6 +299,13 @@ class SlurmTaskProcess(TaskProcess):
 
     def signal_tree(self, signum: int) -> None:
         self._step.signal(signum)
+
+    def lost(self) -> str | None:
+        """Once the step has ended: whether Slurm's controller says the task's node is gone (its
+        slurmd not answering, the node down), asked once per node of the step."""
+        if self._node is None or self._step.popen.poll() is None:
+            return None
+        return self._step.node_lost(self._node)
 
     def spy_stacks(self, native: bool, task: TaskPlan, timeout: float) -> py_spy.Answer | None:
         """py-spy on the task's node, in a step beside the tasks' (`--overlap`), for the processes
@@ -334,7 +349,7 @@ class SlurmAttempt(Attempt):
         self._step = step
 
     def start(self, task: TaskPlan) -> SlurmTaskProcess:
-        return SlurmTaskProcess(self._step, task.slurm_rank)
+        return SlurmTaskProcess(self._step, task.slurm_rank, task.host)
 
     def end(self) -> None:
         self._step.close()

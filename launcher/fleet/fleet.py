@@ -23,6 +23,7 @@ from launcher.fleet.checks_file import keep_checks
 from launcher.fleet.health import leave_out_unhealthy
 from launcher.fleet.quarantine import remember
 from launcher.fleet.relaunch import relaunch_command
+from launcher.backends.slurm_node import ask_node_up
 from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces_of
@@ -288,7 +289,8 @@ class MachineFleet(Fleet):
 class SlurmFleet(Fleet):
     """A run in a Slurm allocation: a node left out gives its tasks to a spare node (one that no
     task uses); the plans are made again, ranked in the allocation's node order, and the next step
-    excludes the node. Slurm checks its nodes itself: no login or reachability probe here."""
+    excludes the node. Slurm checks its nodes itself: no login or reachability probe here; in a
+    login's place, the node's state as Slurm's controller says it (slurm_node.py)."""
 
     stages = SLURM_STAGES
 
@@ -303,6 +305,9 @@ class SlurmFleet(Fleet):
         command = relaunch_command(self.options.argv, hosts)
         named, listed = ", ".join(hosts), ",".join(hosts)
         return f"{command}  (in an allocation without {named}: sbatch or salloc --exclude={listed})" if command else None
+
+    def login_ok(self, plan: TaskPlan) -> bool | None:
+        return ask_node_up(plan.host)
 
     def probe_back(self, host: str) -> bool:
         """Never: mgpu has no login or check of a node (Slurm's own), so a node left out stays out."""

@@ -79,6 +79,11 @@ class SlurmLab:
                 raise AssertionError("jobs still queued: " + self.run("squeue").stdout)
             time.sleep(0.3)
 
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL to the node's slurmd alone: its steps' processes go on, the controller hears nothing more from it."""
+        index = [n.name for n in self.nodes].index(node)
+        self.procs[2 + index].kill()  # after munged and slurmctld, one slurmd per node in order
+
     def log_tail(self, lines: int = 15) -> str:
         text = []
         for log in sorted(self.directory.glob("*.log")):
@@ -132,7 +137,7 @@ def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
 
 
 def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str, munge_socket: pathlib.Path,
-                  cpus: int, gpus: int = 0) -> pathlib.Path:
+                  cpus: int, gpus: int = 0, slurmd_timeout: int = 30) -> pathlib.Path:
     conf = directory / "slurm.conf"
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus}{gres} State=UNKNOWN\n" for n in nodes)
@@ -160,7 +165,7 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
         f"JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
         f"SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
         f"SlurmdParameters=config_overrides\nReturnToService=2\nKillWait=5\nMinJobAge=2\n"
-        f"SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nWaitTime=0\n"
+        f"SlurmctldTimeout=30\nSlurmdTimeout={slurmd_timeout}\nInactiveLimit=0\nWaitTime=0\n"
         + node_lines +
         "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n"
     )
@@ -168,15 +173,16 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
 
 
 def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str = "localhost",
-                cpus: int = 4, gpus: int = 0) -> SlurmLab:
-    """munged on a private socket, slurmctld here, one slurmd per node (in its namespace, if any)."""
+                cpus: int = 4, gpus: int = 0, slurmd_timeout: int = 30) -> SlurmLab:
+    """munged on a private socket, slurmctld here, one slurmd per node (in its namespace, if any).
+    `slurmd_timeout`: how long a node's slurmd may not answer before the controller marks it DOWN."""
     require_slurm()
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o755)
     for folder in ["state", *(f"spool-{node.name}" for node in nodes)]:
         (directory / folder).mkdir(exist_ok=True)
     munge_socket = directory / "munge.socket"
-    conf = _write_config(directory, nodes, controller, munge_socket, cpus, gpus)
+    conf = _write_config(directory, nodes, controller, munge_socket, cpus, gpus, slurmd_timeout)
     lab = SlurmLab(directory, nodes, conf)
     try:
         key = directory / "munge.key"
