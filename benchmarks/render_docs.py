@@ -290,13 +290,46 @@ def _soak(data: dict) -> list[str]:
                             f"{first['processes_left']}); the figures above are those of the launch that resumed it."]
     if (pathlib.Path(__file__).resolve().parents[1] / "docs" / "soak.png").exists():
         lines += ["![Detection and time to the first new step per fault](soak.png)", ""]
-    return lines
+    return lines + SOAK_SCHEDULES
+
+
+SOAK_SCHEDULES = [
+    "The schedules (as root; `make bench-soak` runs the first). The short one takes about 10 minutes, one of each "
+    "fault; the detached one below is shorter still (400 steps, 3 faults); the Slurm one does not yet run through "
+    "here (its batch job ends after about a minute, before a fault is charged); the long one takes about "
+    "2 hours, 30 faults drawn three times over the kinds, and is documented, not run here:", "", "```",
+    "sudo .venv/bin/python benchmarks/soak.py                                   # short, over SSH, every fault",
+    "sudo .venv/bin/python benchmarks/soak.py --detach --faults launcher-sighup,kill9,launcher-sigterm \\",
+    "    --workers 2 --spares 1 --steps 400 --steps-between 30 --hold 10 --name soak-detach   # mgpu launch --detach",
+    "sudo .venv/bin/python benchmarks/soak.py --backend slurm --workers 2 --spares 1 --steps 400 \\",
+    "    --steps-between 30 --slurmd-timeout 10 --name soak-slurm                # under Slurm: kill9, sigstop, slurmd",
+    "sudo .venv/bin/python benchmarks/soak.py --rounds 30 --steps 40000 --name soak-long   # long: 2 hours",
+    "```", ""]
+
+
+def _soak_mode(data: dict) -> list[str]:
+    """A soak of another mode (--detach, --backend slurm): its faults and the run, in one table."""
+    mode = "under Slurm (`--backend slurm`)" if data.get("backend") == "slurm" else "detached (`--detach`)"
+    lines = [f"### Soak {mode}, {data['date']}", "", f"{data['machine']}; seed {data['seed']}, {data['workers']} "
+             f"hosts and {data['spares']} spares, {data['steps']} steps.", "",
+             "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
+    for fault in data["faults"]:
+        charged = fault.get("charged") or {}
+        said = str(charged.get("cause")) + (f" ({charged['task']} on {charged.get('host')})" if charged.get("task") else "")
+        task = f"{fault['task']} ({fault['host']})" if fault.get("task") else "the launcher"
+        lines.append(f"| {fault['kind']} | {task} | {said} | {({True: 'yes', False: 'no'}).get(fault.get('right'), '-')} "
+                     f"| {_cell(fault.get('detected_s'))} | {_cell(fault.get('first_step_s'))} |")
+    return lines + ["", f"Charged right: {data['charged_right']} of {len(data['faults'])}; exit code "
+                        f"{data['exit_code']} ({data['status']}); goodput {data['goodput']}; equal weights on every "
+                        f"rank: {'yes' if data['equal_weights'] else 'no'}; processes of the run left: "
+                        f"{data['processes_left']}.", ""]
 
 
 SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fit.json", _keras_jax),
             ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
             ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")),
-            ("startup.json", _startup), ("startup-agent.json", _startup_agent), ("soak.json", _soak))
+            ("startup.json", _startup), ("startup-agent.json", _startup_agent), ("soak.json", _soak),
+            ("soak-detach.json", _soak_mode), ("soak-slurm.json", _soak_mode))
 
 
 def render() -> str:

@@ -33,9 +33,10 @@ weights, and that no process of the run is left on any host. Writes benchmarks/r
 (--name) and docs/soak.png. Removes the namespaces and stops every sshd at the end. Needs root,
 iproute2, OpenSSH's sshd, and torch in the interpreter that runs it.
 
-The faults the issue also asks for and this schedule does not inject yet: a detached launcher's
-signals, private disks with --sync as a second setup, the built-in trainer as a second program.
-`--faults` runs a subset.
+With --detach the launch is `mgpu launch --detach` (soak_launcher.py): SIGHUP and SIGTERM hit its
+supervisor (run.json's supervisor_pid); SIGTERM is right when run.json records `interrupted`, exit
+code 143. --backend slurm: Slurm nodes, and the faults that apply there (soak_slurm.py). Not yet:
+private disks with --sync, the built-in trainer as a second program. `--faults` runs a subset.
 
     sudo .venv/bin/python benchmarks/soak.py                     # the short schedule: 10 faults, ~12 min
     sudo .venv/bin/python benchmarks/soak.py --rounds 30 --steps 40000 --name soak-long   # ~2 hours
@@ -59,12 +60,14 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "backends" / "ssh")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "backends" / "ssh"),
+                str(REPO / "tests" / "backends" / "slurm")]
 
 from ssh_helpers import Netns, ip, run_processes  # noqa: E402
 
 import soak_faults  # noqa: E402
 from soak_lab import make_lab  # noqa: E402
+from soak_launcher import Launcher  # noqa: E402
 from soak_plot import plot  # noqa: E402
 
 PYTHON = sys.executable  # the hosts share this machine's filesystem, so its interpreter
@@ -122,7 +125,8 @@ class Soak:
         self.first_run: dict | None = None
         self.over, self.went_on_from = 0.0, None  # when the last lasting fault ends; the step then
         self.undo: list[tuple[float, soak_faults.Undo]] = []  # (when, what undoes a lasting fault)
-        self.console_log = directory / "runs" / self.run_id / "console.log"
+        # A detached run's console is in console.log from its start: a SIGHUP moves nothing there.
+        self.console_log = None if args.detach else directory / "runs" / self.run_id / "console.log"
 
     def record(self) -> dict | None:
         try:
@@ -145,7 +149,7 @@ class Soak:
                 self.undo.remove((when, undo))
                 undo()
 
-    def wait(self, predicate, timeout: float, proc: subprocess.Popen):
+    def wait(self, predicate, timeout: float, proc: Launcher):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.tick()
@@ -172,7 +176,7 @@ class Soak:
             self.undo.append((over, soak_faults.start_slow_link(namespace, self.args.slow_ms)))
         elif fault.kind in ("launcher-sighup", "launcher-sigterm"):
             fault.task = fault.host = None
-            os.kill(self.launcher.pid, 1 if fault.kind == "launcher-sighup" else 15)
+            self.launcher.send_signal(1 if fault.kind == "launcher-sighup" else 15)
         elif fault.kind == "log-disk-full":
             fault.task = fault.host = None
             self.undo.append((over, soak_faults.start_full_disk(self.dir / "runs")))
@@ -222,11 +226,11 @@ class Soak:
         self.went_on_from = self.went_on_from if self.went_on_from is not None else now[1]
         return now[1] >= self.went_on_from + self.args.steps_between // 2
 
-    def stop_and_resume(self, fault: Fault, argv: list[str], env: dict, console) -> subprocess.Popen:
+    def stop_and_resume(self, fault: Fault, argv: list[str], env: dict, console) -> Launcher:
         """After SIGTERM the launcher must stop every task and exit 143, the run recorded `interrupted`,
         nothing of it left on any host; then the same launch under a new run id resumes from the
         checkpoint. The new launcher."""
-        code = self.launcher.wait(timeout=self.args.timeout)
+        code = self.launcher.wait(self.args.timeout)
         fault.detected_s = round(time.time() - fault.injected_at, 1)
         record, left = self.record() or {}, run_processes(self.run_id)
         fault.charged = {"cause": record.get("status"), "task": None, "host": None}
@@ -235,15 +239,25 @@ class Soak:
                           "goodput": record.get("costs", {}).get("goodput"), "processes_left": len(left)}
         self.run_id = f"{self.run_id}-resumed"
         self.run_json = self.dir / "runs" / self.run_id / "run.json"
-        self.console_log = self.run_json.parent / "console.log"
+        self.console_log = None if self.args.detach else self.run_json.parent / "console.log"
         argv = [self.run_id if previous == "--run-id" else arg for previous, arg in zip([None, *argv], argv)]
         stopped_at = time.time()
-        proc = self.launcher = subprocess.Popen(argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=console,
-                                                stderr=subprocess.STDOUT)
+        proc = self.launcher = Launcher(argv, env, self.dir, console, self.run_json, self.args.detach,
+                                        self.args.timeout)
         now = self.wait(lambda: (p := self.progress()) and p[2] > stopped_at and p, self.args.timeout, proc)
         if now:
             fault.first_step_s = round(now[2] - fault.injected_at, 1)
         return proc
+
+    def launch_argv(self, workers: list[str], spares: list[str]) -> list[str]:
+        args = self.args
+        return [PYTHON, "-m", "launcher", "launch", "--workers", ",".join(f"{h}:{PORT}" for h in workers),
+                "--spare-hosts", ",".join(spares), "--max-restarts", str(args.rounds + 2),
+                "--stall-timeout", str(args.stall_timeout), "--grace-period", "3", "--connect-timeout", "5",
+                "--slow-window", "10",
+                "--ssh-config", str(self.dir / "ssh_config"), "--known-hosts", str(self.dir / "known_hosts"),
+                "--log-dir", str(self.dir / "runs"), "--run-id", self.run_id, "--workdir", str(self.dir),
+                "--", PYTHON, str(PROGRAM), str(self.folder), str(args.steps)]
 
     def run(self) -> dict:
         args = self.args
@@ -253,17 +267,10 @@ class Soak:
         faults = [f for f in faults if f.kind not in LAST] + [f for f in faults if f.kind in LAST][:1]
         env = {**os.environ, "HOME": str(self.dir / "home"), "PYTHONPATH": str(REPO)}
         env.pop("SSH_AUTH_SOCK", None)
-        argv = [PYTHON, "-m", "launcher", "launch", "--workers", ",".join(f"{h}:{PORT}" for h in workers),
-                "--spare-hosts", ",".join(spares), "--max-restarts", str(args.rounds + 2),
-                "--stall-timeout", str(args.stall_timeout), "--grace-period", "3", "--connect-timeout", "5",
-                "--slow-window", "10",
-                "--ssh-config", str(self.dir / "ssh_config"), "--known-hosts", str(self.dir / "known_hosts"),
-                "--log-dir", str(self.dir / "runs"), "--run-id", self.run_id, "--workdir", str(self.dir),
-                "--", PYTHON, str(PROGRAM), str(self.folder), str(args.steps)]
+        argv = self.launch_argv(workers, spares)
         started = time.time()
         with open(self.dir / "console.log", "w") as console:
-            proc = self.launcher = subprocess.Popen(argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
-                                                    stdout=console, stderr=subprocess.STDOUT)
+            proc = self.launcher = Launcher(argv, env, self.dir, console, self.run_json, args.detach, args.timeout)
             try:
                 recovered_step = 0
                 for fault in faults:
@@ -294,12 +301,12 @@ class Soak:
                         self.judge(fault, record)
                     print(f"soak:   charged {fault.charged}, right: {fault.right}, detected in {fault.detected_s} s, "
                           f"first new step after {fault.first_step_s} s", flush=True)
-                code = proc.wait(timeout=args.timeout)
+                code = proc.wait(args.timeout)
             finally:
                 if proc.poll() is None:
                     proc.send_signal(2)
                     try:
-                        proc.wait(timeout=60)
+                        proc.wait(60)
                     except subprocess.TimeoutExpired:
                         proc.kill()
                 self.tick(everything=True)
@@ -311,7 +318,7 @@ class Soak:
         return {
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "seed": args.seed, "workers": args.workers, "spares": len(spares), "steps": args.steps,
+            "seed": args.seed, "backend": args.backend, "detach": args.detach, "workers": args.workers, "spares": len(spares), "steps": args.steps,
             "stall_timeout_s": args.stall_timeout, "cut_s": args.cut, "hold_s": args.hold,
             "exit_code": code, "status": record.get("status"), "wall_s": round(time.time() - started, 1),
             "restarts": costs.get("restarts"), "time_lost_s": costs.get("time_lost_s"), "goodput": costs.get("goodput"),
@@ -320,6 +327,21 @@ class Soak:
             "charged_right": sum(bool(f.right) for f in injected), "faults": [f.row() for f in injected],
             "first_run": self.first_run,  # the run SIGTERM stopped, where it was injected
         }
+
+
+def over_ssh(args, directory: pathlib.Path) -> dict:
+    lab = make_lab(args.workers + args.spares, directory)
+    unmount = None
+    if "log-disk-full" in args.faults:
+        unmount = soak_faults.mount_small_disk(directory / "runs", args.disk_mib)
+    try:
+        return Soak(args, lab, directory).run()
+    finally:
+        if unmount is not None:
+            unmount()
+        for sshd in lab.sshds.values():
+            sshd.stop()
+        lab.destroy()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=lambda text: tuple(text.split(",")), default=FAULTS,
                         help=f"the kinds drawn, comma-separated (default: all: {','.join(FAULTS)})")
     parser.add_argument("--timeout", type=float, default=600.0, help="for each wait of the schedule")
+    parser.add_argument("--backend", choices=("ssh", "slurm"), default="ssh", help="slurm: soak_slurm.py's nodes")
+    parser.add_argument("--slurmd-timeout", type=int, default=10, help="Slurm's, for a node whose slurmd is killed")
+    parser.add_argument("--detach", action="store_true", help="mgpu launch --detach: the launcher's faults hit its supervisor")
     parser.add_argument("--name", default="soak")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--replot", action="store_true", help="only draw the plot of results/NAME.json again")
     args = parser.parse_args(argv)
-    if set(args.faults) - set(FAULTS):
-        parser.error(f"unknown faults: {', '.join(sorted(set(args.faults) - set(FAULTS)))}")
+    import soak_slurm  # it imports this module
+    kinds = soak_slurm.FAULTS if args.backend == "slurm" else FAULTS
+    args.faults = kinds if args.backend == "slurm" and args.faults == FAULTS else args.faults
+    if set(args.faults) - set(kinds):
+        parser.error(f"unknown faults for {args.backend}: {', '.join(sorted(set(args.faults) - set(kinds)))}")
     args.rounds = args.rounds or len(args.faults)
     if args.replot:
         plot(json.loads((RESULTS / f"{args.name}.json").read_text()))
@@ -353,18 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: needs root (network namespaces)", file=sys.stderr)
         return 2
     directory = pathlib.Path(tempfile.mkdtemp(prefix="mgpu-soak-"))
-    lab = make_lab(args.workers + args.spares, directory)
-    unmount = None
-    if "log-disk-full" in args.faults:
-        unmount = soak_faults.mount_small_disk(directory / "runs", args.disk_mib)
-    try:
-        result = Soak(args, lab, directory).run()
-    finally:
-        if unmount is not None:
-            unmount()
-        for sshd in lab.sshds.values():
-            sshd.stop()
-        lab.destroy()
+    result = soak_slurm.run(args, directory) if args.backend == "slurm" else over_ssh(args, directory)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_plot:

@@ -99,7 +99,7 @@ def epoch(text: str | None) -> float | None:
     return datetime.datetime.fromisoformat(text).timestamp() if text else None
 
 
-def judge_went_on(fault, hit: dict, console_log: pathlib.Path) -> None:
+def judge_went_on(fault, hit: dict, console_log: pathlib.Path | None) -> None:
     """Right when the attempt it hit did not end because of it (and after SIGHUP, the console went
     on in the run's console.log); for a CPU-starved host, the task named the slowest is said.
     `fault`: soak.Fault; `hit`: the attempt it hit, in run.json."""
@@ -115,7 +115,7 @@ def judge_went_on(fault, hit: dict, console_log: pathlib.Path) -> None:
     else:
         fault.charged = {"cause": WENT_ON, "task": None, "host": None}
     fault.right = True
-    if fault.kind == "launcher-sighup":
+    if fault.kind == "launcher-sighup" and console_log is not None:  # None: a detached run's, moved at its start
         try:
             fault.right = "the terminal hung up" in console_log.read_text(errors="replace")
         except OSError:
