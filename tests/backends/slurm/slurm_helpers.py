@@ -90,11 +90,16 @@ class SlurmLab:
             text.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(text)
 
+    def stepds(self) -> list[psutil.Process]:
+        """This cluster's slurmstepds, and no other's: other clusters run on this machine at the
+        same time (other tests, other checkouts), and stopping theirs ends their jobs."""
+        return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"
+                and _conf_of(p.pid) == str(self.conf)]
+
     def stop(self) -> None:
         """Stop the daemons, and every process still running under a slurmstepd of this cluster."""
         self.run("scancel", "--full", "--user", "root", timeout=30)
-        stepds = [p for p in psutil.process_iter(["name", "environ"]) if p.info["name"] == "slurmstepd"
-                  and _conf_of(p) in (None, str(self.conf))]
+        stepds = self.stepds()
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -118,11 +123,18 @@ class SlurmLab:
         psutil.wait_procs(leftovers, timeout=5)
 
 
-def _conf_of(proc: psutil.Process) -> str | None:
+def _conf_of(pid: int) -> str | None:
+    """The SLURM_CONF in a process's environment, read from the raw block: slurmstepd writes its
+    title ("slurmstepd: [1.batch]") over the start of that block, so psutil's parse of it, which
+    stops at the first empty entry, is empty for every slurmstepd. None when it has none or is gone."""
     try:
-        return (proc.info.get("environ") or {}).get("SLURM_CONF")
-    except psutil.Error:
+        block = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
         return None
+    for entry in block.split(b"\0"):
+        if entry.startswith(b"SLURM_CONF="):
+            return entry[len(b"SLURM_CONF="):].decode(errors="replace")
+    return None
 
 
 def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
@@ -137,7 +149,7 @@ def _in_netns(netns: str | None, argv: list[str]) -> list[str]:
 
 
 def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str, munge_socket: pathlib.Path,
-                  cpus: int, gpus: int = 0, slurmd_timeout: int = 30) -> pathlib.Path:
+                  cpus: int, gpus: int = 0, slurmd_timeout: int = 30, message_timeout: int = 10) -> pathlib.Path:
     conf = directory / "slurm.conf"
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus}{gres} State=UNKNOWN\n" for n in nodes)
@@ -165,7 +177,8 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
         f"JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
         f"SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
         f"SlurmdParameters=config_overrides\nReturnToService=2\nKillWait=5\nMinJobAge=2\n"
-        f"SlurmctldTimeout=30\nSlurmdTimeout={slurmd_timeout}\nInactiveLimit=0\nWaitTime=0\n"
+        f"SlurmctldTimeout=30\nSlurmdTimeout={slurmd_timeout}\nMessageTimeout={message_timeout}\n"
+        f"InactiveLimit=0\nWaitTime=0\n"
         + node_lines +
         "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n"
     )
@@ -173,16 +186,19 @@ def _write_config(directory: pathlib.Path, nodes: tuple[Node, ...], controller: 
 
 
 def start_slurm(directory: pathlib.Path, nodes: tuple[Node, ...], controller: str = "localhost",
-                cpus: int = 4, gpus: int = 0, slurmd_timeout: int = 30) -> SlurmLab:
+                cpus: int = 4, gpus: int = 0, slurmd_timeout: int = 30, message_timeout: int = 10) -> SlurmLab:
     """munged on a private socket, slurmctld here, one slurmd per node (in its namespace, if any).
-    `slurmd_timeout`: how long a node's slurmd may not answer before the controller marks it DOWN."""
+    `slurmd_timeout`: how long a node's slurmd may not answer before the controller marks it DOWN;
+    `message_timeout`: how long the controller waits on a node's answer, which is also how long its
+    ping of a node whose slurmd is gone takes to fail (so the node is marked DOWN about
+    slurmd_timeout plus two message_timeouts after its slurmd stopped)."""
     require_slurm()
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o755)
     for folder in ["state", *(f"spool-{node.name}" for node in nodes)]:
         (directory / folder).mkdir(exist_ok=True)
     munge_socket = directory / "munge.socket"
-    conf = _write_config(directory, nodes, controller, munge_socket, cpus, gpus, slurmd_timeout)
+    conf = _write_config(directory, nodes, controller, munge_socket, cpus, gpus, slurmd_timeout, message_timeout)
     lab = SlurmLab(directory, nodes, conf)
     try:
         key = directory / "munge.key"
