@@ -27,6 +27,9 @@ from slurm_helpers import Node, start_slurm
 from ssh_helpers import Netns
 
 FAULTS = ("kill9", "sigstop", "slurmd-killed")
+# How long the controller waits on a node's answer: a ping of a node whose slurmd is gone fails
+# only then, so a node is marked DOWN about --slurmd-timeout plus two of these after the kill.
+MESSAGE_TIMEOUT = 3
 
 
 def program_pid(run_id: str, attempt: int, rank: int) -> int | None:
@@ -79,7 +82,7 @@ def run(args, directory) -> dict:
     try:
         nodes = tuple(Node(name, address, lab.namespaces[name]) for name, address in lab.hosts.items())
         slurm = start_slurm(directory / "slurm", nodes, controller=f"{socket.gethostname()}({lab.subnet}.1)",
-                            slurmd_timeout=args.slurmd_timeout)
+                            slurmd_timeout=args.slurmd_timeout, message_timeout=MESSAGE_TIMEOUT)
         os.environ["SLURM_CONF"] = str(slurm.conf)  # for the soak's sbatch and mgpu's srun and scontrol
         return SlurmSoak(args, lab, slurm, directory).run()
     finally:
