@@ -88,7 +88,8 @@ def no_cores_argv(step_id: str, nodes: Sequence[str]) -> list[str]:
     """A step beside the tasks' step (`--overlap`: it shares their CPUs) that lowers the core file
     limit of every process of step `step_id` to 0 on each of its nodes: what precedes the SIGABRT
     that asks the tasks for their stacks, whose default action dumps core."""
-    lower = (f"for p in $(scontrol listpids {step_id} 2>/dev/null | awk 'NR > 1 {{ print $1 }}'); do "
+    lower = (f"for p in $(scontrol listpids {step_id} {py_spy.SLURM_NODE_WORD} 2>/dev/null "
+             f"| awk 'NR > 1 {{ print $1 }}'); do "
              f'prlimit --pid "$p" --core=0: 2>/dev/null; done; exit 0')
     return ["srun", "--overlap", "--quiet", "--input=none", "--gres=none", f"--nodelist={','.join(nodes)}",
             f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "sh", "-c", lower]

@@ -82,12 +82,18 @@ def listing_of_tree(pgid: int) -> str:
             f" | head -n {MAX_PROCESSES}")
 
 
+# scontrol listpids finds the node it runs on by this machine's host name unless it is given the
+# node's name, which Slurm gives every task of a step (SLURMD_NODENAME): a node whose NodeName is not
+# its host name would list nothing.
+SLURM_NODE_WORD = '${SLURMD_NODENAME:+"$SLURMD_NODENAME"}'
+
+
 def listing_of_slurm_task(step_id: str, rank: int) -> str:
     """The shell words that list the processes of task `rank` of a Slurm step, on its node."""
     if not re.fullmatch(r"\d+\.\d+", step_id):
         raise ValueError(f"bad step id {step_id!r}")
-    return (f"scontrol listpids {step_id} 2>/dev/null | awk 'NR > 1 && $5 == {int(rank)} {{ print $1 }}' "
-            f"| head -n {MAX_PROCESSES}")
+    return (f"scontrol listpids {step_id} {SLURM_NODE_WORD} 2>/dev/null "
+            f"| awk 'NR > 1 && $5 == {int(rank)} {{ print $1 }}' | head -n {MAX_PROCESSES}")
 
 
 def script(listing: str, native: bool, pythons: Sequence[str], nonce: str, spy: str | None = None) -> str:
