@@ -295,8 +295,7 @@ def _soak(data: dict) -> list[str]:
 
 SOAK_SCHEDULES = [
     "The schedules (as root; `make bench-soak` runs the first). The short one takes about 10 minutes, one of each "
-    "fault; the detached one below is shorter still (400 steps, 3 faults); the Slurm one does not yet run through "
-    "here (its batch job ends after about a minute, before a fault is charged); the long one takes about "
+    "fault; the detached and Slurm ones below are shorter still (400 steps, 3 faults each); the long one takes about "
     "2 hours, 30 faults drawn three times over the kinds, and is documented, not run here:", "", "```",
     "sudo .venv/bin/python benchmarks/soak.py                                   # short, over SSH, every fault",
     "sudo .venv/bin/python benchmarks/soak.py --detach --faults launcher-sighup,kill9,launcher-sigterm \\",
