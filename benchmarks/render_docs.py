@@ -295,22 +295,31 @@ def _soak(data: dict) -> list[str]:
 
 SOAK_SCHEDULES = [
     "The schedules (as root; `make bench-soak` runs the first). The short one takes about 10 minutes, one of each "
-    "fault; the detached and Slurm ones below are shorter still (400 steps, 3 faults each); the long one takes about "
+    "fault; the others below are shorter still (at most 400 steps and 3 faults each); the long one takes about "
     "2 hours, 30 faults drawn three times over the kinds, and is documented, not run here:", "", "```",
     "sudo .venv/bin/python benchmarks/soak.py                                   # short, over SSH, every fault",
     "sudo .venv/bin/python benchmarks/soak.py --detach --faults launcher-sighup,kill9,launcher-sigterm \\",
     "    --workers 2 --spares 1 --steps 400 --steps-between 30 --hold 10 --name soak-detach   # mgpu launch --detach",
     "sudo .venv/bin/python benchmarks/soak.py --backend slurm --workers 2 --spares 1 --steps 400 \\",
     "    --steps-between 30 --slurmd-timeout 10 --name soak-slurm                # under Slurm: kill9, sigstop, slurmd",
+    "sudo .venv/bin/python benchmarks/soak.py --disks private --faults kill9,sigstop,host-dead --workers 2 \\",
+    "    --spares 1 --steps 400 --steps-between 30 --name soak-private           # private disks, --sync",
+    "sudo .venv/bin/python benchmarks/soak.py --program trainer --faults kill9,sigstop --workers 2 --spares 1 \\",
+    "    --steps 300 --steps-between 30 --name soak-trainer                      # the built-in trainer",
     "sudo .venv/bin/python benchmarks/soak.py --rounds 30 --steps 40000 --name soak-long   # long: 2 hours",
     "```", ""]
 
 
 def _soak_mode(data: dict) -> list[str]:
-    """A soak of another mode (--detach, --backend slurm): its faults and the run, in one table."""
-    mode = "under Slurm (`--backend slurm`)" if data.get("backend") == "slurm" else "detached (`--detach`)"
+    """A soak of another mode (--detach, --backend slurm, --disks private, --program trainer): its
+    faults and the run, in one table."""
+    mode = ("under Slurm (`--backend slurm`)" if data.get("backend") == "slurm" else
+            "on private disks (`--disks private`)" if data.get("disks") == "private" else
+            "of the built-in trainer (`--program trainer`)" if data.get("program") == "trainer" else
+            "detached (`--detach`)")
+    synced = f"; the program copied by `--sync` to {', '.join(data['synced'])}" if data.get("synced") else ""
     lines = [f"### Soak {mode}, {data['date']}", "", f"{data['machine']}; seed {data['seed']}, {data['workers']} "
-             f"hosts and {data['spares']} spares, {data['steps']} steps.", "",
+             f"hosts and {data['spares']} spares, {data['steps']} steps{synced}.", "",
              "| fault | task (host) | charged | right | detected | first new step |", "|---|---|---|---|---|---|"]
     for fault in data["faults"]:
         charged = fault.get("charged") or {}
@@ -328,7 +337,8 @@ SECTIONS = (("bench.json", _bench), ("accuracy.json", _accuracy), ("keras_jax_fi
             ("clean_exit-2cores.json", _clean_exit), ("links.json", _links),
             ("levers-links.json", lambda data: _links(data, "Levers of the factors exchange over shaped links")),
             ("startup.json", _startup), ("startup-agent.json", _startup_agent), ("soak.json", _soak),
-            ("soak-detach.json", _soak_mode), ("soak-slurm.json", _soak_mode))
+            ("soak-detach.json", _soak_mode), ("soak-slurm.json", _soak_mode), ("soak-private.json", _soak_mode),
+            ("soak-trainer.json", _soak_mode))
 
 
 def render() -> str:

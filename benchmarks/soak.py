@@ -35,8 +35,10 @@ iproute2, OpenSSH's sshd, and torch in the interpreter that runs it.
 
 With --detach the launch is `mgpu launch --detach` (soak_launcher.py): SIGHUP and SIGTERM hit its
 supervisor (run.json's supervisor_pid); SIGTERM is right when run.json records `interrupted`, exit
-code 143. --backend slurm: Slurm nodes, and the faults that apply there (soak_slurm.py). Not yet:
-private disks with --sync, the built-in trainer as a second program. `--faults` runs a subset.
+code 143. --backend slurm: Slurm nodes, and the faults that apply there (soak_slurm.py). --disks
+private: each host its own disk, the program copied by --sync, to a spare too (soak_private.py).
+--program trainer: mgpu's built-in trainer in place of the DDP program (soak_trainer.py). The
+command line is soak_cli.py's. `--faults` runs a subset.
 
     sudo .venv/bin/python benchmarks/soak.py                     # the short schedule: 10 faults, ~12 min
     sudo .venv/bin/python benchmarks/soak.py --rounds 30 --steps 40000 --name soak-long   # ~2 hours

@@ -1,6 +1,7 @@
 """The soak's command line (benchmarks/soak.py runs it): its options, and each mode's hosts made
 and removed around one Soak: over SSH on a shared disk (here) or on private disks with --sync
-(soak_private.py), under Slurm (soak_slurm.py); --detach and --program apply to the modes over SSH."""
+(soak_private.py), under Slurm (soak_slurm.py); --detach applies to the modes over SSH, --program
+trainer (soak_trainer.py) to the shared disk."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def over_ssh(args, directory: pathlib.Path) -> dict:
     unmount = None
     if "log-disk-full" in args.faults:
         unmount = soak_faults.mount_small_disk(directory / "runs", args.disk_mib)
+    from soak_trainer import TrainerSoak
     try:
-        return Soak(args, lab, directory).run()
+        return (TrainerSoak if args.program == "trainer" else Soak)(args, lab, directory).run()
     finally:
         if unmount is not None:
             unmount()
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="for each wait of the schedule")
     parser.add_argument("--backend", choices=("ssh", "slurm"), default="ssh", help="slurm: soak_slurm.py's nodes")
     parser.add_argument("--slurmd-timeout", type=int, default=10, help="Slurm's, for a node whose slurmd is killed")
+    parser.add_argument("--disks", choices=("shared", "private"), default="shared",
+                        help="private: each host a tmpfs of its own, the program copied with --sync (soak_private.py)")
+    parser.add_argument("--program", choices=("ddp", "trainer"), default="ddp",
+                        help="trainer: mgpu's built-in TensorFlow trainer (soak_trainer.py), on a shared disk")
     parser.add_argument("--detach", action="store_true", help="mgpu launch --detach: the launcher's faults hit its supervisor")
     parser.add_argument("--name", default="soak")
     parser.add_argument("--no-plot", action="store_true")
@@ -71,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: needs root (network namespaces)", file=sys.stderr)
         return 2
     directory = pathlib.Path(tempfile.mkdtemp(prefix="mgpu-soak-"))
-    result = soak_slurm.run(args, directory) if args.backend == "slurm" else over_ssh(args, directory)
+    import soak_private
+    if args.backend == "slurm":
+        result = soak_slurm.run(args, directory)
+    else:
+        result = soak_private.run(args, directory) if args.disks == "private" else over_ssh(args, directory)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_plot:
