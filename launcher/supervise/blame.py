@@ -35,6 +35,10 @@ def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Seque
     lost = next((t for t in tasks if t.proc.lost() is not None), None)
     if lost is not None and stop.status != INTERRUPTED:
         charged = lost
+    stopped = _seen_stopped(attempt) if stop.status == FAILED and lost is None else None
+    if stopped is not None:  # the failures of the tasks that waited for it follow from it (a heartbeat's timeout)
+        return causes.classify(causes.Evidence(STALLED, stopped.plan.name, stopped.plan.host, stopped=True,
+                                               progress=progress))
     if charged is None:
         return causes.classify(causes.Evidence(stop.status, progress=progress))
     reason = charged.proc.lost()
@@ -82,3 +86,9 @@ def _stall(attempt: Attempt, hosts: HostActions, progress: int | None) -> causes
         with concurrent.futures.ThreadPoolExecutor(min(len(judged), MAX_LOGINS_AT_ONCE), thread_name_prefix="login") as pool:
             logins = dict(zip(judged, pool.map(hosts.login_ok, judged.values())))
     return causes.classify(causes.stall_evidence(states, logins, progress))
+
+
+def _seen_stopped(attempt: Attempt) -> AttemptTask | None:
+    """A training task seen stopped (SIGSTOP, or a debugger) and still running when the attempt failed."""
+    return next((t for t in attempt.tasks if t.stopped_at is not None and not t.sidecar
+                 and attempt.codes_at_stop.get(t.plan.name) is None), None)
