@@ -180,10 +180,11 @@ class Soak:
             self.undo.append((over, soak_faults.start_full_disk(self.dir / "runs")))
         elif fault.kind == "cpu-starved":
             self.undo.append((over, soak_faults.start_cpu_starved(namespace, self.args.starve_share, self.run_id)))
-        elif fault.kind == "kill9":
-            os.kill(pid, 9)
-        elif fault.kind == "sigstop":
-            os.kill(pid, 19)
+        elif fault.kind in ("kill9", "sigstop"):
+            try:
+                os.kill(pid, 9 if fault.kind == "kill9" else 19)
+            except ProcessLookupError:  # the task ended first (a run that finished): judged as it was charged
+                pass
         elif fault.kind == "host-dead":
             ip("-n", namespace, "link", "set", "eth0", "down")
             for found in ip("netns", "pids", namespace).stdout.split():
