@@ -295,7 +295,7 @@ def _soak(data: dict) -> list[str]:
 
 SOAK_SCHEDULES = [
     "The schedules (as root; `make bench-soak` runs the first). The short one takes about 10 minutes, one of each "
-    "fault; the others below are shorter still (at most 400 steps and 3 faults each); the long one takes about "
+    "fault; the others below take about two minutes each (at most 3 faults); the long one takes about "
     "2 hours, 30 faults drawn three times over the kinds, and is documented, not run here:", "", "```",
     "sudo .venv/bin/python benchmarks/soak.py                                   # short, over SSH, every fault",
     "sudo .venv/bin/python benchmarks/soak.py --detach --faults launcher-sighup,kill9,launcher-sigterm \\",
@@ -305,7 +305,7 @@ SOAK_SCHEDULES = [
     "sudo .venv/bin/python benchmarks/soak.py --disks private --faults kill9,sigstop,host-dead --workers 2 \\",
     "    --spares 1 --steps 400 --steps-between 30 --name soak-private           # private disks, --sync",
     "sudo .venv/bin/python benchmarks/soak.py --program trainer --faults kill9,sigstop --workers 2 --spares 1 \\",
-    "    --steps 300 --steps-between 30 --name soak-trainer                      # the built-in trainer",
+    "    --steps 3000 --steps-between 300 --name soak-trainer                    # the built-in trainer",
     "sudo .venv/bin/python benchmarks/soak.py --rounds 30 --steps 40000 --name soak-long   # long: 2 hours",
     "```", ""]
 
