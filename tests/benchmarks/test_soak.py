@@ -83,3 +83,30 @@ def test_the_page_shows_each_fault_and_the_run():
     page = "\n".join(render_docs._soak(result))
     assert "| launcher-sigterm | the launcher | interrupted | yes | 3.5 s | 9 s |" in page
     assert "stopped the first launch (interrupted, exit code 143, goodput 0.5 until then, processes left: 0)" in page
+
+
+def test_on_private_disks_the_launch_syncs_the_program_and_runs_its_copy(tmp_path):
+    import soak_private
+    private = object.__new__(soak_private.PrivateSoak)
+    private.args = type("Args", (), {"rounds": 3, "stall_timeout": 20.0, "steps": 400})()
+    private.dir, private.folder, private.run_id = tmp_path, tmp_path / "shared", "soak-55"
+    private.private, private.source = tmp_path / "private", tmp_path / "source"
+    argv = private.launch_argv(["h1", "h2"], ["h3"])
+    assert argv[argv.index("--workdir") + 1] == f"{tmp_path}/private/work"
+    assert argv[argv.index("--sync") + 1] == f"{tmp_path}/source" and argv.index("--sync") < argv.index("--")
+    assert argv[argv.index("--") + 1:] == [soak.PYTHON, "soak_program.py", f"{tmp_path}/shared", "400", "."]
+
+
+def test_the_trainers_progress_is_the_last_sample_of_the_run(tmp_path):
+    import soak_trainer
+    trainer = object.__new__(soak_trainer.TrainerSoak)
+    trainer.run_json = tmp_path / "run.json"
+    samples = tmp_path / "samples.jsonl"
+    assert trainer.progress() is None  # no samples yet
+    samples.write_text('{"at": 10.0, "attempt": 0, "steps": {"worker:0": 5, "worker:1": null}}\n'
+                       '{"at": 12.5, "attempt": 1, "steps": {"worker:0": 40, "worker:1": 38}}\n')
+    assert trainer.progress() == (1, 40, 12.5)
+    samples.write_text('{"at": 14.0, "attempt": 2, "steps": {"worker:0": null, "worker:1": null}}\n')
+    assert trainer.progress() is None  # a new attempt before its first step
+    samples.write_text('{"at": 14.0, "attempt": 2, "steps": ["not", "a", "dict"]}\n')
+    assert trainer.progress() is None
