@@ -6,59 +6,21 @@ to the spare node of the allocation, or the run goes on on the nodes left."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import shlex
-import socket
 import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ssh"))  # the network-namespace lab
-
-from slurm_helpers import REQUIRE, Node, start_slurm  # noqa: E402
-from ssh_helpers import Netns, require_tools  # noqa: E402
+from slurm_netns import sbatch_wait, slurm_lab
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 MGPU = [sys.executable, "-m", "launcher"]
-
-
-def _slurm_lab(tmp_path_factory, names: tuple[str, ...]):
-    require_tools("ip")
-    if os.geteuid() != 0:
-        if REQUIRE:
-            pytest.fail("network namespaces need root and MGPU_REQUIRE_SSHD=1 is set")
-        pytest.skip("network namespaces need root")
-    lab = Netns.create(names)
-    slurm = None
-    try:
-        nodes = tuple(Node(name, address, lab.namespaces[name]) for name, address in lab.hosts.items())
-        slurm = start_slurm(tmp_path_factory.mktemp(f"slurm{len(names)}"), nodes,
-                            controller=f"{socket.gethostname()}({lab.subnet}.1)")
-        yield slurm
-    finally:
-        if slurm is not None:
-            slurm.stop()
-        lab.destroy()
 
 
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory):
     """One Slurm cluster for every test here: each test's job has its own run id and folders, and
     `sbatch --wait` returns once the job has ended, its nodes idle again for the next."""
-    yield from _slurm_lab(tmp_path_factory, ("h1", "h2", "h3"))
-
-
-def sbatch_wait(lab, tmp_path, argv, nodes: int) -> str:
-    """Run `argv` as the batch script of a job on `nodes` nodes, wait for it, and return its output;
-    the job must succeed."""
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
-    done = lab.run("sbatch", "--wait", f"--nodes={nodes}", "--ntasks-per-node=1", "--time=10",
-                   f"--output={tmp_path}/job.out", str(script), cwd=tmp_path, timeout=300)
-    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert done.returncode == 0, done.stderr + output[-4000:] + lab.log_tail()
-    return output
+    yield from slurm_lab(tmp_path_factory, ("h1", "h2", "h3"))
 
 
 def test_trainer_across_two_nodes(three_nodes, tmp_path):
