@@ -144,20 +144,15 @@ def test_evaluator_writes_results_for_the_final_checkpoint(single_run):
 
 
 def test_exported_model_predicts_in_a_new_process(single_run):
+    """Read back here, in the test's process, which never trained: the SavedModel stands alone."""
     assert single_run["codes"][0] == 0
-    script = (
-        "import sys, numpy as np, tensorflow as tf\n"
-        "from launcher.trainer.datasets import synthetic\n"
-        "data = synthetic()\n"
-        "model = tf.saved_model.load(sys.argv[1])\n"
-        "x = data.test_images[:500, :, :, None].astype('float32') / 255.0\n"
-        "logits = model.serve(tf.constant(x)).numpy()\n"
-        "print('ACCURACY', float((logits.argmax(-1) == data.test_labels[:500]).mean()))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script, str(single_run["export_dir"])],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    accuracy = float(result.stdout.split("ACCURACY")[1])
+    import tensorflow as tf
+    from launcher.trainer.datasets import synthetic
+    data = synthetic()
+    model = tf.saved_model.load(str(single_run["export_dir"]))
+    x = data.test_images[:500, :, :, None].astype("float32") / 255.0
+    logits = model.serve(tf.constant(x)).numpy()
+    accuracy = float((logits.argmax(-1) == data.test_labels[:500]).mean())
     assert accuracy >= 0.9
 
 
