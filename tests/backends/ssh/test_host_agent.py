@@ -92,6 +92,8 @@ def test_eight_flooding_tasks_on_one_host_arrive_byte_exact_each_waiting_on_its_
 
         missing = backend.start(plan("sshd-a", ["/nonexistent/program"], run_id=run_id, index=12), 0)
         out, err = drain(missing)
+        # Its exit status is a frame of its own, after its streams' ends.
+        assert wait_for(lambda: missing.poll() is not None, 10), err
         assert missing.poll() == 127 and b"/nonexistent/program: No such file or directory" in err, err
 
         # The join reporter's duties: a task that listens on its port has joined; its CPU use is
