@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from launcher.backends.base import Backend, Routed
 from launcher.backends.local import LocalBackend
 from launcher.backends.slurm import SlurmBackend
+from launcher.backends.slurm_node import ask_node_up
 from launcher.config.spec import ClusterSpec, TaskSpec, with_host_replaced, with_tasks_back, without_hosts
 from launcher.errors import MgpuError
 from launcher.fleet.backends import make_ssh_backend
@@ -23,7 +24,6 @@ from launcher.fleet.checks_file import keep_checks
 from launcher.fleet.health import leave_out_unhealthy
 from launcher.fleet.quarantine import remember
 from launcher.fleet.relaunch import relaunch_command
-from launcher.backends.slurm_node import ask_node_up
 from launcher.fleet.stages import SLURM_STAGES, STAGES, Prepared, Stage, prepare
 from launcher.launch_options import LaunchOptions
 from launcher.plan.network import with_interfaces_of
