@@ -67,10 +67,12 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile 
 # module it imports again (importing TensorFlow: 7.0 CPU-s so, 2.7 from the cache; torch 2.6 and
 # 1.1; JAX 1.6 and 0.5). The first process to import a module caches it for the others, in a folder
 # of the venv's (PYTHONPYCACHEPREFIX), so that no __pycache__ appears in the project's folders,
-# which --sync copies. The launcher compiled first.
+# which --sync copies. The launcher and the frameworks compiled first (tests/cache_bytecode.py):
+# processes that start together would each compile the same modules.
 WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 test: venv
 	$(WRITE_BYTECODE) $(PY) -m compileall -q launcher
+	$(WRITE_BYTECODE) $(PY) tests/cache_bytecode.py
 	$(WRITE_BYTECODE) $(PY) -m pytest $(XDIST) --durations=25
 
 # Each test file's seconds, for the order in which `make test` hands files to its processes.

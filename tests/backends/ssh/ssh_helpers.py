@@ -114,6 +114,17 @@ class Sshd:
         psutil.wait_procs(children, timeout=5)
 
 
+def session_environment(account_startup_files: bool) -> str:
+    """The SetEnv line of a test sshd's config (sshd reads one): SHLVL=1 (see start_sshd); and where
+    `make test` keeps the bytecode cache (PYTHONPYCACHEPREFIX), the same for the hosts, which are
+    this machine: a framework is then compiled once for the whole suite, not again for the hosts'
+    tasks (which, without it, would write __pycache__ folders beside the venv's modules)."""
+    variables = [] if account_startup_files else ["SHLVL=1"]
+    if os.environ.get("PYTHONPYCACHEPREFIX"):
+        variables.append(f'"PYTHONPYCACHEPREFIX={os.environ["PYTHONPYCACHEPREFIX"]}"')
+    return f"SetEnv {' '.join(variables)}\n" if variables else ""
+
+
 def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path, address: str = "127.0.0.1",
                port: int | None = None, netns: str | None = None, log_level: str = "INFO", extra: str = "",
                private_dir: str | None = None, account_startup_files: bool = False) -> Sshd:
@@ -150,7 +161,7 @@ def start_sshd(directory: pathlib.Path, name: str, authorized_keys: pathlib.Path
         "PrintMotd no\n"
         "AllowTcpForwarding yes\n"
         "MaxStartups 50\n"
-        + ("" if account_startup_files else "SetEnv SHLVL=1\n")
+        + session_environment(account_startup_files)
         # As the distributions' sshd_config has it: --sync copies over SFTP.
         + (f"Subsystem sftp {SFTP_SERVER}\n" if os.path.exists(SFTP_SERVER) else "") +
         f"LogLevel {log_level}\n"
