@@ -16,8 +16,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MGPU := $(VENV)/bin/mgpu
 INSTALLED := $(VENV)/.installed
+BASE_INSTALLED := $(VENV)/.installed-base
+EXTRAS := train,dev,legacy-keras
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DATA_DIR ?= ../shared/data/fashion-mnist
+comma := ,
 PYENV_ROOT ?= $(HOME)/.pyenv
 # pyenv's builds where there are some, else whatever python3.10 and python3.13 are on PATH.
 FAST_PYTHONS ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.10.*/bin/python3.10) python3.10) \
@@ -27,15 +30,20 @@ FAST_TOOLS := pytest pytest-timeout mkdocs kubernetes-validate
 
 .PHONY: test-durations venv bench-venv demo test test-fast test-fast-pythons bench bench-links bench-startup bench-soak bench-accuracy docs clean
 
+# mgpu itself and the tools of its fast tests, no framework: seconds. The fast tests can run from here.
+$(BASE_INSTALLED): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --quiet --upgrade pip setuptools
+	$(PY) -m pip install --quiet --quiet --no-compile -e . $(FAST_TOOLS)
+	touch $@
+
 # Re-installs whenever the package metadata changes. Not the bench extra (matplotlib): the tests
 # plot nothing, and where matplotlib is installed, `import tensorflow` and `import keras` load it
 # (Keras's image-gallery plots), 0.3-0.8 CPU-s in each of the many tasks the tests start.
 # --no-compile: compiling every module of TensorFlow, JAX and torch to bytecode is two thirds of the
 # install's time on two cores; Python compiles (and caches) only the modules a process imports.
-$(INSTALLED): setup.cfg pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --quiet --upgrade pip
-	$(PY) -m pip install --quiet --quiet --no-compile -e '.[train,dev,legacy-keras]'
+$(INSTALLED): $(BASE_INSTALLED)
+	$(PY) -m pip install --quiet --quiet --no-compile -e '.[$(EXTRAS)]'
 	touch $@
 
 # The benchmarks draw their plots with matplotlib.
@@ -70,16 +78,32 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile 
 # which --sync copies. The launcher and the frameworks compiled first (tests/cache_bytecode.py):
 # processes that start together would each compile the same modules.
 WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
-test: venv
-	$(WRITE_BYTECODE) $(PY) -m compileall -q launcher
-	$(WRITE_BYTECODE) $(PY) tests/cache_bytecode.py
-	$(WRITE_BYTECODE) $(PY) -m pytest $(XDIST) --durations=25
+# Where the frameworks are not installed yet (a fresh clone), the fast tests start first, on the core
+# their install leaves idle (tests/install_beside_tests.py), and go on beside the rest of the suite,
+# their output in a file; their closing line comes last.
+test: $(BASE_INSTALLED)
+	set -e; fast=; failed=0; \
+	if ! $(MAKE) --no-print-directory -q $(INSTALLED); then \
+		echo "== the fast tests run while the frameworks install: $(VENV)/fast-tests.log"; \
+		MGPU_TESTS_WHILE_INSTALLING=1 $(WRITE_BYTECODE) $(PY) -m pytest -m fast -q > $(VENV)/fast-tests.log 2>&1 & fast=$$!; \
+		$(WRITE_BYTECODE) $(PY) tests/install_beside_tests.py $(INSTALLED) $$fast $(subst $(comma), ,$(EXTRAS)) \
+			|| { kill $$fast; exit 2; }; \
+		set -- -m "not fast"; \
+	fi; \
+	$(WRITE_BYTECODE) $(PY) -m compileall -q launcher; \
+	$(WRITE_BYTECODE) $(PY) tests/cache_bytecode.py; \
+	$(WRITE_BYTECODE) $(PY) -m pytest "$$@" $(XDIST) --durations=25 || failed=$$?; \
+	if [ -n "$$fast" ]; then \
+		wait $$fast || { cat $(VENV)/fast-tests.log; failed=1; }; \
+		echo "== the fast tests: $$(tail -n 1 $(VENV)/fast-tests.log)"; \
+	fi; \
+	exit $$failed
 
 # Each test file's seconds, for the order in which `make test` hands files to its processes.
 test-durations: venv
 	$(WRITE_BYTECODE) MGPU_TEST_DURATIONS=tests/durations.json $(PY) -m pytest $(XDIST) -q
 
-test-fast: venv
+test-fast: $(BASE_INSTALLED)
 	$(PY) -m pytest -m fast -q
 
 # One venv per Python (.venv-fast-python3.10...), made once.

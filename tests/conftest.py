@@ -20,6 +20,11 @@ from launcher.cli import cli
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from launcher.host import proctree  # noqa: E402
+import needs  # noqa: E402
+
+if needs.WHILE_INSTALLING:  # an import of one fails at once, as if it were not installed
+    for _name in needs.BEING_INSTALLED:
+        sys.modules.setdefault(_name, None)
 
 
 # A shell without job control starts its background commands with SIGINT and SIGQUIT ignored, and
