@@ -192,6 +192,10 @@ def _guess(item) -> float:
     return 0.05
 
 
+def pytest_collection_finish(session):
+    needs.COLLECTED = True
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     try:

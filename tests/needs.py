@@ -25,8 +25,19 @@ BEING_INSTALLED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib", "torch", 
                    "numpy", "tensorboard", "tensorboardX")
 
 
+COLLECTED = False  # set by conftest.py once collection is over
+
+
 def _being_installed(name: str) -> bool:
     return WHILE_INSTALLING and name.replace("-", "_").split(".")[0] in BEING_INSTALLED
+
+
+def _not_yet(name: str) -> None:
+    """A module that needs `name` skips until the rest of the suite runs it; a test marked fast that
+    does would run in neither part: it fails."""
+    if COLLECTED:
+        pytest.fail(f"a fast test needs {name}: mark it slow, or require() it at module level", pytrace=False)
+    pytest.skip(f"needs {name}, which is being installed", allow_module_level=True)
 
 
 def missing(reason: str) -> None:
@@ -49,7 +60,7 @@ def root(*tools: str) -> None:
 def require(module: str, extra: str = "the dev extra") -> types.ModuleType:
     """Import `module` and return it; skip without it, fail on CI."""
     if _being_installed(module):
-        pytest.skip(f"needs {module}, which is being installed", allow_module_level=True)
+        _not_yet(module)
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -59,7 +70,7 @@ def require(module: str, extra: str = "the dev extra") -> types.ModuleType:
 def installed_version(distribution: str, extra: str = "the dev extra") -> str:
     """The version of an installed distribution, read without importing it; skip without it, fail on CI."""
     if _being_installed(distribution):
-        pytest.skip(f"needs {distribution}, which is being installed", allow_module_level=True)
+        _not_yet(distribution)
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
