@@ -136,15 +136,6 @@ def _wait_until_running(proc: subprocess.Popen, core: int, timeout: float = 30.0
     raise AssertionError(f"the CPU burner on core {core} did not start within {timeout:g} s")
 
 
-def two_cores() -> tuple[int, int]:
-    """Two of the CPUs this process may run on (its affinity, not the machine's numbering: a CI
-    runner may hand out cores 2 and 3); skip without two, fail on CI."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        needs.missing(f"needs two cores to run on (this process may use {cores})")
-    return cores[0], cores[1]
-
-
 def tree(pid: int) -> list[int]:
     """Process `pid` and its descendants alive now."""
     import psutil
