@@ -15,7 +15,6 @@ Python, in the repository; MARKER: the file touched once everything is installed
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import pathlib
 import re
 import subprocess
@@ -39,10 +38,20 @@ def requirements_of(extras: list[str]) -> list[str]:
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` runs: an ended one its parent (the Makefile's shell, which waits for it
+    only later) has not reaped yet stays in /proc as a zombie."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] != "Z"
+
+
 def wait_for_exit(pid: int, timeout: float) -> None:
     """Until process `pid` (not a child of this one) has ended."""
     deadline = time.monotonic() + timeout
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
