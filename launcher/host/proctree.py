@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -147,6 +147,17 @@ def runnable_seconds(procs: Iterable[psutil.Process]) -> tuple[float, float] | N
     return on_cpu / 1e9, (on_cpu + waited) / 1e9
 
 
+def every_process() -> Iterator[psutil.Process]:
+    """Each process of this machine, read afresh. Not psutil.process_iter(): it keeps the processes of
+    its last call by pid, and yields a pid given out again since as the program that had it then; over
+    a run of days the kernel gives out every pid again, and a run's process on one would be missed."""
+    for pid in psutil.pids():
+        try:
+            yield psutil.Process(pid)
+        except psutil.Error:  # gone since the listing
+            continue
+
+
 def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
     """Every live process of this user whose environment carries MGPU_RUN_ID=run_id (and, if
     `launch_id` is given, MGPU_LAUNCH_ID=launch_id or none: not another launch's with the same run
@@ -158,7 +169,7 @@ def tagged_processes(run_id: str, pgid: int | None = None, launch_id: str | None
     found = []
     me = os.getpid()
     uid = os.getuid()
-    for proc in psutil.process_iter():
+    for proc in every_process():
         if proc.pid == me:
             continue
         try:

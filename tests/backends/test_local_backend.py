@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from needs import missing
+from pid_reuse import start_with_pid
 from launching import wait_for
 from supervisor_helpers import make_plans, pid_alive, read_pids, records
 from launcher.errors import TaskFailed
@@ -60,35 +60,17 @@ def test_signal_tree_after_exit_is_harmless(run_id):
     proc.signal_tree(signal.SIGTERM)
 
 
-NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 # Answers each line on stdin, so that a signal sent to it before is known to have
 # arrived: pending signals are delivered before it can read and answer.
 BYSTANDER = "import sys\nfor line in sys.stdin:\n    print('alive', flush=True)\n"
-
-
-def start_with_pid(pid):
-    """A process in a new session (pgid == pid) that got `pid` again. Another process of the machine
-    may take the pid between the write and the fork: then it tries again, up to 1000 times."""
-    for _ in range(1000):
-        try:
-            with open(NS_LAST_PID, "w") as f:
-                f.write(str(pid - 1))
-        except OSError as e:
-            missing(f"cannot choose the next pid through {NS_LAST_PID} (needs root): {e}")
-        proc = subprocess.Popen([sys.executable, "-c", BYSTANDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True)
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait()
-    pytest.fail(f"pid {pid} went to other processes 1000 times: this machine starts processes too fast")
 
 
 def test_signal_tree_after_reaping_spares_a_new_group_with_the_same_id(run_id):
     plan = make_plans(run_id, [], workers=1)[0]
     proc = LocalBackend().start(plan, attempt=0)
     assert finish(proc) == 0  # reaped, and its process group is empty
-    bystander = start_with_pid(proc.pid)
+    bystander = start_with_pid(proc.pid, [sys.executable, "-c", BYSTANDER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert os.getpgid(bystander.pid) == proc.pid
         proc.signal_tree(signal.SIGTERM)

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from launcher.errors import CheckFailed
+from launcher.host import proctree
 from launcher.preflight import reach
 from launcher.preflight.probes import probe_source, reach_args
 from launcher.preflight.reach import check_reachability, probe_reachability
@@ -22,9 +23,12 @@ pytestmark = pytest.mark.timeout(60)
 def kill_probes(plans) -> None:
     """Stop a probe still waiting (its test timed out): its command line names the ports."""
     ports = ",".join(str(plan.port) for plan in plans if plan.port is not None)
-    for process in psutil.process_iter(["cmdline"]):
-        if f" reach {ports} " in " ".join(process.info["cmdline"] or ()):
-            process.kill()
+    for process in proctree.every_process():
+        try:
+            if f" reach {ports} " in " ".join(process.cmdline()):
+                process.kill()
+        except psutil.Error:
+            continue
 
 
 def test_local_tasks_reach_each_other(run_id, monkeypatch):

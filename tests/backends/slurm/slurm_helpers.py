@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from launcher.host import proctree
 from launching import free_port
 
 REQUIRE = os.environ.get("MGPU_REQUIRE_SSHD") == "1"
@@ -93,8 +94,14 @@ class SlurmLab:
     def stepds(self) -> list[psutil.Process]:
         """This cluster's slurmstepds, and no other's: other clusters run on this machine at the
         same time (other tests, other checkouts), and stopping theirs ends their jobs."""
-        return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"
-                and _conf_of(p.pid) == str(self.conf)]
+        found = []
+        for p in proctree.every_process():
+            try:
+                if p.name() == "slurmstepd" and _conf_of(p.pid) == str(self.conf):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
 
     def stop(self) -> None:
         """Stop the daemons, and every process still running under a slurmstepd of this cluster."""

@@ -16,6 +16,7 @@ import uuid
 import psutil
 import pytest
 
+from launcher.host import proctree
 from launcher.host.interfaces import interface_holding, local_addresses, source_address_toward
 from slurm_helpers import SlurmLab, free_ports_in_a_row
 
@@ -48,7 +49,7 @@ def run_record(tmp_path: pathlib.Path, rid: str) -> dict:
 
 def tagged_processes(rid: str) -> list[psutil.Process]:
     found = []
-    for proc in psutil.process_iter():
+    for proc in proctree.every_process():
         try:
             if proc.environ().get("MGPU_RUN_ID") == rid:
                 found.append(proc)

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import psutil
 import pytest
+from launcher.host import proctree
 from launching import free_port
 
 SSHD = "/usr/sbin/sshd"
@@ -255,7 +256,7 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     """Processes on this machine tagged with the run id (remote tasks here are local processes)."""
     found = []
     needle = f"MGPU_RUN_ID={run_id}"
-    for proc in psutil.process_iter():
+    for proc in proctree.every_process():
         try:
             if proc.environ().get("MGPU_RUN_ID") == run_id or any(needle in part for part in proc.cmdline()):
                 found.append(proc)

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import lab_mgpu
+from launcher.host import proctree
 from launcher.host.ports import pick_free_ports
 from launching import wait_for
 from ssh_helpers import PYTHON, run_processes, silent_listener, start_sshd, unique_run_id
@@ -346,7 +347,7 @@ def guards_of(pgid: int) -> list[psutil.Process]:
     """The hang-up guards of the task whose group is `pgid`: its host's agent, its parent (with
     --no-host-agent, the shell guard of its session, in its group)."""
     found = []
-    for p in psutil.process_iter():
+    for p in proctree.every_process():
         try:
             if os.getpgid(p.pid) == pgid and "mgpu-guard" in p.cmdline():
                 found.append(p)

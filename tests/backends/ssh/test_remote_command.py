@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from launcher.backends.ssh import remote_command
+from launcher.host import proctree
 from launching import free_port
 from ssh_helpers import ECHO_PROGRAM, TRICKY
 
@@ -107,7 +108,7 @@ STUBBORN_TREE = (
 
 def group_members(pgid: int) -> list[psutil.Process]:
     members = []
-    for p in psutil.process_iter():
+    for p in proctree.every_process():
         try:
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
                 members.append(p)

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from launcher.errors import ConnectError, HostKeyError
+from launcher.host import proctree
 from launcher.plan.coordinator import Coordinator
 from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
@@ -713,8 +714,11 @@ def kept_shells(folder) -> list[psutil.Process]:
     from launcher.backends.ssh.handover import HANDOVER
 
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
+    for proc in proctree.every_process():
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
         if HANDOVER in cmdline and str(folder) in cmdline:
             found.append(proc)
     return found
