@@ -63,7 +63,8 @@ RESULTS = HERE / "results"
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "backends" / "ssh"),
                 str(REPO / "tests" / "backends" / "slurm")]
 
-from ssh_helpers import Netns, ip, run_processes  # noqa: E402
+from netns_hosts import Netns, ip  # noqa: E402
+from ssh_helpers import run_processes  # noqa: E402
 
 import soak_faults  # noqa: E402
 from soak_launcher import Launcher  # noqa: E402

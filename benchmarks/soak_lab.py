@@ -7,7 +7,8 @@ from __future__ import annotations
 import getpass
 import pathlib
 
-from ssh_helpers import Netns, keygen, start_sshd
+from netns_hosts import Netns
+from ssh_helpers import keygen, start_sshd
 
 
 def make_lab(count: int, directory: pathlib.Path, private_dir: str | None = None) -> Netns:

@@ -24,7 +24,7 @@ import psutil
 
 import soak
 from slurm_helpers import Node, start_slurm
-from ssh_helpers import Netns
+from netns_hosts import Netns
 
 FAULTS = ("kill9", "sigstop", "slurmd-killed")
 # How long the controller waits on a node's answer: a ping of a node whose slurmd is gone fails

@@ -47,7 +47,8 @@ RESULTS = HERE / "results"
 PLOT = REPO / "docs" / "startup.png"
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "backends" / "ssh")]
 
-from ssh_helpers import Netns, keygen, start_sshd  # noqa: E402
+from netns_hosts import Netns  # noqa: E402
+from ssh_helpers import keygen, start_sshd  # noqa: E402
 
 PYTHON = sys.executable  # the hosts share this machine's filesystem, so its interpreter
 TRIVIAL = [PYTHON, "-c", "print(1)"]

@@ -21,7 +21,8 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "backends" / "ssh"), str(REPO / "tests")]
 
-from ssh_helpers import Netns, keygen, start_sshd  # noqa: E402
+from netns_hosts import Netns  # noqa: E402
+from ssh_helpers import keygen, start_sshd  # noqa: E402
 
 
 def make_folder(root: pathlib.Path, files: int, total_mb: int) -> pathlib.Path:

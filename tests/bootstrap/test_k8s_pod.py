@@ -19,7 +19,8 @@ from launcher.plan.planner import pod_plan
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "backends" / "ssh"))  # the namespace lab
 
-from ssh_helpers import REQUIRE, Netns, require_tools  # noqa: E402
+from netns_hosts import Netns  # noqa: E402
+from ssh_helpers import REQUIRE, require_tools  # noqa: E402
 
 from launching import REPO
 

@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ssh"))  # the network-namespace lab
 
 from slurm_helpers import REQUIRE, Node, start_slurm  # noqa: E402
-from ssh_helpers import Netns, require_tools  # noqa: E402
+from netns_hosts import Netns  # noqa: E402
+from ssh_helpers import require_tools  # noqa: E402
 
 
 def slurm_lab(tmp_path_factory, names: tuple[str, ...], slurmd_timeout: int = 30, message_timeout: int = 10):

@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `import ssh_helpers`
 
 from namespace_labs import HostsLab, hosts_lab  # noqa: E402
-from ssh_helpers import SSHD, Netns, SshLab, keygen, require_namespaces, require_tools, start_sshd  # noqa: E402
+from netns_hosts import Netns, require_namespaces  # noqa: E402
+from ssh_helpers import SSHD, SshLab, keygen, require_tools, start_sshd  # noqa: E402
 
 
 @pytest.fixture(scope="session")

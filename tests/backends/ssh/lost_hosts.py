@@ -11,7 +11,8 @@ import pytest
 
 import lab_mgpu
 from launching import REPO, finish, wait_for
-from ssh_helpers import PYTHON, ip, lose, run_processes, unique_run_id
+from netns_hosts import ip, lose
+from ssh_helpers import PYTHON, run_processes, unique_run_id
 
 HOSTS = ("h1", "h2", "h3", "h4", "h5")
 

@@ -8,7 +8,8 @@ import contextlib
 import pathlib
 from typing import Iterator, NamedTuple
 
-from ssh_helpers import Netns, SshLab, ip, require_namespaces, start_sshd
+from netns_hosts import Netns, ip, require_namespaces
+from ssh_helpers import SshLab, start_sshd
 
 
 class HostsLab(NamedTuple):

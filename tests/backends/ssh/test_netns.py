@@ -16,8 +16,8 @@ from launcher.plan.planner import TaskPlan
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
 from launching import REPO, wait_for
-from ssh_helpers import (NETNS_PREFIX, PYTHON, ip, remove_namespace, remove_stale_namespaces, require_namespaces,
-                         require_tools, run_processes, unique_run_id)
+from netns_hosts import NETNS_PREFIX, ip, remove_namespace, remove_stale_namespaces, require_namespaces
+from ssh_helpers import PYTHON, require_tools, run_processes, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 

@@ -22,7 +22,8 @@ import pytest
 from needs import installed_version, require
 
 from launching import REPO, finish, start_mgpu, wait_for
-from ssh_helpers import PYTHON, ip, lose, run_processes, start_sshd, unique_run_id
+from netns_hosts import ip, lose
+from ssh_helpers import PYTHON, run_processes, start_sshd, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 

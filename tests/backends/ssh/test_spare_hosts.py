@@ -15,7 +15,8 @@ import pytest
 import lab_mgpu
 from launching import REPO, finish, run_mgpu, wait_for
 from launcher.host.quarantine_file import QuarantineFile
-from ssh_helpers import PYTHON, Netns, ip, lose, run_processes, unique_run_id
+from netns_hosts import Netns, ip, lose
+from ssh_helpers import PYTHON, run_processes, unique_run_id
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(240)]
 

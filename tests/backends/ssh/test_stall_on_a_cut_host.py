@@ -14,7 +14,8 @@ import pytest
 
 import lab_mgpu
 from launching import REPO, wait_for, wait_for_line
-from ssh_helpers import PYTHON, ip, lose, run_processes, unique_run_id
+from netns_hosts import ip, lose
+from ssh_helpers import PYTHON, run_processes, unique_run_id
 from launcher.supervise import evidence
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns, pytest.mark.timeout(120)]
