@@ -1,4 +1,4 @@
-"""Fixtures for the SSH tests: real sshd servers (see ssh_helpers.py) and an isolated HOME."""
+"""Fixtures for the SSH tests: real sshd servers (see ssh_helpers.py), an SshBackend for them and an isolated HOME."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 from typing import Iterator
 
 import pytest
+
+from launcher.backends.ssh.backend import SshBackend
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # for `import ssh_helpers`
 
@@ -43,6 +45,14 @@ def ssh_lab(tmp_path_factory) -> Iterator[SshLab]:
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.fixture
+def runner(ssh_lab: SshLab) -> Iterator[SshBackend]:
+    """An SshBackend with the lab's ssh config and known_hosts (a 2 s grace period), closed after the test."""
+    r = SshBackend(ssh_lab.options(), grace_period=2)
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import pytest
 import lab_mgpu
 from launcher.backends.ssh.agent_task import STREAM_WINDOW
 from launcher.backends.ssh.backend import SshBackend
+from launcher.host.ports import pick_free_ports
 from launching import free_port, wait_for
 from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
-from test_ssh_backend import drain, plan
-from test_launch_over_ssh import _PER_LAUNCH, SESSION_COMMAND, forced_host, pick_free_ports
+from ssh_tasks import _PER_LAUNCH, SESSION_COMMAND, drain, forced_host, plan
 
 pytestmark = pytest.mark.ssh
 
@@ -160,7 +160,7 @@ def test_a_checks_session_handed_over_to_a_host_whose_agent_runs_already_ends(ss
     """The --setup starts a host's agent before the checks: the session the checks then hand over
     starts nothing and ends at the host's next task, not with the run."""
     from launcher.preflight.check import check_hosts_and_reach, handovers_of
-    from test_ssh_backend import kept_shells
+    from ssh_tasks import kept_shells
 
     run_id = unique_run_id("agent-there")
     backend = SshBackend(ssh_lab.options())

@@ -9,7 +9,7 @@ import pytest
 import lab_mgpu
 from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, unique_run_id
-from test_launch_over_ssh import ssh_args
+from ssh_tasks import ssh_args
 
 pytestmark = pytest.mark.ssh
 

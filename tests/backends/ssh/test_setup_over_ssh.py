@@ -14,7 +14,7 @@ import lab_mgpu
 from launcher.host.ports import pick_free_ports
 from launching import wait_for
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_launch_over_ssh import ssh_args
+from ssh_tasks import ssh_args
 
 pytestmark = pytest.mark.ssh
 

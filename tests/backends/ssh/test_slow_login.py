@@ -9,7 +9,7 @@ import pytest
 import lab_mgpu
 from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, unique_run_id
-from test_launch_over_ssh import forced_host
+from ssh_tasks import forced_host
 
 pytestmark = pytest.mark.ssh
 

@@ -10,7 +10,7 @@ import needs
 from launching import REPO, wait_for
 from launcher.host.ports import pick_free_ports
 from ssh_helpers import PYTHON, run_processes, unique_run_id
-from test_launch_over_ssh import ssh_args
+from ssh_tasks import ssh_args
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 

@@ -221,7 +221,7 @@ def test_a_file_changed_on_the_host_is_copied_again_whatever_the_manifest_says(n
 
 def test_a_host_without_tar_gets_each_file_over_sftp_and_nothing_through_a_link(ssh_lab, tmp_path):
     """A host whose sessions find no tar: the files go one at a time over SFTP, by the same rules."""
-    from test_launch_over_ssh import forced_host
+    from ssh_tasks import forced_host
 
     no_tar = tmp_path / "bin"
     no_tar.mkdir()
