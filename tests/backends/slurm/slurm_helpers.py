@@ -1,5 +1,6 @@
 """A real Slurm for the tests: munged, slurmctld and slurmd with their own config, state, socket
-and ports in a temporary directory, stopped afterwards.
+and ports in a temporary directory, stopped afterwards; and what the tests of `mgpu launch --slurm`
+share: its command line, an allocation to run it in, the run's record, a task program.
 
 Without Debian's slurm-wlm and munge these tests skip; with MGPU_REQUIRE_SSHD=1 (CI) they fail.
 """
@@ -7,12 +8,16 @@ Without Debian's slurm-wlm and munge these tests skip; with MGPU_REQUIRE_SSHD=1 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
+import socket
 import stat
 import subprocess
+import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -252,3 +257,61 @@ def free_ports_in_a_row(n: int) -> int:
         if first + n <= 65536 and not any(port_in_use(first + i) for i in range(1, n)):
             return first
     raise AssertionError(f"no {n} consecutive free ports")
+
+
+# -- `mgpu launch --slurm` in the cluster's allocations ------------------------------------
+
+MGPU = [sys.executable, "-m", "launcher"]
+NODE = socket.gethostname()
+
+
+def run_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+def in_allocation(slurm: SlurmLab, tmp_path: pathlib.Path, argv: list[str], tasks: int = 2,
+                  timeout: float = 120) -> subprocess.CompletedProcess:
+    """`salloc -n TASKS ARGV` with the output of ARGV; fails the test when it runs too long."""
+    try:
+        return slurm.run("salloc", "--quiet", f"--ntasks={tasks}", "--time=10", *argv, timeout=timeout, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{argv} did not finish in {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+
+
+def launch_argv(tmp_path: pathlib.Path, rid: str, *args: str) -> list[str]:
+    return [*MGPU, "launch", "--slurm", "--log-dir", str(tmp_path / "runs"), "--run-id", rid, "--grace-period", "5",
+            *args]
+
+
+def run_record(tmp_path: pathlib.Path, rid: str) -> dict:
+    return json.loads((tmp_path / "runs" / rid / "run.json").read_text())
+
+
+# A task program: prints what it was given, then does what its rank is told to in TEST_ORDERS.
+PROGRAM = r"""
+import json, os, signal, sys, time
+rank = int(os.environ["SLURM_PROCID"])
+attempt = os.environ["MGPU_ATTEMPT"]
+orders = json.loads(os.environ.get("TEST_ORDERS", "{}"))
+order = orders.get(f"{rank}@{attempt}", orders.get(str(rank), "exit0"))
+def on_term(signum, frame):
+    print("got SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+seen = {k: os.environ.get(k) for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "MGPU_TASK_TYPE", "MGPU_TASK_INDEX",
+                                       "SLURMD_NODENAME", "MGPU_SLURM_PLAN", "EXTRA", "NCCL_SOCKET_IFNAME",
+                                       "GLOO_SOCKET_IFNAME")}
+print("SEEN " + json.dumps(seen), flush=True)
+print(f"to stderr from {rank}", file=sys.stderr, flush=True)
+if order == "fail":
+    sys.exit(1)
+if order == "forever":
+    while True:
+        time.sleep(0.2)
+"""
+
+
+def program(tmp_path: pathlib.Path) -> list[str]:
+    path = tmp_path / "task.py"
+    path.write_text(PROGRAM)
+    return [sys.executable, str(path)]
