@@ -149,7 +149,8 @@ def mgpu():
 # one, see needs.py).
 FAST = ("tests/cli/", "tests/config/", "tests/plan/", "tests/docs/", "tests/trainer/test_schedule.py",
         "tests/trainer/test_exchange_cost.py", "tests/supervise/test_diagnosis.py", "tests/supervise/test_stacks.py",
-        "tests/supervise/test_output_reader.py", "tests/supervise/test_policy.py", "tests/supervise/test_summary.py",
+        "tests/supervise/test_output_reader.py", "tests/supervise/test_policy_attempt.py",
+        "tests/supervise/test_policy_restarts.py", "tests/supervise/test_summary.py",
         "tests/supervise/test_runs.py", "tests/preflight/test_slow_hosts.py", "tests/supervise/test_pace.py",
         "tests/host/test_package_metadata.py", "tests/preflight/test_in_parallel.py",
         "tests/trainer/test_outdirs.py", "tests/trainer/test_planned_size.py", "tests/supervise/test_signals.py", "tests/supervise/test_lost_hosts_policy.py",

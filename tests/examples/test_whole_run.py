@@ -64,7 +64,7 @@ def assert_ready_while_running(out: str, record: dict, last_line: str) -> None:
 # The programs run until every task is seen ready (only process 0 listens; the others are seen
 # joining by their connections to it), then end: a start timeout far past any join keeps a slow
 # machine from failing them. That a ready job then runs past the start timeout is the subject of
-# tests/supervise/test_supervise.py's fake-worker test.
+# tests/supervise/test_supervise_start.py's fake-worker test.
 
 def test_a_jax_job_is_seen_ready_while_it_runs(tmp_path):
     installed_version("jax")

@@ -1,18 +1,11 @@
-"""The distribution environment every member of the job gets beside TF_CONFIG (Keras 3, PyTorch), and JAX's CPU collectives."""
-
-import subprocess
+"""Each member's environment beside TF_CONFIG for Keras 3 and JAX (CPU collectives too), planned and from tf-config."""
 
 import pytest
+from job_env_helpers import ALLOCATION, SLURM_VARIABLES, TORCH_NAMES, dry_run_tasks, exported, pod_environment
 from needs import require
 
 KERAS_NAMES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
 COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
-
-
-def dry_run_tasks(mgpu, *args, env=None):
-    result = mgpu("launch", *args, "--dry-run", "--json", env=env)
-    assert result.exit_code == 0, result.stderr
-    return result.json()["tasks"]
 
 
 def keras_env(task):
@@ -86,12 +79,6 @@ def test_text_dry_run_shows_the_keras_variables(mgpu):
     assert "KERAS_DISTRIBUTION_PROCESS_ID=1" in result.stdout
 
 
-def exported(shell_lines: str, names) -> dict:
-    script = shell_lines + "\n" + "".join(f'printf "%s\\n" "${{{name}-unset}}"\n' for name in names)
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10, check=True).stdout
-    return dict(zip(names, out.splitlines()))
-
-
 def test_tf_config_keras_env_format_exports_the_keras_variables(mgpu):
     result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--task-index", "1",
                   "--format", "keras-env")
@@ -115,12 +102,6 @@ def test_tf_config_env_format_stays_one_line_of_tf_config(mgpu):
     result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--task-index", "1", "--format", "env")
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.startswith("export TF_CONFIG=")
-
-
-SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
-                   "SLURM_GPUS_PER_TASK", "SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
-                   "SLURMD_NODENAME")
-ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
 
 
 def test_slurm_tasks_get_the_same_variables(mgpu):
@@ -164,113 +145,6 @@ def test_a_thousand_slurm_tasks_with_an_evaluator_still_fit_in_the_environment(m
         _, task_env, _ = task_start(document, rank, step_env)
         assert keras_env({"env": task_env}) == keras_env({"env": plans[rank].env})
     assert plans[1023].type == "evaluator" and keras_env({"env": plans[1023].env}) == {}
-
-
-# -- PyTorch ----------------------------------------------------------------------------------
-
-TORCH_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def torch_env(task):
-    return {name: task["env"][name] for name in TORCH_NAMES if name in task["env"]}
-
-
-def test_workers_in_order_worker_0_is_the_master(mgpu):
-    tasks = dry_run_tasks(mgpu, "--workers", "h1:2300,h2:2222,h3")
-    assert [torch_env(task) for task in tasks] == [
-        {"RANK": str(i), "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-         "MASTER_ADDR": "h1", "MASTER_PORT": "2300"} for i in range(3)]
-
-
-def test_the_chief_is_rank_0_and_the_evaluator_gets_nothing(mgpu):
-    tasks = dry_run_tasks(mgpu, "--workers", "h1:2222,h2:2222", "--chief", "h0:2400", "--evaluator", "h9")
-    assert [(t["type"], t["env"].get("RANK")) for t in tasks] == [
-        ("chief", "0"), ("worker", "1"), ("worker", "2"), ("evaluator", None)]
-    assert {(t["env"]["MASTER_ADDR"], t["env"]["MASTER_PORT"], t["env"]["WORLD_SIZE"]) for t in tasks[:3]} == {
-        ("h0", "2400", "3")}
-    assert torch_env(tasks[3]) == {}
-
-
-def test_master_is_the_first_tf_config_address(mgpu):
-    tasks = dry_run_tasks(mgpu, "--local", "2", "--chief")
-    first = tasks[0]["tf_config"]["cluster"]["chief"][0]
-    assert {f"{t['env']['MASTER_ADDR']}:{t['env']['MASTER_PORT']}" for t in tasks} == {first}
-
-
-def test_local_ranks_count_the_members_of_each_host(mgpu):
-    """Slots on one host are numbered from 0 there; the evaluator on a host takes no local rank."""
-    tasks = dry_run_tasks(mgpu, "--hosts", "a:3,b:2", "--evaluator", "a")
-    assert [(t["host"], t["env"].get("LOCAL_RANK"), t["env"].get("LOCAL_WORLD_SIZE")) for t in tasks] == [
-        ("a", "0", "3"), ("a", "1", "3"), ("a", "2", "3"), ("b", "0", "2"), ("b", "1", "2"), ("a", None, None)]
-    assert [t["env"].get("RANK") for t in tasks] == ["0", "1", "2", "3", "4", None]
-
-
-def test_ipv6_master_addr_has_no_brackets(mgpu):
-    tasks = dry_run_tasks(mgpu, "--workers", "[fd00::1]:2222,[fd00::2]:2222")
-    assert (tasks[1]["env"]["MASTER_ADDR"], tasks[1]["env"]["MASTER_PORT"]) == ("fd00::1", "2222")
-
-
-@pytest.mark.parametrize("name", TORCH_NAMES)
-def test_torch_names_are_reserved(mgpu, tmp_path, name):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"cluster: {{worker: [h1:2222]}}\nenv: {{{name}: '1'}}\n")
-    result = mgpu("launch", "--spec", str(spec), "--dry-run")
-    assert result.exit_code == 2
-    assert result.stderr.strip() == f"mgpu: error: environment variable {name} is set by mgpu for each task and cannot be given"
-    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
-    assert result.exit_code == 2 and "is set by mgpu for each task" in result.stderr
-
-
-def test_text_dry_run_shows_the_torch_variables(mgpu):
-    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--dry-run")
-    assert result.exit_code == 0, result.stderr
-    assert "MASTER_ADDR=h1" in result.stdout and "MASTER_PORT=2222" in result.stdout
-    assert "WORLD_SIZE=2" in result.stdout and "RANK=1" in result.stdout
-
-
-def test_tf_config_torch_env_format_exports_them(mgpu):
-    result = mgpu("tf-config", "--workers", "h1:2222,h2:2222", "--chief", "h0:2500", "--task-index", "1",
-                  "--format", "torch-env")
-    assert result.exit_code == 0, result.stderr
-    assert exported(result.stdout, TORCH_NAMES) == {
-        "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "h0", "MASTER_PORT": "2500"}
-    result = mgpu("tf-config", "--workers", "h1:2222", "--evaluator", "h9", "--task-type", "evaluator",
-                  "--task-index", "0", "--format", "torch-env")
-    assert result.exit_code == 0 and result.stdout.strip() == ""
-
-
-def test_slurm_step_tasks_get_them_from_the_plan(mgpu):
-    """Inside the srun step each task takes its own RANK and LOCAL_RANK from the plan's document."""
-    from launcher.plan.planner import TaskPlan
-    from launcher.backends.slurm import step_environment
-    from launcher.bootstrap.slurm_task import read_plan_environment, task_start
-
-    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
-    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--evaluator", "--gpus-per-task", "0", env=env)
-    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
-                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
-             for rank, t in enumerate(tasks)]
-    document = read_plan_environment(step_environment(plans, {"HOME": "/root", "RANK": "stale"}))
-    started = [torch_env({"env": task_start(document, rank, {"RANK": "stale"})[1]}) for rank in range(len(plans))]
-    assert started[:3] == [
-        {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": size,
-         "MASTER_ADDR": "node1", "MASTER_PORT": "5000"}
-        for rank, local, size in ((0, 0, "2"), (1, 1, "2"), (2, 0, "1"))]
-    assert started[3] == {}  # the evaluator (node2's second Slurm task): not a member
-    assert [t["type"] for t in tasks] == ["worker", "worker", "worker", "evaluator"]
-
-
-def test_planning_stays_linear(mgpu):
-    """Every task shares the strings of the job: the plan of 4096 tasks holds one MASTER_ADDR."""
-    from launcher.config.spec import ClusterSpec, TaskSpec
-    from launcher.plan.planner import plan_tasks
-
-    spec = ClusterSpec(tasks=tuple(TaskSpec(role="worker", host=f"node{i // 8}", port=2222 + i % 8) for i in range(4096)))
-    plans = plan_tasks(spec, run_id="r", local_hosts=frozenset(), launcher_python="python3")
-    assert len({id(plan.env["MASTER_ADDR"]) for plan in plans}) == 1
-    assert len({id(plan.env["WORLD_SIZE"]) for plan in plans}) == 1
-    assert plans[4095].env["LOCAL_RANK"] == "7" and plans[4095].env["RANK"] == "4095"
 
 
 # -- JAX --------------------------------------------------------------------------------------
@@ -341,18 +215,6 @@ def test_tf_config_from_slurm_exports_torch_and_jax_variables(mgpu):
 
 # -- Inside a pod of `mgpu k8s` ---------------------------------------------------------------
 
-def pod_environment(mgpu, *k8s_args, index):
-    """The environment a pod of the manifest gets: its container's env, and Kubernetes' index."""
-    import yaml
-
-    result = mgpu("k8s", *k8s_args, "--image", "registry.example.com/train:1")
-    assert result.exit_code == 0, result.stderr
-    [job] = [doc for doc in yaml.safe_load_all(result.stdout) if doc["kind"] == "Job"]
-    [container] = job["spec"]["template"]["spec"]["containers"]
-    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
-    return {**env, "JOB_COMPLETION_INDEX": str(index)}
-
-
 def test_tf_config_from_k8s_gives_a_pod_its_place_in_the_job(mgpu):
     """Pod 2 of a job with a chief is worker 1, process 2 of 3; process 0, the chief, coordinates."""
     env = pod_environment(mgpu, "--workers", "2", "--chief", "--name", "run7", index=2)
@@ -381,79 +243,3 @@ def test_tf_config_from_k8s_outside_a_pod_says_what_is_missing(mgpu):
     result = mgpu("tf-config", "--from-k8s", "--task-index", "1", env=pod_environment(mgpu, "--workers", "2", index=0))
     assert result.exit_code == 2
     assert "--from-k8s takes the cluster from the pod's environment: drop --task-index" in result.stderr
-
-
-# -- The rest of torchrun's contract ----------------------------------------------------------
-
-ELASTIC_NAMES = ("GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-
-
-def elastic_env(task):
-    return {name: task["env"][name] for name in ELASTIC_NAMES if name in task["env"]}
-
-
-def test_hosts_are_torchruns_nodes_and_the_run_is_its_run(mgpu):
-    """A host is one torchrun node, numbered in the order of its first member; one role, "default", holds every
-    member; the run id and --max-restarts are torchelastic's; the evaluator is outside the job."""
-    tasks = dry_run_tasks(mgpu, "--hosts", "b:1,a:2", "--chief", "a:2400", "--evaluator", "a",
-                          "--run-id", "run-7", "--max-restarts", "3")
-    assert [(t["type"], t["host"]) for t in tasks] == [("chief", "a"), ("worker", "b"), ("worker", "a"),
-                                                       ("worker", "a"), ("evaluator", "a")]
-    assert [elastic_env(t) for t in tasks[:4]] == [
-        {"GROUP_RANK": group, "GROUP_WORLD_SIZE": "2", "NODE_RANK": group, "ROLE_NAME": "default",
-         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "run-7",
-         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3"}
-        for rank, group in enumerate(("0", "1", "0", "0"))]
-    assert elastic_env(tasks[4]) == {}
-
-
-def test_omp_threads_as_torchrun_sets_them(mgpu):
-    """OMP_NUM_THREADS=1 where a host runs several members (torchrun's rule), unless the user set it."""
-    tasks = dry_run_tasks(mgpu, "--hosts", "a:2,b:1")
-    assert [t["env"].get("OMP_NUM_THREADS") for t in tasks] == ["1", "1", None]
-    tasks = dry_run_tasks(mgpu, "--hosts", "a:2", "--env", "OMP_NUM_THREADS=4", "--show-secrets")
-    assert [t["env"]["OMP_NUM_THREADS"] for t in tasks] == ["4", "4"]
-    tasks = dry_run_tasks(mgpu, "--hosts", "a:2", "--threads-per-task", "3")
-    assert [t["env"]["OMP_NUM_THREADS"] for t in tasks] == ["3", "3"]
-
-
-@pytest.mark.parametrize("name", ("GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"))
-def test_torchruns_names_are_reserved(mgpu, name):
-    result = mgpu("launch", "--workers", "h1", "--env", f"{name}=1", "--dry-run")
-    assert result.exit_code == 2 and f"environment variable {name} is set by mgpu" in result.stderr
-
-
-def test_text_dry_run_and_torch_env_format_show_torchruns_names(mgpu):
-    result = mgpu("launch", "--workers", "h1:2222,h2:2222", "--run-id", "r9", "--dry-run")
-    assert "TORCHELASTIC_RUN_ID=r9" in result.stdout and "GROUP_RANK=1" in result.stdout
-    result = mgpu("tf-config", "--workers", "h1:2222,h1:2223,h2:2222", "--task-index", "2", "--format", "torch-env")
-    assert result.exit_code == 0, result.stderr
-    exports = exported(result.stdout, ELASTIC_NAMES)
-    assert {name: exports[name] for name in ("GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK")} == {
-        "GROUP_RANK": "1", "NODE_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "2"}
-
-
-def test_a_slurm_task_takes_its_restart_count_from_the_attempt(mgpu):
-    """The plan holds the first attempt's count; srun's environment carries the attempt of each step."""
-    from launcher.plan.planner import TaskPlan
-    from launcher.backends.slurm import step_environment
-    from launcher.bootstrap.slurm_task import read_plan_environment, task_start
-
-    env = {**{name: "" for name in SLURM_VARIABLES}, **ALLOCATION}
-    tasks = dry_run_tasks(mgpu, "--slurm", "--port", "5000", "--gpus-per-task", "0", "--max-restarts", "2", env=env)
-    plans = [TaskPlan(type=t["type"], index=t["index"], host=t["host"], port=t["port"], local=False, ssh=None,
-                      argv=tuple(t["argv"]), env=t["env"], workdir=None, waits_for_ready=True, slurm_rank=rank)
-             for rank, t in enumerate(tasks)]
-    document = read_plan_environment(step_environment(plans, {"HOME": "/root"}))
-    started = [task_start(document, rank, {"MGPU_ATTEMPT": "2"})[1] for rank in range(len(plans))]
-    assert [(e["GROUP_RANK"], e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) for e in started] == [
-        ("0", "2", "2"), ("0", "2", "2"), ("1", "2", "2"), ("1", "2", "2")]
-
-
-def test_a_k8s_pod_is_its_own_torchrun_node(mgpu):
-    env = pod_environment(mgpu, "--workers", "3", "--name", "run8", index=2)
-    result = mgpu("tf-config", "--from-k8s", "--format", "torch-env", env=env)
-    assert result.exit_code == 0, result.stderr
-    exports = exported(result.stdout, ELASTIC_NAMES)
-    assert (exports["GROUP_RANK"], exports["GROUP_WORLD_SIZE"], exports["TORCHELASTIC_RUN_ID"]) == ("2", "3", "run8")
