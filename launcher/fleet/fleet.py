@@ -31,6 +31,7 @@ from launcher.plan.planner import TaskPlan, in_step_order
 from launcher.preflight.check import check_hosts_and_reach, local_tensorflow_version
 from launcher.preflight.reach import probe_reachability
 from launcher.preflight.speed import warn_about_slow_hosts
+from launcher.supervise import causes
 from launcher.supervise.hosts import FleetView, HostActions, Placement, place_on_spares
 from launcher.supervise.resize import place
 from launcher.supervise.rundir import RunDir
@@ -293,6 +294,7 @@ class SlurmFleet(Fleet):
     login's place, the node's state as Slurm's controller says it (slurm_node.py)."""
 
     stages = SLURM_STAGES
+    question = causes.NODE_STATE
 
     def __init__(self, plans: Sequence[TaskPlan], options: LaunchOptions, nodes: Sequence[str]):
         super().__init__(plans, options)

@@ -70,7 +70,8 @@ def charge(stop: policy.Stop, attempt: Attempt, hosts: HostActions, plans: Seque
     out_of_memory = charged.proc.out_of_memory() if code == -signal.SIGKILL else None
     return causes.classify(causes.Evidence(
         stop.status, charged.plan.name, charged.plan.host, code, error=error,
-        lost=reason, login_ok=login_ok, unreachable=unreachable, progress=progress, out_of_memory=out_of_memory))
+        lost=reason, login_ok=login_ok, asked=hosts.question, unreachable=unreachable, progress=progress,
+        out_of_memory=out_of_memory))
 
 
 def _stall(attempt: Attempt, hosts: HostActions, progress: int | None) -> causes.Cause | None:
@@ -85,7 +86,7 @@ def _stall(attempt: Attempt, hosts: HostActions, progress: int | None) -> causes
     if judged:
         with concurrent.futures.ThreadPoolExecutor(min(len(judged), MAX_LOGINS_AT_ONCE), thread_name_prefix="login") as pool:
             logins = dict(zip(judged, pool.map(hosts.login_ok, judged.values())))
-    return causes.classify(causes.stall_evidence(states, logins, progress))
+    return causes.classify(causes.stall_evidence(states, logins, progress, hosts.question))
 
 
 def _seen_stopped(attempt: Attempt) -> AttemptTask | None:

@@ -12,7 +12,8 @@ a peer that is gone.
 The causes:
 - program-error: the program failed by itself (an exception, an error it reported, an exit code);
 - host-lost: the connection to the task's host (its SSH keepalives) was lost, or its tasks vanished
-  without an exit status, and the host then failed a fresh login;
+  without an exit status, and the host then failed a fresh login (in a Slurm allocation, where mgpu
+  logs in to no node: Slurm's controller had the node down);
 - network: the connection was lost but the host answers a fresh login, or the tasks could not
   reach each other;
 - killed: SIGKILL that mgpu did not send (usually the kernel's out-of-memory killer);
@@ -48,6 +49,19 @@ HOST_CAUSES = (HOST_LOST, NETWORK)
 
 
 @dataclasses.dataclass(frozen=True)
+class HostQuestion:
+    """How the supervisor asks whether a host is still there after a loss, in a cause's words."""
+
+    down: str  # the answer of a host that is not there
+    up: str  # the answer of one that is
+
+
+FRESH_LOGIN = HostQuestion("a fresh login fails", "the host answers a fresh login")
+# In a Slurm allocation mgpu logs in to no node: the controller's state for the node stands in.
+NODE_STATE = HostQuestion("Slurm's controller has the node down", "Slurm's controller has the node up")
+
+
+@dataclasses.dataclass(frozen=True)
 class Evidence:
     """What the supervisor saw of a failed attempt."""
 
@@ -58,6 +72,7 @@ class Evidence:
     error: str | None = None  # its program error in one line ("ValueError: bad at train.py:3 in main")
     lost: str | None = None  # why its host's connection was lost ("SSH keepalives unanswered"); None: not lost
     login_ok: bool | None = None  # whether the host answered a fresh login after the loss; None: not tried
+    asked: HostQuestion = FRESH_LOGIN  # how login_ok was asked
     unreachable: tuple[str, str] | None = None  # a pair of hosts the reachability probe found cut
     progress: int | None = None  # the highest step the attempt's tasks reported; None: none reported
     # For a task killed by SIGKILL: its memory cgroup, and whether the OOM killer acted there (None: unseen).
@@ -105,9 +120,9 @@ def classify(evidence: Evidence) -> Cause | None:
         return Cause(NETWORK, e.task, e.host, f"{a} cannot reach {b}")
     if e.lost is not None:
         if e.login_ok is False:
-            return Cause(HOST_LOST, e.task, e.host, f"{e.lost}; a fresh login fails")
+            return Cause(HOST_LOST, e.task, e.host, f"{e.lost}; {e.asked.down}")
         if e.login_ok is True:
-            return Cause(NETWORK, e.task, e.host, f"{e.lost}, but the host answers a fresh login")
+            return Cause(NETWORK, e.task, e.host, f"{e.lost}, but {e.asked.up}")
         return Cause(HOST_LOST, e.task, e.host, e.lost)
     code = e.returncode
     if code == protocol.EXIT_PREEMPTED:
@@ -138,7 +153,7 @@ SILENT = "its tasks went silent"  # a stalled task's host whose connection was n
 
 
 def stall_evidence(tasks: Sequence[TaskState], logins: Mapping[str, bool | None],
-                   progress: int | None = None) -> Evidence:
+                   progress: int | None = None, asked: HostQuestion = FRESH_LOGIN) -> Evidence:
     """What a stall is charged to, from the tasks in plan order and whether each remote host
     answered a fresh login after the stall (`logins`, by host; a host left out was not tried).
     The hosts first: a task whose host's connection was lost, then one whose host fails a fresh
@@ -147,10 +162,11 @@ def stall_evidence(tasks: Sequence[TaskState], logins: Mapping[str, bool | None]
     for task in tasks:
         if task.lost is not None and not task.local:
             return Evidence(status.STALLED, task.name, task.host, lost=task.lost, login_ok=logins.get(task.host),
-                            progress=progress)
+                            asked=asked, progress=progress)
     for task in tasks:
         if not task.local and logins.get(task.host) is False:
-            return Evidence(status.STALLED, task.name, task.host, lost=SILENT, login_ok=False, progress=progress)
+            return Evidence(status.STALLED, task.name, task.host, lost=SILENT, login_ok=False, asked=asked,
+                            progress=progress)
     for task in tasks:
         if task.stopped:
             return Evidence(status.STALLED, task.name, task.host, stopped=True, progress=progress)

@@ -55,6 +55,8 @@ class HostActions:
     them. These answers are those of a run whose hosts cannot change (no spare, no fresh login);
     a launch's Fleet (launcher/fleet/) answers for its hosts."""
 
+    question = causes.FRESH_LOGIN  # how login_ok asks, in the words of the causes it gives
+
     def view(self, plans: Sequence[TaskPlan]) -> FleetView:
         """The hosts that run `plans` (the attempt's) and the spares left, for the policy."""
         return FleetView.of(plans)
@@ -107,8 +109,7 @@ class Seen:
     ended: bool  # whether it gave an exit status
 
 
-def judge_others(status: str, seen: Sequence[Seen], charged: str | None,
-                 login_ok: Callable[[TaskPlan], bool | None]) -> list[causes.Cause]:
+def judge_others(status: str, seen: Sequence[Seen], charged: str | None, hosts: HostActions) -> list[causes.Cause]:
     """The causes of the attempt's hosts other than `charged` (and this machine) whose connection
     was lost or whose tasks gave no exit status: each answers a fresh login, all at once. A host
     whose tasks only gave no exit status but that answers the login is not judged further."""
@@ -122,7 +123,7 @@ def judge_others(status: str, seen: Sequence[Seen], charged: str | None,
         return []
     with concurrent.futures.ThreadPoolExecutor(min(len(suspects), MAX_LOGINS_AT_ONCE),
                                                thread_name_prefix="login") as pool:
-        logins = list(pool.map(lambda task: login_ok(task.plan), suspects.values()))
+        logins = list(pool.map(lambda task: hosts.login_ok(task.plan), suspects.values()))
     judged = []
     for task, login in zip(suspects.values(), logins):
         lost = task.lost
@@ -130,7 +131,8 @@ def judge_others(status: str, seen: Sequence[Seen], charged: str | None,
             if login is not False:
                 continue
             lost = f"{task.plan.name} gave no exit status"
-        cause = causes.classify(causes.Evidence(status, task.plan.name, task.plan.host, lost=lost, login_ok=login))
+        cause = causes.classify(causes.Evidence(status, task.plan.name, task.plan.host, lost=lost, login_ok=login,
+                                                asked=hosts.question))
         if cause is not None:
             judged.append(cause)
     return judged

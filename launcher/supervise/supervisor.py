@@ -185,7 +185,7 @@ class _Supervisor:
             # left its tasks without an exit status.
             others = [] if stop.status == INTERRUPTED else judge_others(
                 stop.status, [Seen(t.plan, t.proc.lost(), t.returncode is not None) for t in self.attempt.tasks],
-                cause.host if cause is not None else None, self.hosts.login_ok)
+                cause.host if cause is not None else None, self.hosts)
             if cause is not None:
                 self.record.attempt_cause({**cause.to_dict(), **({"also": [c.to_dict() for c in others]} if others else {})})
             for judged in ([cause] if cause is not None else []) + others:

@@ -4,6 +4,8 @@ The hosts are judged before the stall's cause is chosen: a host whose connection
 host-lost or network even when the stall clock ran out before its keepalives did; else a task seen
 stopped (SIGSTOP) is the one the others waited for; else no task is named."""
 
+import dataclasses
+
 from launcher.supervise import causes, runrecord
 from launcher.supervise.causes import Evidence, TaskState, classify, stall_evidence
 from launcher.supervise.hosts import FleetView
@@ -45,6 +47,17 @@ def test_a_host_that_fails_a_fresh_login_after_a_stall_is_lost_before_its_keepal
     cause = classify(stall_evidence(TASKS, {**LOGINS_OK, "h1": False}))
     assert (cause.kind, cause.task, cause.host) == (causes.HOST_LOST, "worker:0", "h1")
     assert "a fresh login fails" in cause.detail
+
+
+def test_a_cause_says_how_the_host_was_asked_after_its_loss():
+    # In a Slurm allocation no node is logged in to: the controller's state for it is the answer.
+    lost = Evidence(runrecord.FAILED, "worker:1", "h2", lost="Slurm says node h2 is down", login_ok=False,
+                    asked=causes.NODE_STATE)
+    assert classify(lost).detail == "Slurm says node h2 is down; Slurm's controller has the node down"
+    up = dataclasses.replace(lost, lost="srun lost the step's connection to h2", login_ok=True)
+    assert classify(up).detail == "srun lost the step's connection to h2, but Slurm's controller has the node up"
+    stalled = classify(stall_evidence(TASKS, {**LOGINS_OK, "h1": False}, asked=causes.NODE_STATE))
+    assert stalled.detail == "its tasks went silent; Slurm's controller has the node down"
 
 
 def test_a_lost_connection_is_charged_before_a_stopped_task():
