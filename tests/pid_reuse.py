@@ -3,7 +3,11 @@ keeps a process by its pid must tell the new program from the old one (needs roo
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import subprocess
+from typing import Iterator
 
 import pytest
 
@@ -12,29 +16,41 @@ from needs import missing
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
 
-def _write_last_pid(value: int) -> None:
-    try:
-        with open(NS_LAST_PID, "w") as f:
-            f.write(str(value))
-    except OSError as e:
-        missing(f"cannot choose the next pid through {NS_LAST_PID} (needs root): {e}")
+@contextlib.contextmanager
+def _next_pid_held() -> Iterator[int]:
+    """The machine's last pid given out, with the pid counter this test's alone to move (test
+    processes side by side take turns) and put back where it was after."""
+    folder = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
+    with open(os.path.join(folder, "mgpu-test-ns-last-pid.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        try:
+            with open(NS_LAST_PID) as counter:
+                before = int(counter.read())
+        except OSError as e:
+            missing(f"cannot read the next pid from {NS_LAST_PID}: {e}")
+        try:
+            yield before
+        finally:
+            with contextlib.suppress(OSError):  # where it could not be moved, there is nothing to put back
+                with open(NS_LAST_PID) as counter:
+                    now = int(counter.read())
+                with open(NS_LAST_PID, "w") as counter:
+                    counter.write(str(max(before, now)))
 
 
 def start_with_pid(pid: int, argv: list[str], **popen_args) -> subprocess.Popen:
     """`argv` started as process `pid` again. Another process of the machine may take the pid between
-    the write and the fork: then it tries again, up to 1000 times. The machine's next pid is put back
-    where it was after, so that other processes do not go on taking pids just freed."""
-    with open(NS_LAST_PID) as f:
-        before = int(f.read())
-    try:
+    the write and the fork: then it tries again, up to 1000 times."""
+    with _next_pid_held():
         for _ in range(1000):
-            _write_last_pid(pid - 1)
+            try:
+                with open(NS_LAST_PID, "w") as counter:
+                    counter.write(str(pid - 1))
+            except OSError as e:
+                missing(f"cannot choose the next pid through {NS_LAST_PID} (needs root): {e}")
             proc = subprocess.Popen(argv, **popen_args)
             if proc.pid == pid:
                 return proc
             proc.kill()
-            proc.wait()
-    finally:
-        with open(NS_LAST_PID) as f:
-            _write_last_pid(max(before, int(f.read())))
+            proc.communicate()  # reaps it and closes its pipes
     pytest.fail(f"pid {pid} went to other processes 1000 times: this machine starts processes too fast")
