@@ -209,8 +209,12 @@ class Agent:
         for task in self.tasks.values():
             self.guard(task)
         deadline = time.monotonic() + max([task.grace for task in self.tasks.values()] + [0]) + 5
-        for thread in list(self.guards):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        # A task that ended is this agent's child until reaped, and its group stays alive to the
+        # guards meanwhile: reaped here, or each guard would wait out the whole grace period.
+        while any(thread.is_alive() for thread in self.guards) and time.monotonic() < deadline:
+            for task in self.tasks.values():
+                task.proc.poll()
+            time.sleep(TICK)
 
     # -- the join reporter ---------------------------------------------------------------------
     def report(self, usage):

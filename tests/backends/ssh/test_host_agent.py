@@ -9,11 +9,13 @@ import json
 import os
 import signal
 
+import psutil
 import pytest
 
 import lab_mgpu
 from launcher.backends.ssh.agent_task import STREAM_WINDOW
 from launcher.backends.ssh.backend import SshBackend
+from launcher.host import proctree
 from launcher.host.ports import pick_free_ports
 from launching import free_port, wait_for
 from ssh_helpers import ECHO_PROGRAM, PYTHON, TRICKY, run_processes, unique_run_id
@@ -178,3 +180,17 @@ def test_a_checks_session_handed_over_to_a_host_whose_agent_runs_already_ends(ss
         assert wait_for(lambda: not kept_shells(tmp_path), 20), "the handed-over session still waits"
     finally:
         backend.close()
+
+
+def test_a_hang_up_ends_the_agent_once_its_tasks_end_not_after_their_grace_period(ssh_lab):
+    """The launcher's connection closes: the task gets SIGTERM and ends at once, and the agent exits
+    then, though the grace period it would give a task that does not end is two minutes."""
+    backend = SshBackend(ssh_lab.options(host_agent=True), grace_period=120)
+    try:
+        task = backend.start(plan("sshd-a", [PYTHON, "-c", "import os, time; print(os.getppid(), flush=True); "
+                                                           "time.sleep(120)"], run_id=unique_run_id("agent-hang-up")), 0)
+        agent = psutil.Process(int(task.stdout.readline()))
+        assert "mgpu-host-agent" in " ".join(agent.cmdline())
+    finally:
+        backend.close()
+    wait_for(lambda: not proctree.is_alive(agent), 60, what="the agent to exit")
