@@ -253,8 +253,9 @@ class SlurmStep:
             if now - self._signalled.get(signum, -60.0) < 1.0:
                 return
             self._signalled[signum] = now
-        if self.step_id is None:  # no task started yet: srun itself gives the step up
-            self.popen.send_signal(signal.SIGTERM)
+        if self.step_id is None:  # no task started yet: srun itself gives the step up (none is stopped)
+            if signum != signal.SIGCONT:
+                self.popen.send_signal(signal.SIGTERM)
             return
         if signum == signal.SIGABRT and self.nodes:
             self._run_beside(no_cores_argv(self.step_id, self.nodes))

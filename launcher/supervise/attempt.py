@@ -287,9 +287,11 @@ class Attempt:
         self.codes_at_stop = {t.plan.name: t.returncode for t in self.tasks}
         signals_seen = len(self.signals.received)
         strays = self.backend.strays(self.run_id, self.launch_id)
-        for task in self.tasks:
-            task.proc.signal_tree(signal.SIGTERM)
-        strays.signal(signal.SIGTERM)
+        # SIGCONT after: a stopped task (SIGSTOP, Ctrl-Z) takes the TERM now, not the KILL after the grace period.
+        for signum in (signal.SIGTERM, signal.SIGCONT):
+            for task in self.tasks:
+                task.proc.signal_tree(signum)
+            strays.signal(signum)
 
         why = []
 

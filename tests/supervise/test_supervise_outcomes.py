@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 
+import psutil
 import pytest
 
 from launcher import protocol
@@ -93,6 +94,29 @@ def test_task_ignoring_term_is_killed_after_the_grace_period(run_id, record_dir,
     assert isinstance(result.error, TaskFailed)
     assert result.task("worker:0")["signal"] == "SIGKILL"
     assert "[mgpu] grace period over; killing worker:0" in result.console
+    assert_run_gone(run_id)
+
+
+def test_a_stopped_task_ends_on_the_stops_sigterm_without_waiting_out_the_grace_period(run_id, record_dir, tmp_path):
+    # worker:0 is stopped (SIGSTOP, as by Ctrl-Z or a debugger); then worker:1 fails, and the attempt stops.
+    go = tmp_path / "worker-0-stopped"
+    plans = make_plans(run_id, ["--forever", "--fail", "worker:1=1", "--sleep-on", "worker:1=0", "--record",
+                                str(record_dir), "--after-file", f"worker:1={go}"])
+
+    def stop_worker_0():
+        wait_for(lambda: "worker-0.attempt0" in records(record_dir), 60, what="worker:0's record")
+        pid = records(record_dir)["worker-0.attempt0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 10, what="worker:0 stopped")
+        go.touch()
+
+    stopper = threading.Thread(target=stop_worker_0)
+    stopper.start()
+    result = supervise_plans(plans, run_id, tmp_path, grace_period=120)
+    stopper.join()
+    assert isinstance(result.error, TaskFailed)
+    assert result.task("worker:0")["signal"] == "SIGTERM", result.console
+    assert "grace period over" not in result.console
     assert_run_gone(run_id)
 
 

@@ -119,13 +119,15 @@ def group_alive(pgid):
 
 
 def end_task(pgid, grace, tags):
-    """The hang-up guard: TERM to the task's group and its tagged processes, the grace period, KILL."""
-    kill_group(pgid, signal.SIGTERM)
-    for pid in tagged(tags):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
+    """The hang-up guard: TERM to the task's group and its tagged processes (and CONT, so that a
+    stopped one takes it now), the grace period, KILL."""
+    for signum in (signal.SIGTERM, signal.SIGCONT):
+        kill_group(pgid, signum)
+        for pid in tagged(tags):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and (group_alive(pgid) or tagged(tags)):
         time.sleep(0.2)

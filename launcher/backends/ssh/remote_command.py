@@ -93,6 +93,7 @@ tagged() {
   done
 }
 kill -TERM "-$g" $(tagged "$@") 2>/dev/null
+kill -CONT "-$g" $(tagged "$@") 2>/dev/null
 n=0
 while [ "$n" -lt "$t" ] && { kill -0 "$g" 2>/dev/null || [ -n "$(tagged "$@")" ]; }; do sleep 1; n=$((n+1)); done
 kill -KILL $(tagged "$@") "-$g" 2>/dev/null

@@ -13,6 +13,7 @@ import pytest
 
 from launcher.backends.ssh.backend import SshBackend
 from launcher.config.spec import SshSettings
+from launcher.host import proctree
 from launching import wait_for
 from ssh_helpers import PYTHON, run_processes, start_sshd, unique_run_id
 from ssh_tasks import drain, plan, wait_exit
@@ -208,3 +209,20 @@ def test_sigkilled_launcher_leaves_no_escapee_that_ignores_term(ssh_lab):
         launcher.wait(10)
         if child is not None and not gone(child):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("host_agent", [False, True], ids=["own-session", "host-agent"])
+def test_a_stopped_task_ends_on_the_hang_up_guards_term_not_after_the_grace_period(ssh_lab, host_agent):
+    """A task stopped (SIGSTOP, Ctrl-Z) when its session ends takes the guard's SIGTERM at once, though
+    the grace period before the KILL is two minutes."""
+    backend = SshBackend(ssh_lab.options(host_agent=host_agent), grace_period=120)
+    try:
+        proc = backend.start(plan("sshd-a", [PYTHON, "-c", "import os, time; print(os.getpid(), flush=True); "
+                                                           "time.sleep(300)"], run_id=unique_run_id("stopped")), 0)
+        task = psutil.Process(int(proc.stdout.readline()))
+        task.suspend()
+        wait_for(lambda: task.status() == psutil.STATUS_STOPPED, 10, what="the task stopped")
+        proc.close()
+        wait_for(lambda: not proctree.is_alive(task), 60, what="the stopped task to end")
+    finally:
+        backend.close()
