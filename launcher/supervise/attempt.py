@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from launcher import error_file, protocol
 from launcher.backends.base import Backend, TaskProcess
 from launcher.plan.planner import TaskPlan
-from launcher.supervise import flight_env, policy
+from launcher.supervise import diagnosis, flight_env, policy
 from launcher.supervise.output import RunOutput, TaskOutput, log_name
 from launcher.supervise.runrecord import RunRecord
 from launcher.supervise.rundir import RunDir
@@ -74,6 +74,9 @@ class AttemptTask:
     joined: bool | None = None  # known at a start timeout: whether it had joined; None: unknown
     ready_at: float | None = None  # when it was recorded ready, seconds since the epoch
     stopped_at: float | None = None  # when it was seen stopped (SIGSTOP); None: running at the last look
+    # A task stopped when the attempt stopped: its output until then. What it prints once the stop
+    # continues it (its peers gone) follows from the stop, and is no evidence of why the attempt failed.
+    tail_at_stop: list[diagnosis.TaskLine] | None = None
 
     @property
     def started_by_joining(self) -> bool:
@@ -287,6 +290,10 @@ class Attempt:
         self.codes_at_stop = {t.plan.name: t.returncode for t in self.tasks}
         signals_seen = len(self.signals.received)
         strays = self.backend.strays(self.run_id, self.launch_id)
+        for task in self.running():
+            self._see_stopped(task)
+            if task.stopped_at is not None:
+                task.tail_at_stop = list(task.output.tail)
         # SIGCONT after: a stopped task (SIGSTOP, Ctrl-Z) takes the TERM now, not the KILL after the grace period.
         for signum in (signal.SIGTERM, signal.SIGCONT):
             for task in self.tasks:
@@ -358,9 +365,11 @@ class Attempt:
     def view(self, task: AttemptTask) -> TaskView:
         plan = task.plan
         error = None
-        if task.returncode not in (None, 0) and self.backend.writes_here(plan):
+        stopped = task.tail_at_stop is not None  # the error file it wrote once continued is no evidence either
+        if task.returncode not in (None, 0) and not stopped and self.backend.writes_here(plan):
             error = error_file.read(error_file.file_name(plan.type, plan.index, task.attempt), self.run_dir.fd)
-        return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, list(task.output.tail),
+        tail = task.tail_at_stop if stopped else list(task.output.tail)
+        return TaskView(plan.name, plan.host, plan.port, plan.waits_for_ready, tail,
                         task.output.log_path, joined=task.joined, coordinator_port=self.dialled_port(task),
                         returncode=task.returncode, ended_at=task.ended_at, bind_failure=task.output.bind_failure,
                         error=error)
