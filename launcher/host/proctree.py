@@ -218,9 +218,11 @@ def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Pr
 
 
 def stop_processes(procs: Iterable[psutil.Process], grace: float) -> None:
-    """TERM, wait up to `grace` seconds, then KILL whatever is left."""
+    """TERM (and CONT, so that a stopped process takes it now), wait up to `grace` seconds, then KILL
+    whatever is left."""
     procs = list(procs)
     send(procs, signal.SIGTERM)
+    send(procs, signal.SIGCONT)
     survivors = wait_gone(procs, grace)
     send(survivors, signal.SIGKILL)
     wait_gone(survivors, 5.0)

@@ -290,11 +290,10 @@ class Attempt:
         self.codes_at_stop = {t.plan.name: t.returncode for t in self.tasks}
         signals_seen = len(self.signals.received)
         strays = self.backend.strays(self.run_id, self.launch_id)
-        for task in self.running():
-            self._see_stopped(task)
-            if task.stopped_at is not None:
+        for task in self.running():  # looked at, not noted: a task stopped only now is not charged for it
+            if task.stopped_at is not None or task.proc.stopped():
                 task.tail_at_stop = list(task.output.tail)
-        # SIGCONT after: a stopped task (SIGSTOP, Ctrl-Z) takes the TERM now, not the KILL after the grace period.
+        # SIGCONT after: a stopped task (SIGSTOP) takes the TERM now, not the KILL after the grace period.
         for signum in (signal.SIGTERM, signal.SIGCONT):
             for task in self.tasks:
                 task.proc.signal_tree(signum)

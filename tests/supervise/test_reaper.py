@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from launcher.host import proctree
@@ -30,9 +31,12 @@ def start_tagged(run_id, *args, launch_id=LAUNCH_ID):
 
 
 def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
-    """The launch's processes only: not another run's, nor those of a later launch that reuses the run id."""
+    """The launch's processes only: not another run's, nor those of a later launch that reuses the run id.
+    A stopped one (SIGSTOP) takes the SIGTERM too, not the SIGKILL after the grace period."""
     bystander_id = run_id + "-other"
-    tagged = [start_tagged(run_id), start_tagged(run_id, "stubborn")]
+    tagged = [start_tagged(run_id), start_tagged(run_id, "stubborn"), start_tagged(run_id)]
+    os.kill(tagged[2].pid, signal.SIGSTOP)
+    wait_for(lambda: psutil.Process(tagged[2].pid).status() == psutil.STATUS_STOPPED, 10, what="the stop")
     bystanders = [start_tagged(bystander_id), start_tagged(run_id, launch_id="f" * 16)]
     try:
         launcher_code = (f"import pathlib, sys, time; from launcher.supervise.reaper import Reaper\n"
@@ -46,11 +50,11 @@ def test_launcher_death_stops_tagged_processes_only(run_id, tmp_path):
         launcher.kill()
         launcher.wait()
         wait_for(lambda: all(p.poll() is not None for p in tagged), 15, what="the tagged processes to exit")
-        assert [p.returncode for p in tagged] == [-signal.SIGTERM, -signal.SIGKILL]
+        assert [p.returncode for p in tagged] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM]
         assert [p.poll() for p in bystanders] == [None, None]
         wait_for(lambda: not os.path.exists(f"/proc/{reaper_pid}") or
                  open(f"/proc/{reaper_pid}/stat").read().split()[2] == "Z", 10, what="the reaper to exit")
-        assert f"stopped 2 processes of run {run_id}" in (tmp_path / f"{run_id}-dir" / "reaper.log").read_text()
+        assert f"stopped 3 processes of run {run_id}" in (tmp_path / f"{run_id}-dir" / "reaper.log").read_text()
     finally:
         for proc in (*tagged, *bystanders):
             proc.kill()

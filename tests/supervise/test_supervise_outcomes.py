@@ -103,17 +103,21 @@ def test_a_stopped_task_ends_on_the_stops_sigterm_without_waiting_out_the_grace_
     plans = make_plans(run_id, ["--forever", "--fail", "worker:1=1", "--sleep-on", "worker:1=0", "--record",
                                 str(record_dir), "--after-file", f"worker:1={go}"])
 
+    stopped = []
+
     def stop_worker_0():
         wait_for(lambda: "worker-0.attempt0" in records(record_dir), 60, what="worker:0's record")
         pid = records(record_dir)["worker-0.attempt0"]["pid"]
         os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 10, what="worker:0 stopped")
+        stopped.append(pid)
         go.touch()
 
     stopper = threading.Thread(target=stop_worker_0)
     stopper.start()
     result = supervise_plans(plans, run_id, tmp_path, grace_period=120)
     stopper.join()
+    assert stopped, "worker:0 was not stopped"
     assert isinstance(result.error, TaskFailed)
     assert result.task("worker:0")["signal"] == "SIGTERM", result.console
     assert "grace period over" not in result.console

@@ -187,10 +187,11 @@ def test_a_hang_up_ends_the_agent_once_its_tasks_end_not_after_their_grace_perio
     then, though the grace period it would give a task that does not end is two minutes."""
     backend = SshBackend(ssh_lab.options(host_agent=True), grace_period=120)
     try:
-        task = backend.start(plan("sshd-a", [PYTHON, "-c", "import os, time; print(os.getppid(), flush=True); "
-                                                           "time.sleep(120)"], run_id=unique_run_id("agent-hang-up")), 0)
-        agent = psutil.Process(int(task.stdout.readline()))
+        program = "import os, time; print(os.getpid(), os.getppid(), flush=True); time.sleep(120)"
+        proc = backend.start(plan("sshd-a", [PYTHON, "-c", program], run_id=unique_run_id("agent-hang-up")), 0)
+        task, agent = (psutil.Process(int(pid)) for pid in proc.stdout.readline().split())
         assert "mgpu-host-agent" in " ".join(agent.cmdline())
     finally:
         backend.close()
+    wait_for(lambda: not proctree.is_alive(task), 60, what="the task to end")
     wait_for(lambda: not proctree.is_alive(agent), 60, what="the agent to exit")

@@ -216,6 +216,7 @@ def test_a_stopped_task_ends_on_the_hang_up_guards_term_not_after_the_grace_peri
     """A task stopped (SIGSTOP, Ctrl-Z) when its session ends takes the guard's SIGTERM at once, though
     the grace period before the KILL is two minutes."""
     backend = SshBackend(ssh_lab.options(host_agent=host_agent), grace_period=120)
+    task = None
     try:
         proc = backend.start(plan("sshd-a", [PYTHON, "-c", "import os, time; print(os.getpid(), flush=True); "
                                                            "time.sleep(300)"], run_id=unique_run_id("stopped")), 0)
@@ -226,3 +227,5 @@ def test_a_stopped_task_ends_on_the_hang_up_guards_term_not_after_the_grace_peri
         wait_for(lambda: not proctree.is_alive(task), 60, what="the stopped task to end")
     finally:
         backend.close()
+        if task is not None:
+            proctree.send([task], signal.SIGKILL)
