@@ -17,9 +17,9 @@ NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
 
 @contextlib.contextmanager
-def _next_pid_held() -> Iterator[int]:
-    """The machine's last pid given out, with the pid counter this test's alone to move (test
-    processes side by side take turns) and put back where it was after."""
+def _next_pid_held() -> Iterator[None]:
+    """The machine's pid counter, this test's alone to move (test processes side by side take turns),
+    put back where it was after."""
     folder = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
     with open(os.path.join(folder, "mgpu-test-ns-last-pid.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
@@ -29,7 +29,7 @@ def _next_pid_held() -> Iterator[int]:
         except OSError as e:
             missing(f"cannot read the next pid from {NS_LAST_PID}: {e}")
         try:
-            yield before
+            yield
         finally:
             with contextlib.suppress(OSError):  # where it could not be moved, there is nothing to put back
                 with open(NS_LAST_PID) as counter:
